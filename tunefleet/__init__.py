@@ -1,0 +1,8 @@
+"""tunefleet: distributed autotuning of loopy (OpenCL) kernels through one PostgreSQL database.
+
+This package is the shared core that both ``coordinator`` and ``worker`` import: settings,
+errors, the database (schema, engine, every SQL statement), the parameter-space DSL, the
+problem registry, the embedded database and the CLI.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,5 @@
+import sys
+
+from tunefleet.cli import main
+
+sys.exit(main())

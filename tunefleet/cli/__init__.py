@@ -1,0 +1,65 @@
+"""The ``tunefleet`` command: one argparse tree, and the boundary where errors become one line.
+
+Each area registers its own subcommands (``register(subparsers)``) and sets ``func`` on its
+parsers; settings dataclasses are built inside those functions from the parsed flags.
+Every :class:`~tunefleet.errors.TunefleetError` that escapes becomes ``tunefleet: error: ...``
+on stderr and the error's exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from tunefleet import __version__
+from tunefleet.errors import TunefleetError
+
+# Modules that add subcommands, in the order they appear in --help.
+_COMMAND_MODULES = (
+    "tunefleet.cli.db",
+    "worker.cli",
+    "coordinator.cli",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tunefleet",
+        description="Distributed autotuning of loopy (OpenCL) kernels through PostgreSQL.",
+    )
+    parser.add_argument("--version", action="version", version=f"tunefleet {__version__}")
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="more logging (repeat for debug)"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING - 10 * min(args.verbose, 2),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(func(args) or 0)
+    except TunefleetError as exc:
+        print(f"tunefleet: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("tunefleet: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""``tunefleet db start | stop | status | url | upgrade``: the embedded server and migrations."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from tunefleet.db.embedded import default_server
+from tunefleet.errors import UsageError
+from tunefleet.settings import DatabaseSettings
+
+
+def add_db_flag(parser: argparse.ArgumentParser) -> None:
+    """The ``--db`` flag every database-using command shares."""
+    parser.add_argument(
+        "--db",
+        metavar="URL",
+        default=None,
+        help="PostgreSQL URL (default: $TUNEFLEET_DATABASE_URL, else the embedded server); "
+        "put the password in PGPASSWORD or a pgpass file, never in the URL",
+    )
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    db = sub.add_parser("db", help="the embedded PostgreSQL server and schema migrations")
+    dbsub = db.add_subparsers(dest="db_command", metavar="ACTION", required=True)
+
+    start = dbsub.add_parser("start", help="start (or reuse) the embedded server")
+    start.add_argument("--listen", metavar="HOST", help="also serve TCP on HOST (e.g. 0.0.0.0)")
+    start.add_argument("--port", type=int, metavar="P", help="TCP port (default 5432)")
+    start.set_defaults(func=_start)
+
+    stop = dbsub.add_parser("stop", help="stop the embedded server")
+    stop.set_defaults(func=_stop)
+
+    status = dbsub.add_parser("status", help="is the embedded server running, and where")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.set_defaults(func=_status)
+
+    url = dbsub.add_parser("url", help="print the DSN to hand to workers")
+    url.add_argument("--remote", action="store_true", help="the TCP DSN for other machines")
+    url.add_argument("--host", help="host name other machines reach this one by")
+    url.set_defaults(func=_url)
+
+    upgrade = dbsub.add_parser("upgrade", help="migrate a database to the current schema")
+    add_db_flag(upgrade)
+    upgrade.add_argument("--revision", default="head", help="target revision (default head)")
+    upgrade.set_defaults(func=_upgrade)
+
+
+def _start(args: argparse.Namespace) -> int:
+    if args.port is not None and not 0 < args.port < 65536:
+        raise UsageError(f"--port {args.port} is not a TCP port; use 1-65535")
+    server = default_server()
+    server.start(listen=args.listen, port=args.port)
+    url = server.local_url()
+    from tunefleet.db.migrate import upgrade
+
+    upgrade(url)
+    print(f"embedded PostgreSQL running (data: {server.data_dir})")
+    print(f"local URL: {url}")
+    if args.listen:
+        print(f"remote URL: {server.remote_url()}")
+        print(f"password file: {server.pgpass_path} (copy to the workers, set PGPASSFILE)")
+    return 0
+
+
+def _stop(args: argparse.Namespace) -> int:
+    stopped = default_server().stop()
+    print("embedded PostgreSQL stopped" if stopped else "embedded PostgreSQL was not running")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    server = default_server()
+    st = server.status()
+    info = {
+        "running": st.running,
+        "data_dir": str(st.data_dir),
+        "pid": st.pid,
+        "port": st.port,
+        "listen": st.listen,
+        "url": server.local_url() if st.running else None,
+    }
+    if args.json:
+        print(json.dumps(info))
+    else:
+        for key, value in info.items():
+            print(f"{key:9} {value if value is not None else '-'}")
+    return 0 if st.running else 3
+
+
+def _url(args: argparse.Namespace) -> int:
+    server = default_server()
+    if args.remote or args.host:
+        print(server.remote_url(args.host))
+        print(
+            f"# password: PGPASSFILE={server.pgpass_path} (copy that file to the workers)",
+            file=sys.stderr,
+        )
+    else:
+        print(server.local_url())
+    return 0
+
+
+def _upgrade(args: argparse.Namespace) -> int:
+    from tunefleet.db.engine import connect, connection, current_revision
+    from tunefleet.db.migrate import head_revision, upgrade
+
+    settings = DatabaseSettings.build(args.db)
+    if settings.url is None:
+        server = default_server()
+        server.start()
+        url = server.local_url()
+    else:
+        url = settings.url
+        connect(url, settings).close()  # a one-line error if unreachable
+    upgrade(url, args.revision)
+    with connection(url, settings) as conn:
+        rev = current_revision(conn)
+    print(f"database at revision {rev} (head is {head_revision()})")
+    return 0

@@ -1,0 +1,367 @@
+"""The database schema, in SQLAlchemy Core: tables, indexes and the views people query.
+
+Everything lives in the PostgreSQL schema ``tunefleet`` so the database can be shared. This
+module is the source of truth that ``migrations/`` must reproduce exactly (a test runs
+Alembic's autogenerate comparison and expects no difference). DDL never reaches a database
+from here directly: only through the migrations.
+
+Tables
+------
+``run``          one tuning campaign (problem, arguments, target device class, budget, state)
+``trial``        one configuration of one run and its queue state (the queue *is* this table)
+``attempt``      the history of every claim of a trial: who, when, how it ended
+``measurement``  the outcome of a trial on a device; doubles as the cross-run cache
+``worker``       one row per worker process (fresh UUID per start), with its heartbeat
+``device``       one row per device fingerprint (platform, vendor, name, driver)
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, DOUBLE_PRECISION, JSONB, UUID
+
+SCHEMA = "tunefleet"
+
+#: Trial states. Terminal states never change again.
+TRIAL_STATES = ("pending", "running", "done", "invalid", "failed", "timed_out", "cancelled")
+TERMINAL_TRIAL_STATES = ("done", "invalid", "failed", "timed_out", "cancelled")
+#: Run states: ``running`` while a coordinator may drive it, ``finished`` after a stop rule,
+#: ``stopped`` when a user stopped it (it can be resumed).
+RUN_STATES = ("running", "finished", "stopped")
+#: How an attempt ended. ``lease_expired`` is written by the reaper, ``released`` by a worker
+#: that gave a trial back on graceful shutdown (no attempt counted).
+ATTEMPT_OUTCOMES = (
+    "done",
+    "invalid",
+    "failed",
+    "timed_out",
+    "lease_expired",
+    "released",
+    "lost",
+)
+#: ``device_class`` value of a run that any worker may serve (the synthetic problem uses it).
+ANY_DEVICE_CLASS = "any"
+#: NOTIFY channel: one notification per inserted batch, payload = device class.
+NOTIFY_CHANNEL = "tunefleet_trials"
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    quoted = ", ".join(f"'{v}'" for v in values)
+    return f"{column} IN ({quoted})"
+
+
+metadata = MetaData(schema=SCHEMA)
+
+_now = text("now()")
+
+run = Table(
+    "run",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("name", Text, nullable=True),
+    Column("problem", Text, nullable=False),
+    Column("problem_args", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    # The serialised parameter space, so the coordinator never needs loopy or OpenCL.
+    Column("space", JSONB, nullable=False),
+    Column("device_class", Text, nullable=False),
+    # The measurement protocol every trial of this run is measured with.
+    Column("protocol", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    # Hash of problem + arguments + device class + protocol: the cross-run cache key.
+    Column("cache_key", Text, nullable=False),
+    # Search settings (technique, seed, queue depth, evaluation timeout, ...).
+    Column("search", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("max_trials", Integer, nullable=True),
+    Column("max_seconds", DOUBLE_PRECISION, nullable=True),
+    Column("target_gflops", DOUBLE_PRECISION, nullable=True),
+    Column("patience", Integer, nullable=True),
+    Column("state", Text, nullable=False, server_default=text("'running'")),
+    Column("stop_reason", Text, nullable=True),
+    Column("coordinator_id", UUID(as_uuid=True), nullable=True),
+    Column("coordinator_heartbeat_at", DateTime(timezone=True), nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    Column("finished_at", DateTime(timezone=True), nullable=True),
+    CheckConstraint(_in("state", RUN_STATES), name="run_state_valid"),
+    CheckConstraint("max_trials IS NULL OR max_trials > 0", name="run_max_trials_positive"),
+    CheckConstraint("max_seconds IS NULL OR max_seconds > 0", name="run_max_seconds_positive"),
+    CheckConstraint("patience IS NULL OR patience > 0", name="run_patience_positive"),
+)
+Index("run_cache_key_idx", run.c.cache_key)
+
+device = Table(
+    "device",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("fingerprint", Text, nullable=False, unique=True),
+    Column("device_class", Text, nullable=False),
+    Column("platform", Text, nullable=False),
+    Column("vendor", Text, nullable=False),
+    Column("name", Text, nullable=False),
+    Column("driver_version", Text, nullable=False),
+    Column("compute_units", Integer, nullable=True),
+    Column("global_mem_bytes", BigInteger, nullable=True),
+    Column("details", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("first_seen_at", DateTime(timezone=True), nullable=False, server_default=_now),
+)
+
+worker = Table(
+    "worker",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("host", Text, nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("device_id", BigInteger, ForeignKey("device.id"), nullable=True),
+    Column("device_class", Text, nullable=False),
+    Column("version", Text, nullable=False),
+    Column("state", Text, nullable=False, server_default=text("'active'")),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    Column("heartbeat_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    Column("stopped_at", DateTime(timezone=True), nullable=True),
+    CheckConstraint("state IN ('active', 'stopped')", name="worker_state_valid"),
+)
+# Live workers of a class: the coordinator sizes the queue from this.
+Index(
+    "worker_active_idx",
+    worker.c.device_class,
+    worker.c.heartbeat_at,
+    postgresql_where=text("state = 'active'"),
+)
+
+trial = Table(
+    "trial",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("run_id", BigInteger, ForeignKey("run.id", ondelete="CASCADE"), nullable=False),
+    # Copied from the run so the claim can filter on one table with one index.
+    Column("device_class", Text, nullable=False),
+    Column("config", JSONB, nullable=False),
+    Column("config_hash", Text, nullable=False),
+    Column("state", Text, nullable=False, server_default=text("'pending'")),
+    Column("priority", Integer, nullable=False, server_default=text("0")),
+    Column("attempt", Integer, nullable=False, server_default=text("0")),
+    Column("max_attempts", Integer, nullable=False, server_default=text("3")),
+    # Per-trial evaluation timeout chosen by the coordinator (seconds); NULL = worker default.
+    Column("timeout_s", DOUBLE_PRECISION, nullable=True),
+    # Where the configuration came from: search, seed, cache (answered without the queue).
+    Column("source", Text, nullable=False, server_default=text("'search'")),
+    Column("lease_owner", UUID(as_uuid=True), ForeignKey("worker.id"), nullable=True),
+    Column("lease_expires_at", DateTime(timezone=True), nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    Column("started_at", DateTime(timezone=True), nullable=True),
+    Column("finished_at", DateTime(timezone=True), nullable=True),
+    # The search has been told about this trial's outcome (resume re-tells nothing twice).
+    Column("reported", Boolean, nullable=False, server_default=text("false")),
+    Column("error", Text, nullable=True),
+    UniqueConstraint("run_id", "config_hash", name="trial_run_config_unique"),
+    CheckConstraint(_in("state", TRIAL_STATES), name="trial_state_valid"),
+    CheckConstraint("attempt >= 0 AND max_attempts > 0", name="trial_attempts_valid"),
+    CheckConstraint(
+        "state <> 'running' OR (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)",
+        name="trial_running_has_lease",
+    ),
+    CheckConstraint("source IN ('search', 'seed', 'cache')", name="trial_source_valid"),
+)
+# The claim: ORDER BY priority, id over pending rows of the worker's device classes.
+Index(
+    "trial_claim_idx",
+    trial.c.device_class,
+    trial.c.priority,
+    trial.c.id,
+    postgresql_where=text("state = 'pending'"),
+)
+# Lease recovery: the reaper scans running rows by expiry.
+Index(
+    "trial_lease_idx",
+    trial.c.lease_expires_at,
+    postgresql_where=text("state = 'running'"),
+)
+# The coordinator reads finished-but-unreported outcomes of its run.
+Index(
+    "trial_unreported_idx",
+    trial.c.run_id,
+    trial.c.id,
+    postgresql_where=text("NOT reported AND state IN ('done', 'invalid', 'failed', 'timed_out')"),
+)
+Index("trial_run_state_idx", trial.c.run_id, trial.c.state)
+
+attempt = Table(
+    "attempt",
+    metadata,
+    Column("trial_id", BigInteger, ForeignKey("trial.id", ondelete="CASCADE"), primary_key=True),
+    Column("attempt", Integer, primary_key=True),
+    Column("worker_id", UUID(as_uuid=True), ForeignKey("worker.id"), nullable=False),
+    Column("claimed_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    Column("ended_at", DateTime(timezone=True), nullable=True),
+    Column("outcome", Text, nullable=True),
+    Column("error", Text, nullable=True),
+    CheckConstraint(
+        "outcome IS NULL OR " + _in("outcome", ATTEMPT_OUTCOMES), name="attempt_outcome_valid"
+    ),
+)
+
+measurement = Table(
+    "measurement",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    # NULL for measurements imported from elsewhere (an archive), which no trial produced.
+    Column(
+        "trial_id",
+        BigInteger,
+        ForeignKey("trial.id", ondelete="SET NULL"),
+        nullable=True,
+        unique=True,
+    ),
+    Column("run_id", BigInteger, ForeignKey("run.id", ondelete="SET NULL"), nullable=True),
+    Column("attempt", Integer, nullable=True),
+    Column("cache_key", Text, nullable=False),
+    Column("config_hash", Text, nullable=False),
+    Column("problem", Text, nullable=False),
+    Column("problem_args", JSONB, nullable=False),
+    Column("config", JSONB, nullable=False),
+    Column("device_id", BigInteger, ForeignKey("device.id"), nullable=True),
+    Column("worker_id", UUID(as_uuid=True), ForeignKey("worker.id"), nullable=True),
+    Column("median_s", DOUBLE_PRECISION, nullable=False),
+    Column("min_s", DOUBLE_PRECISION, nullable=False),
+    Column("samples_s", ARRAY(DOUBLE_PRECISION), nullable=False),
+    Column("gflops", DOUBLE_PRECISION, nullable=True),
+    Column("gbps", DOUBLE_PRECISION, nullable=True),
+    Column("flop_count", Float, nullable=True),
+    Column("byte_count", Float, nullable=True),
+    Column("protocol", JSONB, nullable=False),
+    Column("compile_s", DOUBLE_PRECISION, nullable=True),
+    # Validation verdict: {"passed": bool, "max_abs_err": ..., "max_rel_err": ..., "rtol": ...}
+    Column("validation", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    # Versions of tunefleet, loopy, pyopencl, the driver, ... at measurement time.
+    Column("versions", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    # The generated OpenCL source, so a result can be inspected and reproduced years later.
+    Column("code", Text, nullable=True),
+    Column("source", Text, nullable=False, server_default=text("'measured'")),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    CheckConstraint("median_s > 0 AND min_s > 0", name="measurement_times_positive"),
+    CheckConstraint("source IN ('measured', 'imported')", name="measurement_source_valid"),
+)
+Index("measurement_cache_idx", measurement.c.cache_key, measurement.c.config_hash)
+Index("measurement_run_idx", measurement.c.run_id)
+
+
+# --- Views: the SQL people type. Created by the migrations, documented in the README. -------
+
+VIEWS: dict[str, str] = {
+    # One row per finished trial with its numbers, flat: the table to query.
+    "results": """
+SELECT t.run_id,
+       t.id AS trial_id,
+       r.name AS run_name,
+       r.problem,
+       r.problem_args,
+       r.device_class,
+       t.config,
+       t.config_hash,
+       t.state,
+       t.source,
+       t.attempt,
+       t.error,
+       m.median_s,
+       m.min_s,
+       m.gflops,
+       m.gbps,
+       m.compile_s,
+       d.name AS device_name,
+       d.driver_version,
+       w.host AS worker_host,
+       t.lease_owner AS worker_id,
+       t.started_at,
+       t.finished_at
+  FROM tunefleet.trial t
+  JOIN tunefleet.run r ON r.id = t.run_id
+  LEFT JOIN tunefleet.measurement m ON m.trial_id = t.id
+  LEFT JOIN tunefleet.device d ON d.id = m.device_id
+  LEFT JOIN tunefleet.worker w ON w.id = t.lease_owner
+ WHERE t.state IN ('done', 'invalid', 'failed', 'timed_out')
+""",
+    # The fastest measured configuration of each run.
+    "best_per_run": """
+SELECT DISTINCT ON (t.run_id)
+       t.run_id,
+       r.problem,
+       r.problem_args,
+       r.device_class,
+       t.id AS trial_id,
+       t.config,
+       m.median_s,
+       m.min_s,
+       m.gflops,
+       m.gbps,
+       d.name AS device_name
+  FROM tunefleet.trial t
+  JOIN tunefleet.run r ON r.id = t.run_id
+  JOIN tunefleet.measurement m ON m.trial_id = t.id
+  LEFT JOIN tunefleet.device d ON d.id = m.device_id
+ WHERE t.state = 'done'
+ ORDER BY t.run_id, m.median_s, t.id
+""",
+    # The fastest configuration ever measured per problem, arguments and device class,
+    # across runs and imported archives.
+    "best_per_problem_device": """
+SELECT DISTINCT ON (m.problem, m.problem_args, d.device_class)
+       m.problem,
+       m.problem_args,
+       d.device_class,
+       d.name AS device_name,
+       m.config,
+       m.median_s,
+       m.min_s,
+       m.gflops,
+       m.gbps,
+       m.run_id,
+       m.trial_id,
+       m.created_at
+  FROM tunefleet.measurement m
+  JOIN tunefleet.device d ON d.id = m.device_id
+ ORDER BY m.problem, m.problem_args, d.device_class, m.median_s, m.id
+""",
+    # Progress of each run: counts per state, best so far, throughput.
+    "run_progress": """
+SELECT r.id AS run_id,
+       r.name,
+       r.problem,
+       r.device_class,
+       r.state AS run_state,
+       r.stop_reason,
+       count(t.id) AS trials,
+       count(t.id) FILTER (WHERE t.state = 'pending') AS pending,
+       count(t.id) FILTER (WHERE t.state = 'running') AS running,
+       count(t.id) FILTER (WHERE t.state = 'done') AS done,
+       count(t.id) FILTER (WHERE t.state = 'invalid') AS invalid,
+       count(t.id) FILTER (WHERE t.state = 'failed') AS failed,
+       count(t.id) FILTER (WHERE t.state = 'timed_out') AS timed_out,
+       count(t.id) FILTER (WHERE t.state = 'cancelled') AS cancelled,
+       count(t.id) FILTER (WHERE t.source = 'cache') AS cached,
+       max(m.gflops) AS best_gflops,
+       min(m.median_s) AS best_median_s,
+       r.created_at,
+       coalesce(r.finished_at, now()) - r.created_at AS elapsed,
+       count(t.id) FILTER (WHERE t.state IN ('done', 'invalid', 'failed', 'timed_out'))
+         / greatest(extract(epoch FROM coalesce(r.finished_at, now()) - r.created_at) / 60.0,
+                    1e-9) AS evaluations_per_minute
+  FROM tunefleet.run r
+  LEFT JOIN tunefleet.trial t ON t.run_id = r.id
+  LEFT JOIN tunefleet.measurement m ON m.trial_id = t.id
+ GROUP BY r.id
+""",
+}

@@ -1,0 +1,56 @@
+"""The one exception hierarchy of tunefleet.
+
+Everything the user can cause or fix raises a subclass of :class:`TunefleetError` with a
+message that names the bad thing and what to do. The CLI (``tunefleet.cli``) is the boundary
+that turns these into one line on stderr and a non-zero exit; library code never prints.
+"""
+
+from __future__ import annotations
+
+
+class TunefleetError(Exception):
+    """Base class: a problem the user can understand and fix. ``str()`` is the one-line message."""
+
+    exit_code = 1
+
+
+class UsageError(TunefleetError):
+    """Bad input on the command line or in a settings variable."""
+
+    exit_code = 2
+
+
+class DatabaseError(TunefleetError):
+    """Something about the database: cannot connect, wrong schema version, server failure."""
+
+
+class DatabaseUnavailable(DatabaseError):
+    """The database cannot be reached (bad DSN, server down, authentication failed)."""
+
+
+class SchemaOutOfDate(DatabaseError):
+    """The database is not at the migration head this code expects."""
+
+
+class EmbeddedServerError(DatabaseError):
+    """The embedded PostgreSQL server could not be initialised, started or stopped."""
+
+
+class ProblemError(TunefleetError):
+    """An unknown problem, bad problem arguments, or a malformed user problem/space."""
+
+
+class InvalidConfiguration(TunefleetError):
+    """A point of a parameter space that cannot be built or gives wrong answers.
+
+    Raised by kernel builders for illegal points; the worker records the trial as ``invalid``
+    with this message, and the search learns it as an infinitely slow point.
+    """
+
+
+class DeviceError(TunefleetError):
+    """No usable OpenCL device, or the device is already in use by another worker."""
+
+
+class RunError(TunefleetError):
+    """A run that does not exist, is already driven by another coordinator, or cannot resume."""

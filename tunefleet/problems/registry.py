@@ -1,0 +1,102 @@
+"""Finding problems: built-ins by name, user problems by file path or ``module:attr``.
+
+``get_problem("gemm")`` returns a built-in; ``get_problem("my_space.py")`` or
+``get_problem("my_space.py:Stencil")`` loads a user file; ``get_problem("pkg.mod:Problem")``
+imports a module. A user file exposes either one :class:`Problem` subclass or instance, or a
+module-level ``problem`` attribute. The spec string is what runs store in ``run.problem``, so a
+worker on another node resolves the same problem (user files must be reachable there too).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
+from typing import Any
+
+from tunefleet.errors import ProblemError
+from tunefleet.problems.base import Problem
+
+#: Built-in problems: name -> "module:class". Modules are imported only when asked for.
+BUILTINS: dict[str, str] = {
+    "synthetic": "tunefleet.problems.synthetic:Synthetic",
+}
+
+
+def builtin_names() -> list[str]:
+    return sorted(BUILTINS)
+
+
+def get_problem(spec: str) -> Problem:
+    """Resolve a problem spec to an instance, or raise ProblemError naming the fix."""
+    spec = spec.strip()
+    if spec in BUILTINS:
+        return _instantiate(_import_attr(BUILTINS[spec]), spec)
+    file_part, sep, attr = spec.partition(":")
+    if _is_path(file_part):
+        return _load_file(Path(file_part), attr or None, spec)
+    if sep:
+        try:
+            return _instantiate(_import_attr(spec), spec)
+        except (ImportError, AttributeError) as exc:
+            raise ProblemError(f"cannot load problem {spec!r}: {exc}") from None
+    raise ProblemError(
+        f"unknown problem {spec!r}; built-ins are {', '.join(builtin_names())} "
+        "(or give a path/to/problem.py or module:attr)"
+    )
+
+
+def _is_path(text: str) -> bool:
+    return text.endswith(".py") or "/" in text
+
+
+def _import_attr(target: str) -> Any:
+    module_name, _, attr = target.partition(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, attr) if attr else module
+
+
+def _load_file(path: Path, attr: str | None, spec: str) -> Problem:
+    if not path.is_file():
+        raise ProblemError(f"problem file {str(path)!r} does not exist; check the path")
+    name = f"tunefleet_user_problem_{abs(hash(str(path.resolve())))}"
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise ProblemError(f"cannot import {str(path)!r} as a Python module")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as exc:
+        raise ProblemError(f"problem file {str(path)!r} failed to import: {exc!r}") from None
+    if attr:
+        if not hasattr(module, attr):
+            raise ProblemError(f"problem file {str(path)!r} has no attribute {attr!r}")
+        return _instantiate(getattr(module, attr), spec)
+    if hasattr(module, "problem"):
+        return _instantiate(module.problem, spec)
+    found = [
+        obj
+        for obj in vars(module).values()
+        if inspect.isclass(obj)
+        and issubclass(obj, Problem)
+        and obj is not Problem
+        and obj.__module__ == module.__name__
+        and not inspect.isabstract(obj)
+    ]
+    if len(found) != 1:
+        raise ProblemError(
+            f"problem file {str(path)!r} defines {len(found)} Problem classes; "
+            "name one with PATH.py:ClassName or define `problem = ...`"
+        )
+    return _instantiate(found[0], spec)
+
+
+def _instantiate(obj: Any, spec: str) -> Problem:
+    if inspect.isclass(obj) and issubclass(obj, Problem):
+        obj = obj()
+    if not isinstance(obj, Problem):
+        raise ProblemError(f"{spec!r} is not a tunefleet Problem (got {type(obj).__name__})")
+    return obj

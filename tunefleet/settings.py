@@ -1,0 +1,110 @@
+"""Settings: frozen dataclasses built once at the CLI.
+
+Precedence, everywhere: command-line flag, then the ``TUNEFLEET_*`` environment variable, then
+the default. :func:`resolve` implements that rule with a parser that turns a bad environment
+value into a :class:`~tunefleet.errors.UsageError` naming the variable. Each component keeps
+its own settings class (``worker.settings``, ``coordinator.settings``); the shared ones live
+here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from tunefleet.errors import UsageError
+
+T = TypeVar("T")
+
+ENV_PREFIX = "TUNEFLEET_"
+
+
+def resolve(flag: T | None, env: str, default: T, parse: Callable[[str], T]) -> T:
+    """Return ``flag`` if given, else ``$TUNEFLEET_<env>`` parsed, else ``default``."""
+    if flag is not None:
+        return flag
+    name = ENV_PREFIX + env
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return parse(raw)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"{name}={raw!r} is not valid ({exc}); fix or unset it") from None
+
+
+def positive_float(raw: str) -> float:
+    value = float(raw)
+    if not value > 0:
+        raise ValueError("must be a positive number")
+    return value
+
+
+def positive_int(raw: str) -> int:
+    value = int(raw)
+    if value <= 0:
+        raise ValueError("must be a positive integer")
+    return value
+
+
+def non_negative_int(raw: str) -> int:
+    value = int(raw)
+    if value < 0:
+        raise ValueError("must be zero or a positive integer")
+    return value
+
+
+def parse_bool(raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off"}:
+        return False
+    raise ValueError("must be one of 1/0, true/false, yes/no, on/off")
+
+
+def home_dir() -> Path:
+    """Where tunefleet keeps its own files: ``$TUNEFLEET_HOME`` or the user data directory."""
+    explicit = os.environ.get(ENV_PREFIX + "HOME")
+    if explicit:
+        return Path(explicit).expanduser().resolve()
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("tunefleet", appauthor=False))
+
+
+@dataclass(frozen=True)
+class DatabaseSettings:
+    """How to reach the database and how every session of ours behaves on it.
+
+    ``url`` is ``None`` for the embedded server. The timeouts are applied to every session that
+    is not the migrator: a long open transaction pins the xmin horizon and slows the queue.
+    """
+
+    url: str | None
+    statement_timeout_ms: int = 30_000
+    idle_in_transaction_timeout_ms: int = 60_000
+    application_name: str = "tunefleet"
+
+    @classmethod
+    def build(
+        cls,
+        url: str | None = None,
+        *,
+        statement_timeout_ms: int | None = None,
+        idle_in_transaction_timeout_ms: int | None = None,
+        application_name: str = "tunefleet",
+    ) -> DatabaseSettings:
+        return cls(
+            url=resolve(url, "DATABASE_URL", None, str),
+            statement_timeout_ms=resolve(
+                statement_timeout_ms, "STATEMENT_TIMEOUT_MS", 30_000, positive_int
+            ),
+            idle_in_transaction_timeout_ms=resolve(
+                idle_in_transaction_timeout_ms, "IDLE_TX_TIMEOUT_MS", 60_000, positive_int
+            ),
+            application_name=application_name,
+        )

@@ -1,0 +1,287 @@
+"""The parameter-space DSL: what a problem's transform space looks like, as data.
+
+A :class:`Space` is an ordered tuple of named parameters. It serialises to JSON (stored in
+``run.space``) so the coordinator can rebuild it and map it to OpenTuner without loopy or
+OpenCL. A configuration is a plain ``dict`` of parameter name to JSON value; tuples travel as
+lists. :func:`config_hash` is stable across processes, Python versions and key order.
+
+Kernel builders raise :class:`~tunefleet.errors.InvalidConfiguration` for points of the space
+that are illegal (the space describes a box; legality can be richer than a box).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from tunefleet.errors import InvalidConfiguration, ProblemError
+
+Config = dict[str, Any]
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with sorted keys and no whitespace: the form we hash."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def config_hash(config: Mapping[str, Any]) -> str:
+    """Stable hash of a configuration (tuples and lists hash alike)."""
+    return hashlib.sha256(canonical_json(_jsonable(config)).encode()).hexdigest()[:32]
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # numpy scalars
+        return value.item()
+    return value
+
+
+@dataclass(frozen=True)
+class Param:
+    """One named parameter. Subclasses define the set of legal values."""
+
+    name: str
+    kind: ClassVar[str] = ""
+
+    def values(self) -> list[Any]:
+        """Every legal value, in order (spaces are finite)."""
+        raise NotImplementedError
+
+    def contains(self, value: Any) -> bool:
+        return _jsonable(value) in [_jsonable(v) for v in self.values()]
+
+    def default(self) -> Any:
+        return self.values()[0]
+
+    def to_json(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class IntRange(Param):
+    """Integers ``low, low+step, ..., <= high``."""
+
+    low: int = 0
+    high: int = 0
+    step: int = 1
+    kind: ClassVar[str] = "int"
+
+    def __post_init__(self) -> None:
+        if self.step <= 0 or self.high < self.low:
+            raise ProblemError(
+                f"parameter {self.name!r}: empty integer range {self.low}..{self.high} "
+                f"step {self.step}"
+            )
+
+    def values(self) -> list[Any]:
+        return list(range(self.low, self.high + 1, self.step))
+
+    def contains(self, value: Any) -> bool:
+        return (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and self.low <= value <= self.high
+            and (value - self.low) % self.step == 0
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "low": self.low,
+            "high": self.high,
+            "step": self.step,
+        }
+
+
+@dataclass(frozen=True)
+class PowerOfTwo(Param):
+    """Powers of two ``low <= 2**k <= high``."""
+
+    low: int = 1
+    high: int = 1
+    kind: ClassVar[str] = "pow2"
+
+    def __post_init__(self) -> None:
+        for bound in (self.low, self.high):
+            if bound <= 0 or bound & (bound - 1):
+                raise ProblemError(f"parameter {self.name!r}: bound {bound} is not a power of 2")
+        if self.high < self.low:
+            raise ProblemError(f"parameter {self.name!r}: empty range {self.low}..{self.high}")
+
+    def values(self) -> list[Any]:
+        out, v = [], self.low
+        while v <= self.high:
+            out.append(v)
+            v *= 2
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "name": self.name, "low": self.low, "high": self.high}
+
+
+@dataclass(frozen=True)
+class Bool(Param):
+    kind: ClassVar[str] = "bool"
+
+    def values(self) -> list[Any]:
+        return [False, True]
+
+    def contains(self, value: Any) -> bool:
+        return isinstance(value, bool)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "name": self.name}
+
+
+@dataclass(frozen=True)
+class Choice(Param):
+    """One of an explicit list of JSON values (strings, numbers, lists)."""
+
+    options: tuple[Any, ...] = ()
+    kind: ClassVar[str] = "choice"
+
+    def __post_init__(self) -> None:
+        if not self.options:
+            raise ProblemError(f"parameter {self.name!r}: a choice needs at least one option")
+        object.__setattr__(self, "options", tuple(_jsonable(o) for o in self.options))
+
+    def values(self) -> list[Any]:
+        return list(self.options)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "name": self.name, "options": list(self.options)}
+
+
+@dataclass(frozen=True)
+class TupleOf(Param):
+    """A tuple of sub-parameters, e.g. a work-group shape ``(lx, ly)``; travels as a list."""
+
+    items: tuple[Param, ...] = ()
+    kind: ClassVar[str] = "tuple"
+
+    def __post_init__(self) -> None:
+        if not self.items:
+            raise ProblemError(f"parameter {self.name!r}: a tuple needs at least one item")
+
+    def values(self) -> list[Any]:
+        import itertools
+
+        return [list(p) for p in itertools.product(*(item.values() for item in self.items))]
+
+    def contains(self, value: Any) -> bool:
+        return (
+            isinstance(value, list | tuple)
+            and len(value) == len(self.items)
+            and all(item.contains(v) for item, v in zip(self.items, value, strict=True))
+        )
+
+    def default(self) -> Any:
+        return [item.default() for item in self.items]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "items": [item.to_json() for item in self.items],
+        }
+
+
+_KINDS: dict[str, type[Param]] = {
+    cls.kind: cls for cls in (IntRange, PowerOfTwo, Bool, Choice, TupleOf)
+}
+
+
+def param_from_json(data: Mapping[str, Any]) -> Param:
+    try:
+        kind = data["kind"]
+        name = str(data["name"])
+        if kind == "int":
+            return IntRange(name, int(data["low"]), int(data["high"]), int(data.get("step", 1)))
+        if kind == "pow2":
+            return PowerOfTwo(name, int(data["low"]), int(data["high"]))
+        if kind == "bool":
+            return Bool(name)
+        if kind == "choice":
+            return Choice(name, tuple(data["options"]))
+        if kind == "tuple":
+            return TupleOf(name, tuple(param_from_json(i) for i in data["items"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProblemError(f"malformed parameter {dict(data)!r}: {exc}") from None
+    raise ProblemError(f"unknown parameter kind {data.get('kind')!r}; use one of {sorted(_KINDS)}")
+
+
+@dataclass(frozen=True)
+class Space:
+    """An ordered set of named parameters."""
+
+    params: tuple[Param, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        names = [p.name for p in self.params]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ProblemError(f"space has duplicate parameter names: {dupes}")
+
+    @classmethod
+    def of(cls, params: Iterable[Param]) -> Space:
+        return cls(tuple(params))
+
+    def __iter__(self) -> Any:
+        return iter(self.params)
+
+    def __len__(self) -> int:
+        return len(self.params)
+
+    def names(self) -> list[str]:
+        return [p.name for p in self.params]
+
+    def param(self, name: str) -> Param:
+        for p in self.params:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    def size(self) -> int:
+        total = 1
+        for p in self.params:
+            total *= len(p.values())
+        return total
+
+    def default(self) -> Config:
+        return {p.name: p.default() for p in self.params}
+
+    def check(self, config: Mapping[str, Any]) -> Config:
+        """Return ``config`` normalised (tuples as lists), or raise InvalidConfiguration."""
+        missing = [n for n in self.names() if n not in config]
+        extra = [k for k in config if k not in self.names()]
+        if missing or extra:
+            raise InvalidConfiguration(
+                f"configuration does not match the space: missing {missing}, unknown {extra}"
+            )
+        out: Config = {}
+        for p in self.params:
+            value = _jsonable(config[p.name])
+            if not p.contains(value):
+                raise InvalidConfiguration(f"{p.name}={value!r} is outside the space")
+            out[p.name] = value
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": 1, "params": [p.to_json() for p in self.params]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | Sequence[Any]) -> Space:
+        if isinstance(data, Mapping):
+            items = data.get("params")
+        else:
+            items = data
+        if not isinstance(items, list | tuple):
+            raise ProblemError("malformed space: expected {'params': [...]}")
+        return cls(tuple(param_from_json(p) for p in items))
