@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
+from tunefleet.devices import DeviceInfo
 from tunefleet.space import Config, Space, canonical_json
 
 
@@ -89,6 +90,21 @@ class Problem(ABC):
 
     def default_config(self, args: Mapping[str, Any]) -> Config:
         return self.space(args).default()
+
+    # --- evaluation: called by the worker -------------------------------------------------
+    @abstractmethod
+    def prepare(self, args: Mapping[str, Any], config: Config, device: DeviceInfo) -> Any:
+        """CPU-only work for one configuration (loopy code generation), run in the worker's
+        process pool ahead of timing. Returns something picklable for :meth:`measure`.
+        Raises :class:`~tunefleet.errors.InvalidConfiguration` for illegal points."""
+
+    @abstractmethod
+    def measure(self, prepared: Any, session: Any, protocol: Protocol) -> Outcome:
+        """Validate and time a prepared configuration on the device, in the worker's
+        supervised device process. ``session`` is the worker's open device session (OpenCL
+        context and profiling queue), ``None`` for problems with ``needs_opencl = False``.
+        Returns an :class:`Outcome` (``done`` or ``invalid``); may raise
+        :class:`~tunefleet.errors.InvalidConfiguration`."""
 
 
 def cache_key(
