@@ -19,6 +19,7 @@ from tunefleet.errors import TunefleetError
 
 # Modules that add subcommands, in the order they appear in --help.
 _COMMAND_MODULES = (
+    "tunefleet.cli.front",
     "tunefleet.cli.db",
     "worker.cli",
     "coordinator.cli",
