@@ -180,7 +180,7 @@ def trial_attempts(conn: Conn, trial_id: int) -> list[Row]:
           FROM tunefleet.attempt a
           LEFT JOIN tunefleet.worker w ON w.id = a.worker_id
          WHERE a.trial_id = %(trial_id)s
-         ORDER BY a.attempt
+         ORDER BY a.claimed_at, a.attempt
         """,
         {"trial_id": trial_id},
     )
