@@ -16,6 +16,8 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from tunefleet.problems.base import Protocol
+
 CPU = {
     "fingerprint": "cpu-fp-1",
     "device_class": "pthread-intel-r-xeon-r-processor",
@@ -83,7 +85,7 @@ def _run(conn: Any, device_class: str, state: str, **budget: Any) -> int:
                 {"version": 1, "params": [{"kind": "pow2", "name": "tile", "low": 1, "high": 64}]}
             ),
             device_class,
-            Jsonb({"warmup": 2, "min_launches": 5}),
+            Jsonb(Protocol().to_json()),  # the default protocol, as a plain run has
             f"key-{device_class}",
             budget.get("max_trials"),
             state,

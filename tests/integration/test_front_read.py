@@ -9,13 +9,18 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import shlex
 import struct
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 from runfill import ARGS, CODE, Filled, fill
 
 from tunefleet.cli import build_parser, main
@@ -25,7 +30,31 @@ from tunefleet.queries import report
 
 @pytest.fixture
 def filled(db: Any) -> Filled:
+    """A filled database of its own, for tests that change rows."""
     return fill(db)
+
+
+@pytest.fixture(scope="module")
+def ro_url(pg_admin_url: str, pg_template: str) -> Iterator[str]:
+    """One filled database shared by the tests that only read (filling is the slow part)."""
+    name = f"tf_front_read_{os.getpid()}"
+    drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+    with psycopg.connect(pg_admin_url, autocommit=True) as admin:
+        admin.execute(drop)
+        admin.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(pg_template)
+            )
+        )
+    yield make_conninfo(pg_admin_url, dbname=name)
+    with psycopg.connect(pg_admin_url, autocommit=True) as admin:
+        admin.execute(drop)
+
+
+@pytest.fixture(scope="module")
+def ro(ro_url: str) -> Filled:
+    with _conn(ro_url) as conn:
+        return fill(conn)
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -34,22 +63,22 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
     return code, out, err
 
 
-def test_runs_lists_every_run_with_its_counts(db_url, filled, capsys):
-    code, out, _ = run_cli(capsys, "runs", "--db", db_url, "--json")
+def test_runs_lists_every_run_with_its_counts(ro_url, ro, capsys):
+    code, out, _ = run_cli(capsys, "runs", "--db", ro_url, "--json")
     assert code == 0
     runs = {r["run_id"]: r for r in json.loads(out)}
-    assert set(runs) == {filled.cpu_run, filled.gpu_run}
-    cpu = runs[filled.cpu_run]
+    assert set(runs) == {ro.cpu_run, ro.gpu_run}
+    cpu = runs[ro.cpu_run]
     assert (cpu["done"], cpu["invalid"], cpu["failed"], cpu["timed_out"]) == (6, 2, 1, 1)
     assert (cpu["running"], cpu["pending"], cpu["cancelled"]) == (1, 2, 1)
-    assert cpu["best_gflops"] == pytest.approx(filled.best_gflops)
-    assert runs[filled.gpu_run]["best_gflops"] == pytest.approx(410.0)
+    assert cpu["best_gflops"] == pytest.approx(ro.best_gflops)
+    assert runs[ro.gpu_run]["best_gflops"] == pytest.approx(410.0)
 
-    code, out, _ = run_cli(capsys, "runs", "--db", db_url)
+    code, out, _ = run_cli(capsys, "runs", "--db", ro_url)
     lines = out.splitlines()
     assert lines[0].split()[:3] == ["RUN", "PROBLEM", "ARGS"]
     assert len(lines) == 3  # header + two runs, newest first
-    assert lines[1].split()[0] == str(filled.gpu_run)
+    assert lines[1].split()[0] == str(ro.gpu_run)
 
 
 def test_runs_on_an_empty_database_says_how_to_start(db_url, capsys):
@@ -81,10 +110,10 @@ def test_status_overview_shows_active_runs_and_live_and_lost_workers(db, db_url,
     assert "idle" in states["node-a"] and "idle" in states["gpu-node"]
 
 
-def test_status_of_one_run_shows_counts_best_and_failure_reasons(db_url, filled, capsys):
-    code, out, _ = run_cli(capsys, "status", str(filled.cpu_run), "--db", db_url)
+def test_status_of_one_run_shows_counts_best_and_failure_reasons(ro_url, ro, capsys):
+    code, out, _ = run_cli(capsys, "status", str(ro.cpu_run), "--db", ro_url)
     assert code == 0
-    assert f"run {filled.cpu_run}: gemm dtype=float32 n=256" in out
+    assert f"run {ro.cpu_run}: gemm dtype=float32 n=256" in out
     assert "6 done, 1 running, 2 pending, 2 invalid, 1 failed, 1 timed out, 1 cancelled" in out
     assert "best      12.5 GFLOP/s" in out
     assert "2 invalid: work-group size 512 exceeds the device limit 256" in out
@@ -93,18 +122,18 @@ def test_status_of_one_run_shows_counts_best_and_failure_reasons(db_url, filled,
     assert "node-a" in out and "node-b" in out and "gpu-node" not in out
 
 
-def test_best_prints_configuration_gflops_and_a_reproduce_command(db_url, filled, capsys):
-    code, out, _ = run_cli(capsys, "best", str(filled.cpu_run), "--db", db_url)
+def test_best_prints_configuration_gflops_and_a_reproduce_command(ro_url, ro, capsys):
+    code, out, _ = run_cli(capsys, "best", str(ro.cpu_run), "--db", ro_url)
     assert code == 0
-    assert f"best: trial {filled.best_trial}, 12.5 GFLOP/s" in out
-    assert f"tunefleet show {filled.cpu_run} {filled.best_trial} --code" in out
+    assert f"best: trial {ro.best_trial}, 12.5 GFLOP/s" in out
+    assert f"tunefleet show {ro.cpu_run} {ro.best_trial} --code" in out
     line = out.splitlines()[out.splitlines().index("reproduce:") + 1].strip()
     words = shlex.split(line)
     assert words[:3] == ["tunefleet", "measure", "gemm"]
     # The printed command parses and carries exactly the stored arguments and configuration.
     ns = build_parser().parse_args(words[1:])
     assert raw_problem_args(ns) == ARGS
-    best = report.best_trials(_conn(db_url), filled.cpu_run)[0]
+    best = report.best_trials(_conn(ro_url), ro.cpu_run)[0]
     assert json.loads(ns.config) == best["config"]
     assert ns.device == "pthread-Intel(R) Xeon(R) Processor"
     assert ns.protocol is None  # the run used the default protocol
@@ -116,10 +145,8 @@ def _conn(url: str) -> Any:
     return connect(url)
 
 
-def test_best_top_k_in_json_is_sorted_fastest_first(db_url, filled, capsys):
-    code, out, _ = run_cli(
-        capsys, "best", str(filled.cpu_run), "--top", "3", "--json", "--db", db_url
-    )
+def test_best_top_k_in_json_is_sorted_fastest_first(ro_url, ro, capsys):
+    code, out, _ = run_cli(capsys, "best", str(ro.cpu_run), "--top", "3", "--json", "--db", ro_url)
     assert code == 0
     data = json.loads(out)
     assert [b["gflops"] for b in data["best"]] == [12.5, 11.0, 9.0]
@@ -135,28 +162,24 @@ def test_best_of_a_run_without_a_successful_trial_is_a_one_line_error(db, db_url
     assert "no successful trial yet" in err and f"tunefleet status {filled.gpu_run}" in err
 
 
-def test_show_code_prints_the_stored_opencl_source(db_url, filled, capsys):
+def test_show_code_prints_the_stored_opencl_source(ro_url, ro, capsys):
     code, out, _ = run_cli(
-        capsys, "show", str(filled.cpu_run), str(filled.best_trial), "--code", "--db", db_url
+        capsys, "show", str(ro.cpu_run), str(ro.best_trial), "--code", "--db", ro_url
     )
     assert code == 0
     assert out == CODE % 3  # the best trial is the fourth one written (n = 3)
 
 
-def test_show_trial_lists_measurement_and_attempts(db_url, filled, capsys):
-    failed = filled.trials["failed"][0]
-    code, out, _ = run_cli(
-        capsys, "show", str(filled.cpu_run), str(failed), "--json", "--db", db_url
-    )
+def test_show_trial_lists_measurement_and_attempts(ro_url, ro, capsys):
+    failed = ro.trials["failed"][0]
+    code, out, _ = run_cli(capsys, "show", str(ro.cpu_run), str(failed), "--json", "--db", ro_url)
     assert code == 0
     data = json.loads(out)
     assert data["state"] == "failed" and data["measurement_id"] is None
     assert [a["outcome"] for a in data["attempts"]] == ["failed"]
     assert data["attempts"][0]["worker_host"] == "node-a"
 
-    code, out, _ = run_cli(
-        capsys, "show", str(filled.cpu_run), str(filled.best_trial), "--db", db_url
-    )
+    code, out, _ = run_cli(capsys, "show", str(ro.cpu_run), str(ro.best_trial), "--db", ro_url)
     assert "GFLOP/s     12.5" in out and "5 samples" in out and "add --code" in out
 
 
@@ -172,9 +195,9 @@ def test_show_trial_lists_measurement_and_attempts(db_url, filled, capsys):
         (["plot", "999999", "-o", "x.png"], "run 999999 does not exist"),
     ],
 )
-def test_missing_runs_and_trials_are_one_line_errors(db_url, filled, capsys, argv, expected):
-    ids = {"cpu": filled.cpu_run, "gpu": filled.gpu_run, "invalid": filled.trials["invalid"][0]}
-    code, _out, err = run_cli(capsys, *[a.format(**ids) for a in argv], "--db", db_url)
+def test_missing_runs_and_trials_are_one_line_errors(ro_url, ro, capsys, argv, expected):
+    ids = {"cpu": ro.cpu_run, "gpu": ro.gpu_run, "invalid": ro.trials["invalid"][0]}
+    code, _out, err = run_cli(capsys, *[a.format(**ids) for a in argv], "--db", ro_url)
     assert code != 0
     assert expected in err
     assert len(err.strip().splitlines()) == 1 and err.startswith("tunefleet: error:")
@@ -182,29 +205,29 @@ def test_missing_runs_and_trials_are_one_line_errors(db_url, filled, capsys, arg
         assert "tunefleet runs" in err  # names the fix
 
 
-def test_export_csv_and_json_contain_every_finished_trial(db_url, filled, capsys, tmp_path):
-    finished = {t for s in ("done", "invalid", "failed", "timed_out") for t in filled.trials[s]}
-    code, out, _ = run_cli(capsys, "export", str(filled.cpu_run), "--format", "csv", "--db", db_url)
+def test_export_csv_and_json_contain_every_finished_trial(ro_url, ro, capsys, tmp_path):
+    finished = {t for s in ("done", "invalid", "failed", "timed_out") for t in ro.trials[s]}
+    code, out, _ = run_cli(capsys, "export", str(ro.cpu_run), "--format", "csv", "--db", ro_url)
     assert code == 0
     rows = list(csv.DictReader(io.StringIO(out)))
     assert {int(r["trial_id"]) for r in rows} == finished
-    best = next(r for r in rows if int(r["trial_id"]) == filled.best_trial)
+    best = next(r for r in rows if int(r["trial_id"]) == ro.best_trial)
     assert float(best["gflops"]) == pytest.approx(12.5)
     assert (
-        json.loads(best["config"]) == report.best_trials(_conn(db_url), filled.cpu_run)[0]["config"]
+        json.loads(best["config"]) == report.best_trials(_conn(ro_url), ro.cpu_run)[0]["config"]
     )  # JSON in a cell
     assert len(json.loads(best["samples_s"])) == 5
 
     target = tmp_path / "run.json"
     code, out, err = run_cli(
-        capsys, "export", str(filled.cpu_run), "--format", "json", "-o", str(target), "--db", db_url
+        capsys, "export", str(ro.cpu_run), "--format", "json", "-o", str(target), "--db", ro_url
     )
     assert code == 0 and out == ""
     assert f"wrote {len(finished)} trials" in err
     data = json.loads(target.read_text())
     assert {r["trial_id"] for r in data} == finished
     assert {r["state"] for r in data} == {"done", "invalid", "failed", "timed_out"}
-    assert next(r for r in data if r["trial_id"] == filled.best_trial)["config"] == json.loads(
+    assert next(r for r in data if r["trial_id"] == ro.best_trial)["config"] == json.loads(
         best["config"]
     )
 
@@ -252,11 +275,11 @@ def _png_pixels(path: Path) -> tuple[int, int, list[int]]:
     return width, height, out
 
 
-def test_plot_writes_a_real_png_of_the_run(db_url, filled, capsys, tmp_path):
+def test_plot_writes_a_real_png_of_the_run(ro_url, ro, capsys, tmp_path):
     cpu_png, gpu_png = tmp_path / "cpu.png", tmp_path / "gpu.png"
-    code, out, _ = run_cli(capsys, "plot", str(filled.cpu_run), "-o", str(cpu_png), "--db", db_url)
+    code, out, _ = run_cli(capsys, "plot", str(ro.cpu_run), "-o", str(cpu_png), "--db", ro_url)
     assert code == 0
-    assert f"{filled.finished} evaluations, best 12.5 GFLOP/s, 2 workers" in out
+    assert f"{ro.finished} evaluations, best 12.5 GFLOP/s, 2 workers" in out
     width, height, pixels = _png_pixels(cpu_png)
     assert (width, height) == (900, 1000)
     mean = sum(pixels) / len(pixels)
@@ -265,7 +288,7 @@ def test_plot_writes_a_real_png_of_the_run(db_url, filled, capsys, tmp_path):
     # blue best-so-far line and green 'done' bars are drawn
     assert _has_colour(pixels, (0x1C, 0x7E, 0xD6)) and _has_colour(pixels, (0x2B, 0x8A, 0x3E))
 
-    code, out, _ = run_cli(capsys, "plot", str(filled.gpu_run), "-o", str(gpu_png), "--db", db_url)
+    code, out, _ = run_cli(capsys, "plot", str(ro.gpu_run), "-o", str(gpu_png), "--db", ro_url)
     assert "3 evaluations, best 410 GFLOP/s, 1 workers" in out
     assert _png_pixels(gpu_png)[2] != pixels  # another run, another picture
 
@@ -276,23 +299,24 @@ def _has_colour(pixels: list[int], rgb: tuple[int, int, int], channels: int = 4)
     return any(data[i : i + 3] == target for i in range(0, len(data), channels))
 
 
-def test_plot_refuses_a_file_that_is_not_png(db_url, filled, capsys, tmp_path):
+def test_plot_refuses_a_file_that_is_not_png(ro_url, ro, capsys, tmp_path):
     code, _, err = run_cli(
-        capsys, "plot", str(filled.cpu_run), "-o", str(tmp_path / "x.pdf"), "--db", db_url
+        capsys, "plot", str(ro.cpu_run), "-o", str(tmp_path / "x.pdf"), "--db", ro_url
     )
     assert code == 2 and "FILE.png" in err
 
 
-def test_report_series_and_intervals_follow_the_rows(db, filled):
-    series = report.progress_series(db, filled.cpu_run)
-    assert [r["n"] for r in series] == list(range(1, filled.finished + 1))
+def test_report_series_and_intervals_follow_the_rows(ro_url, ro):
+    db = _conn(ro_url)
+    series = report.progress_series(db, ro.cpu_run)
+    assert [r["n"] for r in series] == list(range(1, ro.finished + 1))
     best = [r["best_gflops"] for r in series]
     assert best == sorted(best) and best[-1] == pytest.approx(12.5)
     assert all(r["gflops"] is None for r in series if r["state"] != "done")
-    intervals = report.worker_intervals(db, filled.gpu_run)
+    intervals = report.worker_intervals(db, ro.gpu_run)
     assert len(intervals) == 3 and {i["worker_host"] for i in intervals} == {"gpu-node"}
     assert all(i["end_s"] - i["start_s"] == pytest.approx(9.0) for i in intervals)
     from tunefleet.cli.plot import utilisation
 
     # three 9 s trials over 5..34 s: 27 s busy of 29 s
-    assert utilisation(intervals) == {str(filled.workers[2]): pytest.approx(27 / 29)}
+    assert utilisation(intervals) == {str(ro.workers[2]): pytest.approx(27 / 29)}
