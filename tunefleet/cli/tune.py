@@ -16,11 +16,9 @@ its trials back).
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -321,83 +319,119 @@ def cmd_tune(args: argparse.Namespace) -> int:
         plan = plan_workers(problem.needs_opencl, args.workers, args.device)
         url = database_url(settings)
 
-    engine = _engine()
-    if args.resume is not None:
-        run_id = engine.resume(url, settings, args.resume, args)
-    else:
-        run_id = engine.create(url, settings, args.problem, problem_args, plan.device_class, args)
+    from coordinator.engine import Coordinator, Progress, create_run
+    from coordinator.settings import CoordinatorSettings
+
+    coord_settings = CoordinatorSettings.build(
+        problem=None if args.resume is not None else args.problem,
+        problem_args=problem_args,
+        device_class=plan.device_class,
+        name=args.name,
+        resume=args.resume,
+        max_trials=args.max_trials,
+        max_seconds=args.max_time,
+        target_gflops=args.target,
+    )
+    engine_db = DatabaseSettings(
+        url=url,
+        statement_timeout_ms=settings.statement_timeout_ms,
+        idle_in_transaction_timeout_ms=settings.idle_in_transaction_timeout_ms,
+        application_name="tunefleet-coordinator",
+    )
+    run_id = args.resume or create_run(coord_settings, url, engine_db)
+    coordinator = Coordinator(coord_settings, url, engine_db)
 
     every = args.progress_every if args.progress_every is not None else 5.0
     display = ProgressDisplay(sys.stdout, every)
+    where = (
+        f"{len(plan.devices)} local ({plan.description})" if plan.devices else plan.description
+    )
+    verb = "resuming" if args.resume else "tuning"
     print(
-        f"run {run_id}: {args.problem or problem.name} {args_text(problem_args)} on "
-        f"{plan.device_class}; workers: "
-        + (f"{len(plan.devices)} local ({plan.description})" if plan.devices else plan.description),
+        f"{verb} run {run_id}: {problem.name or args.problem} {args_text(problem_args)} on "
+        f"{plan.device_class}; workers: {where}",
         flush=True,
     )
     workers = LocalWorkers(url, home_dir() / "logs" / f"run-{run_id}")
-    stop = threading.Event()
-    outcome: dict[str, Any] = {}
+    failure: list[str] = []
+    interrupts = 0
 
-    def drive() -> None:
-        try:
-            outcome["reason"] = engine.drive(url, settings, run_id, stop)
-        except BaseException as exc:  # reported by the main thread
-            outcome["error"] = exc
+    def on_sigint(signum: int, frame: Any) -> None:
+        nonlocal interrupts
+        interrupts += 1
+        if interrupts > 1:
+            raise KeyboardInterrupt  # second Ctrl-C: stop waiting
+        coordinator.request_stop()
 
-    driver = threading.Thread(target=drive, name="coordinator", daemon=True)
-    interrupted = False
-    try:
-        workers.start(plan.devices, [])
-        driver.start()
-        with connect(url, settings) as conn:
-            while driver.is_alive():
-                driver.join(timeout=0.5)
-                p = report.run_progress(conn, run_id)
-                alive = sum(
-                    1
-                    for w in report.fleet(conn, run_id=run_id, include_stopped=False)
-                    if w["alive"]
-                )
-                if p is not None:
-                    display.show(progress_line(p, alive))
-                dead = [(rc, log) for rc, log in workers.exited() if rc != 0]
-                if dead and len(dead) == len(plan.devices):
-                    rc, log = dead[0]
-                    raise TunefleetError(
-                        f"every local worker exited (status {rc}): {last_line(log) or '?'} "
-                        f"(log: {log})"
-                    )
+    with connect(url, settings) as conn:
+        last_poll = 0.0
+
+        def on_progress(_: Progress) -> None:
+            nonlocal last_poll
+            now = time.monotonic()
+            if now - last_poll < 0.5:
+                return
+            last_poll = now
             p = report.run_progress(conn, run_id)
+            fleet = report.fleet(conn, run_id=run_id, include_stopped=False)
             if p is not None:
-                display.show(progress_line(p, 0), force=True)
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        stop.set()
-        driver.join(timeout=60) if driver.is_alive() else None
-        display.end()
-        workers.stop()
-        if interrupted or "error" in outcome:
-            engine.stop(url, settings, run_id)
-    if "error" in outcome:
-        raise outcome["error"]
-    if interrupted:
+                display.show(progress_line(p, sum(1 for w in fleet if w["alive"])))
+            exited = workers.exited()
+            if plan.devices and len(exited) == len(plan.devices) and not failure:
+                rc, log = exited[0]
+                failure.append(
+                    f"every local worker exited (status {rc}): {last_line(log) or '?'} "
+                    f"(log: {log})"
+                )
+                coordinator.request_stop()
+
+        previous = signal.signal(signal.SIGINT, on_sigint)
+        result = None
+        try:
+            workers.start(plan.devices, [])
+            result = coordinator.run(run_id, progress_callback=on_progress)
+        except KeyboardInterrupt:
+            interrupts = max(interrupts, 1)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            workers.stop()
+            display.end()
+            _cancel_leftovers(url, engine_db, run_id)
+        p = report.run_progress(conn, run_id)
+        if p is not None:
+            display.show(progress_line(p, 0), force=True)
+            display.end()
+
+    if failure:
+        raise TunefleetError(failure[0])
+    if interrupts or (result is not None and result.state == "stopped"):
+        hint = "" if args.db is None else " --db URL"
         print(
-            f"stopped run {run_id}; continue with `tunefleet tune --resume {run_id}`"
-            + ("" if args.db is None else " --db URL"),
+            f"stopped run {run_id}; continue with `tunefleet tune --resume {run_id}{hint}`",
             file=sys.stderr,
         )
         return 130
-    print(f"run {run_id} finished: {outcome.get('reason') or 'done'}", flush=True)
+    assert result is not None
+    print(f"run {run_id} finished: {result.stop_reason}", flush=True)
     from tunefleet.cli.front import cmd_best
 
-    best_args = argparse.Namespace(run=run_id, db=args.db, top=1, json=False)
     try:
-        return cmd_best(best_args)
+        return cmd_best(argparse.Namespace(run=run_id, db=url, top=1, json=False))
     except RunError as exc:
         print(f"tunefleet: {exc}", file=sys.stderr)
         return 1
+
+
+def _cancel_leftovers(url: str, db: DatabaseSettings, run_id: int) -> None:
+    """Trials the stopped workers handed back after the search ended go to ``cancelled``
+    (a stopped or finished run keeps no pending work; a resume re-asks the search)."""
+    from tunefleet.db.engine import connect
+    from tunefleet.queries import search
+
+    with connect(url, db) as conn:
+        run = search.get_run(conn, run_id)
+        if run is not None and run["state"] != "running":
+            search.cancel_pending(conn, run_id)
 
 
 def _resume_plan(needs_opencl: bool, args: argparse.Namespace, run: dict[str, Any]) -> WorkerPlan:
@@ -412,11 +446,3 @@ def _resume_plan(needs_opencl: bool, args: argparse.Namespace, run: dict[str, An
             f"{plan.device_class}; resume it where such a device is, or with --workers 0"
         )
     return plan
-
-
-def _engine() -> Any:
-    """The coordinator's engine (imported here: ``tunefleet`` must import without it)."""
-    raise RunError("tune is not wired to the coordinator yet")
-
-
-_ = os  # placeholder until the engine adapter lands
