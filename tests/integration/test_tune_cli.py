@@ -11,6 +11,7 @@ import csv
 import io
 import json
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -87,7 +88,7 @@ def test_tune_synthetic_then_every_read_command(home, tmp_path):
 
     best = json.loads(tf(home, "best", "1", "--json").stdout)["best"][0]
     # the printed reproduce command really reproduces the configuration
-    repro = tf(home, *best["reproduce"].split()[1:])  # plain words: synthetic config has none
+    repro = tf(home, *shlex.split(best["reproduce"])[1:])
     assert repro.returncode == 0, repro.stderr
     assert "GFLOP/s" in repro.stdout
 
