@@ -10,10 +10,16 @@ carries the run, device and worker, every claim leaves an attempt row.
 
 from __future__ import annotations
 
+import os
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 from psycopg.types.json import Jsonb
 
 from tunefleet.problems.base import Protocol
@@ -225,3 +231,23 @@ def fill(conn: Any) -> Filled:
         tid = _trial(conn, gpu_run, GPU["device_class"], n, "done", w3, 5.0 + 10 * n, 14 + 10 * n)
         _measure(conn, tid, gpu_dev, w3, g, n)
     return filled
+
+
+@contextmanager
+def module_database(admin_url: str, template: str, label: str) -> Iterator[str]:
+    """A database at head for a whole test module (cloned from the session's template),
+    dropped afterwards: for modules whose tests only read what one setup wrote."""
+    name = f"tf_{label}_{os.getpid()}"
+    drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(drop)
+        admin.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(template)
+            )
+        )
+    try:
+        yield make_conninfo(admin_url, dbname=name)
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            admin.execute(drop)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import shlex
 import struct
 import zlib
@@ -17,11 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
-from runfill import ARGS, CODE, Filled, fill
+from runfill import ARGS, CODE, Filled, fill, module_database
 
 from tunefleet.cli import build_parser, main
 from tunefleet.cli.args import raw_problem_args
@@ -37,18 +33,8 @@ def filled(db: Any) -> Filled:
 @pytest.fixture(scope="module")
 def ro_url(pg_admin_url: str, pg_template: str) -> Iterator[str]:
     """One filled database shared by the tests that only read (filling is the slow part)."""
-    name = f"tf_front_read_{os.getpid()}"
-    drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-    with psycopg.connect(pg_admin_url, autocommit=True) as admin:
-        admin.execute(drop)
-        admin.execute(
-            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                sql.Identifier(name), sql.Identifier(pg_template)
-            )
-        )
-    yield make_conninfo(pg_admin_url, dbname=name)
-    with psycopg.connect(pg_admin_url, autocommit=True) as admin:
-        admin.execute(drop)
+    with module_database(pg_admin_url, pg_template, "front_read") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -343,9 +343,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     every = args.progress_every if args.progress_every is not None else 5.0
     display = ProgressDisplay(sys.stdout, every)
-    where = (
-        f"{len(plan.devices)} local ({plan.description})" if plan.devices else plan.description
-    )
+    where = f"{len(plan.devices)} local ({plan.description})" if plan.devices else plan.description
     verb = "resuming" if args.resume else "tuning"
     print(
         f"{verb} run {run_id}: {problem.name or args.problem} {args_text(problem_args)} on "
@@ -380,8 +378,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             if plan.devices and len(exited) == len(plan.devices) and not failure:
                 rc, log = exited[0]
                 failure.append(
-                    f"every local worker exited (status {rc}): {last_line(log) or '?'} "
-                    f"(log: {log})"
+                    f"every local worker exited (status {rc}): {last_line(log) or '?'} (log: {log})"
                 )
                 coordinator.request_stop()
 
