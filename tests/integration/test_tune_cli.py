@@ -175,6 +175,33 @@ def test_ctrl_c_stops_cleanly_and_resume_continues(home):
     assert run["state"] == "finished" and done_after > done_before and dupes == 0
 
 
+def test_workers_zero_drives_the_search_for_workers_started_elsewhere(home):
+    tf(home, "db", "start")
+    url = tf(home, "db", "url").stdout.strip()
+    worker = subprocess.Popen(
+        ["tunefleet", "worker", "--db", url, "--device", "host"],
+        env=home,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        proc = tf(
+            home, "tune", "synthetic", "--workers", "0", "--max-trials", "6",
+            "--arg", "duration=0.01",
+        )  # fmt: skip
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "workers: remote workers of class any" in proc.stdout
+    with embedded_conn(home) as conn:
+        hosts = conn.execute(
+            "SELECT DISTINCT w.pid FROM tunefleet.measurement m "
+            "JOIN tunefleet.worker w ON w.id = m.worker_id WHERE m.run_id = 1"
+        ).fetchall()
+    assert [h["pid"] for h in hosts] == [worker.pid]  # every result came from that worker
+
+
 @pytest.mark.opencl
 def test_tune_a_tiny_gemm_on_the_pocl_cpu_device(home, tmp_path):
     pytest.importorskip("pyopencl")

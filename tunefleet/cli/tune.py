@@ -101,7 +101,8 @@ def plan_workers(needs_opencl: bool, workers: int | None, pattern: str | None) -
                 "pseudo-device; drop --device"
             )
         n = 1 if workers is None else workers
-        return WorkerPlan(ANY_DEVICE_CLASS, ("host",) * n, "host pseudo-device")
+        where = "host pseudo-device" if n else f"remote workers of class {ANY_DEVICE_CLASS}"
+        return WorkerPlan(ANY_DEVICE_CLASS, ("host",) * n, where)
 
     if workers == 0:
         if not pattern:
