@@ -382,19 +382,26 @@ class EmbeddedServer:
             f"-c listen_addresses='{listen or ''}' -c port={int(chosen_port)} "
             f"-c unix_socket_directories='{sock}'"
         )
-        self._run(
-            "pg_ctl",
-            "start",
-            "-w",
-            "-t",
-            "60",
-            "-D",
-            str(self.data_dir),
-            "-l",
-            str(self.log_path),
-            "-o",
-            opts,
-        )
+        try:
+            self._run(
+                "pg_ctl",
+                "start",
+                "-w",
+                "-t",
+                "60",
+                "-D",
+                str(self.data_dir),
+                "-l",
+                str(self.log_path),
+                "-o",
+                opts,
+            )
+        except EmbeddedServerError as exc:
+            if listen and ("bind" in str(exc) or "TCP/IP" in str(exc)):
+                raise EmbeddedServerError(
+                    f"{exc} (is port {chosen_port} on {listen} taken? choose another with --port)"
+                ) from None
+            raise
         deadline = time.monotonic() + 30
         while not self.status().running:
             if time.monotonic() > deadline:
@@ -558,10 +565,15 @@ def _log_reason(log: Path, offset: int) -> str | None:
             new = fh.read()
     except OSError:
         return None
-    for line in new.splitlines():
-        for level in ("FATAL:", "PANIC:", "ERROR:"):
-            if level in line:
-                return line[line.index(level) :].strip()
+    lines = new.splitlines()
+    # "could not bind" is logged (LOG level) just before the FATAL that only says no socket.
+    for marker in ("could not bind", "FATAL:", "PANIC:", "ERROR:"):
+        for line in lines:
+            if marker in line:
+                start = line.index(marker)
+                if marker == "could not bind":
+                    start = line.rfind(":", 0, start) + 1
+                return " ".join(line[start:].split())
     return None
 
 
