@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -142,7 +145,9 @@ def test_pidfile_naming_an_unrelated_live_process_is_stale(server: EmbeddedServe
     assert server.start().running
 
 
-def test_listen_serves_tcp_with_scram_password(server: EmbeddedServer) -> None:
+def test_listen_serves_tcp_with_scram_password(
+    server: EmbeddedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     port = _free_tcp_port()
     status = server.start(listen="127.0.0.1", port=port)
     assert status.listen == "127.0.0.1" and status.port == port
@@ -150,24 +155,16 @@ def test_listen_serves_tcp_with_scram_password(server: EmbeddedServer) -> None:
     remote = server.remote_url()
     assert remote == f"postgresql://{REMOTE_ROLE}@127.0.0.1:{port}/tunefleet"
 
-    env_backup = {k: os.environ.get(k) for k in ("PGPASSFILE", "PGPASSWORD")}
-    try:
-        os.environ.pop("PGPASSWORD", None)
-        os.environ["PGPASSFILE"] = str(server.pgpass_path)
-        with psycopg.connect(remote) as conn:
-            row = conn.execute("SELECT current_user, inet_server_port()").fetchone()
-            assert row == (REMOTE_ROLE, port)
-        with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
-            psycopg.connect(remote, password="not-the-password")
-        os.environ["PGPASSFILE"] = str(server.base / "no-such-pgpass")
-        with pytest.raises(psycopg.OperationalError, match="no password supplied"):
-            psycopg.connect(remote)
-    finally:
-        for key, value in env_backup.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    monkeypatch.delenv("PGPASSWORD", raising=False)
+    monkeypatch.setenv("PGPASSFILE", str(server.pgpass_path))
+    with psycopg.connect(remote) as conn:
+        row = conn.execute("SELECT current_user, inet_server_port()").fetchone()
+        assert row == (REMOTE_ROLE, port)
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        psycopg.connect(remote, password="not-the-password")
+    monkeypatch.setenv("PGPASSFILE", str(server.base / "no-such-pgpass"))
+    with pytest.raises(psycopg.OperationalError, match="no password supplied"):
+        psycopg.connect(remote)
 
     # The stored password is a SCRAM verifier, never plain text or MD5.
     with psycopg.connect(server.admin_url()) as conn:
@@ -340,3 +337,68 @@ def test_cli_status_reports_a_stale_server(cli, cli_env) -> None:
     assert info["running"] is False and "tunefleet db start" in info["note"]
     cli.ok("db", "start")
     assert _status(cli)["running"] is True
+
+
+def test_ordinary_user_runs_the_embedded_server(tmp_path: Path) -> None:
+    """Most users are not root: no service user, no chown, the server runs as the caller.
+
+    Only meaningful when the suite runs as root (otherwise every test above already is this
+    case); needs an interpreter the unprivileged user ``nobody`` may execute.
+    """
+    if os.geteuid() != 0:
+        pytest.skip("the whole suite already runs as an ordinary user")
+    root = Path(__file__).resolve().parents[2]
+    base = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "PYTHONPATH": str(root),
+        "PYTHONUNBUFFERED": "1",
+    }
+    as_nobody = {"user": "nobody", "group": "nogroup", "extra_groups": []}
+    try:
+        probe = subprocess.run(
+            [sys.executable, "-c", "import tunefleet.db.embedded, psycopg"],
+            env={**base, "HOME": "/"},
+            cwd="/",
+            capture_output=True,
+            check=False,
+            **as_nobody,  # type: ignore[arg-type]
+        )
+        usable = probe.returncode == 0
+    except OSError:
+        usable = False
+    if not usable:
+        pytest.skip("this interpreter or checkout is not readable by the user nobody")
+
+    home = Path(tempfile.mkdtemp(prefix="tunefleet-nobody-"))
+    shutil.chown(home, "nobody", "nogroup")
+    env = {**base, "HOME": str(home), "TUNEFLEET_HOME": str(home / "tf")}
+
+    def tunefleet(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "tunefleet", *args],
+            env=env,
+            cwd=home,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+            **as_nobody,  # type: ignore[arg-type]
+        )
+
+    try:
+        started = tunefleet("db", "start")
+        assert started.returncode == 0, started.stderr
+        info = json.loads(tunefleet("db", "status", "--json").stdout)
+        assert info["running"] is True
+        uid_line = next(
+            ln
+            for ln in Path(f"/proc/{info['pid']}/status").read_text().splitlines()
+            if ln.startswith("Uid:")
+        )
+        assert uid_line.split()[1] == str(pwd.getpwnam("nobody").pw_uid)
+        assert tunefleet("db", "check").returncode == 0
+        assert tunefleet("db", "stop").returncode == 0
+        assert json.loads(tunefleet("db", "status", "--json").stdout)["running"] is False
+    finally:
+        tunefleet("db", "stop")
+        shutil.rmtree(home, ignore_errors=True)

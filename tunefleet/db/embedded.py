@@ -377,6 +377,12 @@ class EmbeddedServer:
             os.chown(sock, entry.pw_uid, entry.pw_gid)
             self.log_path.touch(exist_ok=True)
             os.chown(self.log_path, entry.pw_uid, entry.pw_gid)
+        elif sock.stat().st_uid != os.geteuid():
+            # The directory is in the shared temporary directory: never use somebody else's.
+            raise EmbeddedServerError(
+                f"the socket directory {sock} belongs to another user; remove it and start again"
+            )
+        sock.chmod(0o700)
         chosen_port = port or (DEFAULT_PORT if listen else _free_port())
         opts = (
             f"-c listen_addresses='{listen or ''}' -c port={int(chosen_port)} "
