@@ -147,16 +147,15 @@ def _check(args: argparse.Namespace) -> int:
     before they start (:func:`tunefleet.db.engine.database_url`). The embedded server is
     checked as it is: neither started nor upgraded.
     """
-    from tunefleet.db.engine import check_at_head, connection, database_url
+    from tunefleet.db.engine import check_at_head, connection, current_revision, database_url
 
     settings = DatabaseSettings.build(args.db)
     if settings.url is not None:
-        url = database_url(settings)
+        url = database_url(settings)  # raises SchemaOutOfDate naming the fix
         with connection(url, settings) as conn:
-            head = check_at_head(conn)
+            revision = current_revision(conn)
     else:
-        url = default_server().local_url()
-        with connection(url, settings) as conn:
-            head = check_at_head(conn)
-    print(f"database at revision {head} (head)")
+        with connection(default_server().local_url(), settings) as conn:
+            revision = check_at_head(conn)
+    print(f"database at revision {revision} (head)")
     return 0
