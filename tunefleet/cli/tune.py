@@ -16,6 +16,7 @@ its trials back).
 from __future__ import annotations
 
 import argparse
+import shutil
 import signal
 import subprocess
 import sys
@@ -255,6 +256,8 @@ class ProgressDisplay:
     def show(self, line: str, *, force: bool = False) -> None:
         now = time.monotonic()
         if self.tty:
+            # A line longer than the terminal would wrap and "\r" could not rewrite it.
+            line = line[: max(shutil.get_terminal_size().columns - 1, 20)]
             pad = max(self._width - len(line), 0)
             self.stream.write("\r" + line + " " * pad)
             self._width = len(line)
@@ -347,7 +350,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     where = f"{len(plan.devices)} local ({plan.description})" if plan.devices else plan.description
     verb = "resuming" if args.resume else "tuning"
     print(
-        f"{verb} run {run_id}: {problem.name or args.problem} {args_text(problem_args)} on "
+        f"{verb} run {run_id}: {problem.name or args.problem} "
+        f"{args_text(_changed_args(problem, problem_args))} on "
         f"{plan.device_class}; workers: {where}",
         flush=True,
     )
@@ -418,6 +422,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
     except RunError as exc:
         print(f"tunefleet: {exc}", file=sys.stderr)
         return 1
+
+
+def _changed_args(problem: Any, problem_args: dict[str, Any]) -> dict[str, Any]:
+    """The arguments that differ from the problem's defaults (what the user chose)."""
+    try:
+        defaults = problem.normalise_args({})
+    except TunefleetError:
+        return problem_args
+    return {k: v for k, v in problem_args.items() if defaults.get(k) != v}
 
 
 def _cancel_leftovers(url: str, db: DatabaseSettings, run_id: int) -> None:
