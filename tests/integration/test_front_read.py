@@ -104,6 +104,10 @@ def test_status_of_one_run_shows_counts_best_and_failure_reasons(ro_url, ro, cap
     assert "best      12.5 GFLOP/s" in out
     assert "2 invalid: work-group size 512 exceeds the device limit 256" in out
     assert "1 failed: worker lost" in out
+    # the filled run is 'running' but no coordinator heartbeats it
+    assert (
+        f"no coordinator is driving it; continue with `tunefleet tune --resume {ro.cpu_run}`" in out
+    )
     # only the CPU workers served this run (the GPU worker is another class)
     assert "node-a" in out and "node-b" in out and "gpu-node" not in out
 

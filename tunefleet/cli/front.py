@@ -267,8 +267,22 @@ def _progress_block(p: Row) -> str:
             f"  best      {gflops(p['best_gflops'])} GFLOP/s "
             f"(median {seconds(p['best_median_s'])})",
             f"  rate      {float(p['evaluations_per_minute']):.1f} evaluations/min",
+            *_driver_line(p),
         ]
     )
+
+
+def _driver_line(p: Row) -> list[str]:
+    """Whether a coordinator is driving a running run (its heartbeat is recent)."""
+    if p["run_state"] != "running":
+        return []
+    age_s = p.get("coordinator_age_s")
+    if age_s is not None and age_s < 60:
+        return [f"  search    coordinator heartbeat {age(age_s)}"]
+    return [
+        f"  search    no coordinator is driving it; continue with "
+        f"`tunefleet tune --resume {p['run_id']}`"
+    ]
 
 
 def cmd_status(args: argparse.Namespace) -> int:
