@@ -110,6 +110,7 @@ class Worker:
         self.heartbeat: Heartbeat | None = None
         self.stopping = False
         self.drained = False
+        self.idle = False
         self.signals = 0
         self.claimed = 0
         self.outcomes: Counter[str] = Counter()
@@ -297,9 +298,15 @@ class Worker:
             )
         if claims:
             self.next_claim_at = 0.0
-            self.drained = False
+            self.drained = self.idle = False
             return
         self.next_claim_at = now + self.settings.poll_s
+        if not self.held and not self.idle:
+            self.idle = True
+            log.info(
+                "waiting for work (woken by notifications, polling every %g s)",
+                self.settings.poll_s,
+            )
         if self.settings.drain and not self.held:
             try:
                 open_work = self.link.run(queue.has_open_trials, self.classes)
@@ -568,6 +575,10 @@ class Worker:
             self.link.run(queue.stop_worker, self.worker_id)
         except (DatabaseDown, TunefleetError, psycopg.Error):
             pass
+
+    def close(self) -> None:
+        """Stop the children and close the connections (``run`` does this itself)."""
+        self._teardown()
 
     def _teardown(self) -> None:
         if self.heartbeat is not None and self.heartbeat.is_alive():

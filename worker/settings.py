@@ -60,7 +60,10 @@ class WorkerSettings:
 
     def __post_init__(self) -> None:
         if self.lease_s < MIN_LEASE_S:
-            raise UsageError(f"--lease {self.lease_s:g}: use at least {MIN_LEASE_S:g} seconds")
+            raise UsageError(
+                f"a lease of {self.lease_s:g} s is too short (--lease / TUNEFLEET_WORKER_LEASE); "
+                f"use at least {MIN_LEASE_S:g} seconds"
+            )
         if self.max_trials is not None and self.max_trials <= 0:
             raise UsageError(f"--max-trials {self.max_trials}: use a positive number")
 

@@ -22,6 +22,7 @@ from tests.helpers.queue_data import (
 )
 from tunefleet.db.engine import connect
 from tunefleet.problems.synthetic import OPTIMUM
+from tunefleet.queries import queue
 from worker.launch import WorkerProcess, running_workers, start_worker, wait_all
 
 pytestmark = pytest.mark.acceptance
@@ -60,19 +61,35 @@ def logs(workers: list[WorkerProcess]) -> str:
     return "\n".join(f"--- worker {w.pid}\n{w.log()}" for w in workers)
 
 
-def test_workers_drain_runs_exactly_once_and_never_touch_other_classes(db_url, db, tmp_path):
-    good = insert_run(db, problem_args={"duration": 0.05})
-    configs = [*synthetic_configs(9), dict(OPTIMUM)]
-    good_ids = insert_trials(db, good, configs)
-    bad = insert_run(db, problem_args={"invalid_rate": 1.0})
-    bad_ids = insert_trials(db, bad, synthetic_configs(2))
-    gpu = insert_run(db, device_class="nvidia-h200")
-    gpu_ids = insert_trials(db, gpu, synthetic_configs(2))
-
-    with running_workers(db_url, 1, log_dir=tmp_path / "a", lease_s=2, poll_s=0.2) as pipelined:
-        with running_workers(db_url, 1, log_dir=tmp_path / "b", lease_s=2, **FAST) as inline:
-            fleet = pipelined + inline
-            codes = wait_all(fleet, 60)
+def test_idle_workers_wake_on_notify_share_the_work_exactly_once_and_skip_other_classes(
+    db_url, db, tmp_path
+):
+    # Polling every 30 s: only the NOTIFY can wake them in time.
+    opts = {"drain": False, "lease_s": 2, "poll_s": 30}
+    pipelined = start_worker(db_url, log_path=tmp_path / "a.log", **opts)
+    inline = start_worker(db_url, log_path=tmp_path / "b.log", prepare_workers=0, **opts)
+    fleet = [pipelined, inline]
+    try:
+        for w in fleet:
+            wait_until(lambda w=w: "waiting for work" in w.log(), what="an idle worker")
+        good = insert_run(db, problem_args={"duration": 0.1})
+        good_ids = insert_trials(db, good, [*synthetic_configs(9), dict(OPTIMUM)])
+        bad = insert_run(db, problem_args={"invalid_rate": 1.0})
+        bad_ids = insert_trials(db, bad, synthetic_configs(2))
+        gpu = insert_run(db, device_class="nvidia-h200")
+        gpu_ids = insert_trials(db, gpu, synthetic_configs(2))
+        queue.notify_new_trials(db, "any")
+        wait_until(
+            lambda: set(trial_states(db, good_ids + bad_ids).values()) <= {"done", "invalid"},
+            timeout=20,
+            what="the notified workers to finish the run",
+        )
+        for w in fleet:
+            w.stop()
+        codes = wait_all(fleet, 30)
+    finally:
+        for w in fleet:
+            w.kill()
     assert codes == [0, 0], logs(fleet)
 
     assert set(trial_states(db, good_ids).values()) == {"done"}
@@ -145,9 +162,9 @@ def test_stopped_worker_past_its_lease_is_a_zombie_whose_result_is_rejected(db_u
 
 
 def test_trial_lasting_three_leases_is_never_claimed_again_while_heartbeated(db_url, db, tmp_path):
-    run = insert_run(db, problem_args={"duration": 3.0})
+    run = insert_run(db, problem_args={"duration": 4.5})
     [tid] = insert_trials(db, run, synthetic_configs(1))
-    with running_workers(db_url, 2, log_dir=tmp_path, lease_s=1, **FAST) as fleet:
+    with running_workers(db_url, 2, log_dir=tmp_path, lease_s=1.5, **FAST) as fleet:
         codes = wait_all(fleet, 60)
     assert codes == [0, 0], logs(fleet)
     assert trial_states(db, [tid]) == {tid: "done"}

@@ -17,6 +17,7 @@ from tests.helpers.queue_data import (
     insert_trials,
     synthetic_configs,
     trial_states,
+    wait_until,
 )
 from tunefleet.db.engine import connect
 from tunefleet.devices import HOST_DEVICE, DeviceInfo
@@ -344,8 +345,13 @@ def test_device_lock_is_exclusive_per_host_fingerprint_and_index(db_url, db):
         assert queue.try_lock_device(other, **key)
     finally:
         other.close()
-    # A closed session's lock is gone: a dead worker never blocks its device.
-    assert queue.try_lock_device(db, host="node1", fingerprint="abc", index=0)
+    # A closed session's lock is gone (once its backend has exited): a dead worker never
+    # blocks its device.
+    wait_until(
+        lambda: queue.try_lock_device(db, host="node1", fingerprint="abc", index=0),
+        timeout=10,
+        what="the closed session's lock to be released",
+    )
 
 
 def test_register_device_is_an_upsert_and_worker_lifecycle(db):

@@ -38,5 +38,5 @@ def test_bad_environment_value_names_the_variable(monkeypatch, env, value):
 
 
 def test_too_short_lease_is_refused():
-    with pytest.raises(UsageError, match="--lease"):
+    with pytest.raises(UsageError, match="too short"):
         WorkerSettings.build(db="postgresql://u@h/db", lease_s=0.01)
