@@ -144,6 +144,7 @@ def test_stopped_worker_past_its_lease_is_a_zombie_whose_result_is_rejected(db_u
     try:
         zombie_id = worker_id_of(db, zombie)
         wait_until(lambda: trial_states(db, [tid])[tid] == "running", what="the claim")
+        time.sleep(0.3)  # the evaluation is under way, it ends while the worker is stopped
         zombie.send(signal.SIGSTOP)  # only the worker: its evaluator finishes meanwhile
         other = start_worker(db_url, log_path=tmp_path / "other.log", lease_s=1, **FAST)
         assert other.wait(60) == 0, other.log()
@@ -259,7 +260,7 @@ def test_workers_recover_from_a_postgresql_restart_and_finish_the_run(tmp_path, 
 
 
 def test_first_signal_finishes_the_timed_trial_and_releases_the_others(db_url, db, tmp_path):
-    run = insert_run(db, problem_args={"duration": 1.5})
+    run = insert_run(db, problem_args={"duration": 2.5})
     ids = insert_trials(db, run, synthetic_configs(5))
     w = start_worker(db_url, log_path=tmp_path / "w.log", lease_s=2, prefetch=2, **FAST)
     try:
