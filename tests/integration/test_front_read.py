@@ -279,7 +279,7 @@ def test_plot_writes_a_real_png_of_the_run(ro_url, ro, capsys, tmp_path):
     assert _has_colour(pixels, (0x1C, 0x7E, 0xD6)) and _has_colour(pixels, (0x2B, 0x8A, 0x3E))
 
     code, out, _ = run_cli(capsys, "plot", str(ro.gpu_run), "-o", str(gpu_png), "--db", ro_url)
-    assert "3 evaluations, best 410 GFLOP/s, 1 workers" in out
+    assert "3 evaluations, best 410 GFLOP/s, 1 worker" in out
     assert _png_pixels(gpu_png)[2] != pixels  # another run, another picture
 
 

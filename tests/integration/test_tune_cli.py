@@ -205,7 +205,7 @@ def test_workers_zero_drives_the_search_for_workers_started_elsewhere(home):
 @pytest.mark.opencl
 def test_tune_a_tiny_gemm_on_the_pocl_cpu_device(home, tmp_path):
     pytest.importorskip("pyopencl")
-    proc = tf(home, "tune", "gemm", "--size", "n=64", "--max-trials", "3", timeout=300)
+    proc = tf(home, "tune", "gemm", "--size", "m=64,n=64,k=64", "--max-trials", "3", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "best: trial" in proc.stdout
     with embedded_conn(home) as conn:
@@ -246,7 +246,9 @@ def test_tune_without_an_opencl_device_is_a_one_line_error(home, tmp_path):
     )
     env = dict(home)
     env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")])
-    assert_one_line_error(tf(env, "tune", "gemm", "--size", "n=64"), "no OpenCL device found")
+    assert_one_line_error(
+        tf(env, "tune", "gemm", "--size", "m=64,n=64,k=64"), "no OpenCL device found"
+    )
 
 
 def test_tune_help_names_every_flag(home):

@@ -525,9 +525,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
     title += run["device_class"]
     render(path, title=title, series=series, intervals=intervals)
     best = max((r["gflops"] for r in series if r["gflops"] is not None), default=None)
+    n_workers = len({str(i["worker_id"]) for i in intervals})
     _out(
         f"wrote {args.output}: {len(series)} evaluations, best {gflops(best)} GFLOP/s, "
-        f"{len({str(i['worker_id']) for i in intervals})} workers"
+        f"{n_workers} worker{'' if n_workers == 1 else 's'}"
     )
     return 0
 
