@@ -548,10 +548,12 @@ def problem_rows() -> list[Row]:
             problem = get_problem(name)
             defaults = problem.normalise_args({})
             space = problem.space(defaults)
+            specs = getattr(problem, "arguments", ()) or ()
             row.update(
                 description=problem.description,
                 needs_opencl=problem.needs_opencl,
                 default_args=defaults,
+                arguments=[spec.to_json() for spec in specs],
                 parameters=space.names(),
                 space_size=space.size(),
             )
@@ -572,6 +574,11 @@ def cmd_problems(args: argparse.Namespace) -> int:
             continue
         device = "an OpenCL device" if r["needs_opencl"] else "no OpenCL (host pseudo-device)"
         _out(f"  defaults   {' '.join(command_line_args(r['default_args'])) or '(none)'}")
+        for spec in r["arguments"]:
+            flag = " ".join(command_line_args({spec["name"]: spec["default"]}))
+            extra = f" (one of {', '.join(map(str, spec['choices']))})" if "choices" in spec else ""
+            if spec.get("help") or extra:
+                _out(f"    {flag:<28} {spec.get('help', '')}{extra}")
         _out(f"  space      {r['space_size']} points over {', '.join(r['parameters'])}")
         _out(f"  needs      {device}")
     _out("")
