@@ -267,21 +267,22 @@ class KernelProblem(Problem):
         }
 
         def invalid(reason: str, validation: dict[str, Any] | None = None) -> Outcome:
+            details["compile_s"] = details["codegen_s"] + details["build_s"]
             return Outcome(
                 state="invalid",
                 error=reason[:_MAX_REASON],
                 validation=validation or {},
                 details=details,
-                compile_s=details.get("compile_s"),
+                compile_s=details["compile_s"],
                 **base,
             )
 
-        build_s = 0.0
+        details["build_s"] = 0.0
         # 1. validation at the small size
         launcher, reason = _Launcher.create(val, session)
         if launcher is None:
             return invalid(reason)
-        build_s += launcher.build_s
+        details["build_s"] += launcher.build_s
         rng = np.random.default_rng(protocol.seed)
         host_inputs = self.make_inputs(val.args, rng)
         expected = self.reference(val.args, host_inputs)
@@ -304,16 +305,14 @@ class KernelProblem(Problem):
         if target is not val:
             launcher, reason = _Launcher.create(target, session)
             if launcher is None:
-                details["build_s"] = build_s
                 return invalid(reason, verdict)
-            build_s += launcher.build_s
+            details["build_s"] += launcher.build_s
             outputs = _output_arrays(target, session)
             launcher.bind(self._target_inputs(target.args, protocol.seed, session), outputs)
         else:
             for arr in outputs.values():
                 _poison(arr)
-        details["build_s"] = build_s
-        details["compile_s"] = build_s + details["codegen_s"]
+        details["compile_s"] = details["build_s"] + details["codegen_s"]
         try:
             samples = time_launches(launcher.launch, protocol)
         except _cl_errors() as exc:
