@@ -1,6 +1,7 @@
 """Loopy transformation helpers shared by the built-in problems.
 
-Import this module only inside ``build`` methods: it imports loopy at module level.
+Every function imports loopy itself, so this module imports (and its names can be looked up)
+on machines without loopy; only calling a helper needs it.
 """
 
 from __future__ import annotations
@@ -8,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import loopy as lp
 import numpy as np
 
 #: Loopy language version of every built-in kernel.
@@ -19,6 +19,8 @@ UNROLL_TAGS = {"full": "unr", "hint": "unr_hint", "none": None}
 
 def make_kernel(domain: str, instructions: str, args: list[Any], name: str) -> Any:
     """``lp.make_kernel`` with the settings every built-in uses."""
+    import loopy as lp
+
     return lp.make_kernel(
         domain,
         instructions,
@@ -32,12 +34,16 @@ def make_kernel(domain: str, instructions: str, args: list[Any], name: str) -> A
 
 
 def global_array(name: str, dtype: Any, shape: tuple[int | str, ...], output: bool = False) -> Any:
+    import loopy as lp
+
     return lp.GlobalArg(name, np.dtype(dtype), shape=shape, is_output=output, is_input=not output)
 
 
 def tag_unroll(knl: Any, iname: str, mode: str) -> Any:
     """Tag ``iname`` by an unroll choice: ``full`` (loopy unrolls), ``hint`` (the OpenCL
     compiler is asked to), ``none``."""
+    import loopy as lp
+
     tag = UNROLL_TAGS[mode]
     return lp.tag_inames(knl, {iname: tag}) if tag else knl
 
@@ -57,6 +63,8 @@ def split_thread_axis(
     ``threads * vec``: ``iname = (reg * threads + lid) * vec + vec_index``. Produces
     ``{iname}_lid``, ``{iname}_reg`` (tagged ``reg_tag``) and, for ``vec > 1``,
     ``{iname}_vec`` (tagged ``vec_tag``)."""
+    import loopy as lp
+
     rest = iname
     if vec > 1:
         knl = lp.split_iname(
@@ -85,6 +93,8 @@ def distribute_flat(
     """Spread a fetch loop nest over the whole work-group: join ``inames`` (outermost first,
     so the last one varies fastest and consecutive work-items touch consecutive addresses)
     into one index, then split it over local axis 0, local axis 1 and a sequential loop."""
+    import loopy as lp
+
     flat = f"{prefix}_flat"
     if not inames:  # a single value: every work-item stores it, harmlessly
         return knl
@@ -111,6 +121,8 @@ def vector_view(knl: Any, array: str, ndim: int, count: int) -> Any:
     (OpenCL ``float4`` and friends): the axis is split and the new innermost axis becomes a
     vector axis. Accesses whose innermost index runs over a ``vec``/unrolled iname become
     vector loads, stores or component accesses (``.s0``)."""
+    import loopy as lp
+
     knl = lp.split_array_axis(knl, array, ndim - 1, count)
     tags = ",".join(["c"] * ndim + ["vec"])
     return lp.tag_array_axes(knl, array, tags)
@@ -146,6 +158,8 @@ def indexing(knl: Any, var: str, names: Sequence[str]) -> list[str]:
 def pad_innermost(knl: Any, temporary: str, pad: int = 1) -> Any:
     """Lengthen the innermost axis of a local temporary by ``pad`` unused elements, so that
     stores along its other axes (a transposing fetch) hit distinct memory banks."""
+    import loopy as lp
+
     kernel = knl.default_entrypoint
     tv = kernel.temporary_variables[temporary]
     shape = [int(s) for s in tv.shape]
@@ -172,6 +186,7 @@ def linearize(t_unit: Any) -> Any:
     """``lp.linearize`` without loopy's interactive scheduler debugger (which waits for a key
     press when no schedule exists: a worker must never block on its terminal). A kernel without
     a schedule raises LoopyError."""
+    import loopy as lp
     from constantdict import constantdict
     from loopy.check import pre_schedule_checks
     from loopy.diagnostic import LoopyError
