@@ -573,12 +573,16 @@ def cmd_problems(args: argparse.Namespace) -> int:
         if "error" in r:
             continue
         device = "an OpenCL device" if r["needs_opencl"] else "no OpenCL (host pseudo-device)"
-        _out(f"  defaults   {' '.join(command_line_args(r['default_args'])) or '(none)'}")
-        for spec in r["arguments"]:
-            flag = " ".join(command_line_args({spec["name"]: spec["default"]}))
-            extra = f" (one of {', '.join(map(str, spec['choices']))})" if "choices" in spec else ""
-            if spec.get("help") or extra:
-                _out(f"    {flag:<28} {spec.get('help', '')}{extra}")
+        if r["arguments"]:
+            for i, spec in enumerate(r["arguments"]):
+                flag = " ".join(command_line_args({spec["name"]: spec["default"]}))
+                choices = spec.get("choices")
+                extra = f" (one of {', '.join(map(str, choices))})" if choices else ""
+                label = "arguments" if i == 0 else ""
+                _out(f"  {label:<10} {flag:<28} {spec.get('help', '')}{extra}".rstrip())
+        else:
+            defaults = " ".join(command_line_args(r["default_args"])) or "(none)"
+            _out(f"  arguments  {defaults}")
         _out(f"  space      {r['space_size']} points over {', '.join(r['parameters'])}")
         _out(f"  needs      {device}")
     _out("")
