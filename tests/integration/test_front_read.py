@@ -310,3 +310,32 @@ def test_report_series_and_intervals_follow_the_rows(ro_url, ro):
 
     # three 9 s trials over 5..34 s: 27 s busy of 29 s
     assert utilisation(intervals) == {str(ro.workers[2]): pytest.approx(27 / 29)}
+
+
+def test_cache_hits_are_results_but_nobody_s_work(db, filled):
+    """A trial answered from the cache (a copy of another run's measurement, no attempt) shows
+    in the run's results and best-so-far, but not in any worker's timeline or tally."""
+    w3 = filled.workers[2]
+    before = {r["worker_id"]: r["measured"] for r in report.fleet(db, run_id=filled.gpu_run)}
+    db.execute(
+        """WITH t AS (
+             INSERT INTO tunefleet.trial (run_id, device_class, config, config_hash, state,
+                                          source, reported, started_at, finished_at)
+             SELECT run_id, device_class, '{"tile": 64}', 'cached-1', 'done', 'cache', true,
+                    now(), now()
+               FROM tunefleet.trial WHERE run_id = %(run)s LIMIT 1
+             RETURNING id, run_id)
+           INSERT INTO tunefleet.measurement (trial_id, run_id, attempt, cache_key, config_hash,
+                  problem, problem_args, config, device_id, worker_id, median_s, min_s,
+                  samples_s, gflops, protocol)
+           SELECT t.id, t.run_id, NULL, m.cache_key, 'cached-1', m.problem, m.problem_args,
+                  m.config, m.device_id, m.worker_id, m.median_s, m.min_s, m.samples_s,
+                  m.gflops, m.protocol
+             FROM t, tunefleet.measurement m WHERE m.run_id = %(run)s LIMIT 1""",
+        {"run": filled.gpu_run},
+    )
+    assert len(report.progress_series(db, filled.gpu_run)) == 4
+    intervals = report.worker_intervals(db, filled.gpu_run)
+    assert len(intervals) == 3 and {i["worker_id"] for i in intervals} == {w3}
+    after = {r["worker_id"]: r["measured"] for r in report.fleet(db, run_id=filled.gpu_run)}
+    assert after == before == {w3: 3}

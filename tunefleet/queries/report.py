@@ -81,12 +81,17 @@ def run_progress(conn: Conn, run_id: int) -> Row | None:
 
 
 def fleet(
-    conn: Conn, *, run_id: int | None = None, stale_after_s: float = 60.0, include_stopped: bool
+    conn: Conn,
+    *,
+    run_id: int | None = None,
+    stale_after_s: float = 60.0,
+    include_stopped: bool = False,
 ) -> list[Row]:
     """Worker processes with their device, heartbeat age, the trial they hold now, and how many
-    trials they finished (overall, or for ``run_id`` when given). ``alive`` is false for an
-    ``active`` worker whose heartbeat is older than ``stale_after_s`` (killed without a
-    goodbye). Stopped workers are listed only with ``include_stopped``.
+    trials they measured (overall, or for ``run_id`` when given; cache copies excluded).
+    ``alive`` is false for an ``active`` worker whose heartbeat is older than
+    ``stale_after_s`` (killed without a goodbye). Stopped workers are listed only with
+    ``include_stopped``.
 
     Read-only, no locks."""
     return _all(
@@ -103,6 +108,7 @@ def fleet(
                  WHERE t.lease_owner = w.id AND t.state = 'running') AS current_trial,
                (SELECT count(*) FROM tunefleet.measurement m
                  WHERE m.worker_id = w.id
+                   AND m.attempt IS NOT NULL  -- not a cache hit's copy
                    AND (%(run_id)s::bigint IS NULL OR m.run_id = %(run_id)s)) AS measured
           FROM tunefleet.worker w
           LEFT JOIN tunefleet.device d ON d.id = w.device_id
@@ -233,9 +239,9 @@ def progress_series(conn: Conn, run_id: int) -> list[Row]:
 
 
 def worker_intervals(conn: Conn, run_id: int) -> list[Row]:
-    """Busy intervals of each worker on a run: one row per finished trial with the worker
-    that finished it, ``start_s``/``end_s`` in seconds since the run was created, and the
-    outcome. The data of the per-worker timeline (utilisation) plot.
+    """Busy intervals of each worker on a run: one row per evaluated trial (cache hits
+    excluded) with the worker that finished it, ``start_s``/``end_s`` in seconds since the
+    run was created, and the outcome. The data of the per-worker timeline (utilisation) plot.
 
     Read-only, no locks."""
     return _all(
@@ -253,6 +259,7 @@ def worker_intervals(conn: Conn, run_id: int) -> list[Row]:
          WHERE t.run_id = %(run_id)s
            AND t.state IN ('done', 'invalid', 'failed', 'timed_out')
            AND t.started_at IS NOT NULL AND t.finished_at IS NOT NULL
+           AND t.source <> 'cache'  -- answered from the database: nobody worked on it
            AND coalesce(m.worker_id, t.lease_owner) IS NOT NULL
          ORDER BY worker_host, worker_id, t.started_at
         """,
