@@ -192,7 +192,7 @@ def test_each_stop_rule_ends_the_run_and_cancels_pending_trials(db_url, db, budg
     kw: dict[str, Any] = {"min_depth": 12}
     workers = 0 if reason == "max_seconds" else 1
     try:
-        result, evaluated = drive(
+        result, _ = drive(
             db_url, settings(**budget, **kw), workers=workers, batch=1, delay_s=0.02
         )
     finally:
@@ -329,7 +329,7 @@ def test_resuming_a_run_that_does_not_exist_names_it(db_url):
 
 def test_opencl_problems_need_a_device_class_unless_the_live_workers_agree(db_url, db):
     spec = ANALYTIC.replace(":Analytic", ":Kernel")
-    with pytest.raises(UsageError, match="--device-class .*no live workers yet"):
+    with pytest.raises(UsageError, match=r"--device-class .*no live workers yet"):
         create_run(settings(problem=spec), db_url)
     workers = [FakeWorker(db_url, device_class="nvidia-h200")]
     run_id = create_run(settings(problem=spec), db_url)
