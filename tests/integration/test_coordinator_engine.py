@@ -192,9 +192,7 @@ def test_each_stop_rule_ends_the_run_and_cancels_pending_trials(db_url, db, budg
     kw: dict[str, Any] = {"min_depth": 12}
     workers = 0 if reason == "max_seconds" else 1
     try:
-        result, _ = drive(
-            db_url, settings(**budget, **kw), workers=workers, batch=1, delay_s=0.02
-        )
+        result, _ = drive(db_url, settings(**budget, **kw), workers=workers, batch=1, delay_s=0.02)
     finally:
         for w in idle:
             w.shutdown()
