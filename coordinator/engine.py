@@ -479,7 +479,7 @@ class _Session:
 
     # --- dispatch -----------------------------------------------------------------------
     def _dispatch(self) -> int:
-        """Top the queue up; returns how many trials were added or answered at once."""
+        """Top the queue up; returns how many trials were added (queued or cache hits)."""
         s = self.settings
         left = None
         if self.budget.max_trials is not None:
@@ -510,9 +510,7 @@ class _Session:
             self.tuner.tell_many(answered)
         if not batch and not self.flights:
             batch = self._unexplored(need)
-        if not batch:
-            return len(answered)
-        return len(answered) + self._enqueue(batch)
+        return self._enqueue(batch) if batch else 0
 
     def _enqueue(self, batch: dict[str, _Flight]) -> int:
         moved = 0

@@ -458,7 +458,7 @@ def warm_start_configs(
                AND (d.device_class = %(class)s OR r.device_class = %(class)s)
              ORDER BY m.config_hash, m.median_s
         ) best
-         ORDER BY median_s
+         ORDER BY median_s, config_hash
          LIMIT %(limit)s
         """,
         {
