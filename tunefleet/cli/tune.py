@@ -16,6 +16,7 @@ its trials back).
 from __future__ import annotations
 
 import argparse
+import shlex
 import shutil
 import signal
 import subprocess
@@ -407,7 +408,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if failure:
         raise TunefleetError(failure[0])
     if interrupts or (result is not None and result.state == "stopped"):
-        hint = "" if args.db is None else " --db URL"
+        from tunefleet.db.engine import redact
+
+        hint = "" if args.db is None else f" --db {shlex.quote(redact(args.db))}"
         print(
             f"stopped run {run_id}; continue with `tunefleet tune --resume {run_id}{hint}`",
             file=sys.stderr,
