@@ -134,11 +134,11 @@ def test_ctrl_c_stops_cleanly_and_resume_continues(home):
                     row = conn.execute(
                         "SELECT count(*) AS n FROM tunefleet.trial WHERE state = 'done'"
                     ).fetchone()
-                    return bool(row["n"] >= 3)
+                    return bool(row["n"] >= 2)
             except Exception:
                 return False
 
-        _wait_for(some_done, 90, "three finished trials")
+        _wait_for(some_done, 90, "two finished trials")
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=90)
     finally:
@@ -205,7 +205,7 @@ def test_workers_zero_drives_the_search_for_workers_started_elsewhere(home):
 @pytest.mark.opencl
 def test_tune_a_tiny_gemm_on_the_pocl_cpu_device(home, tmp_path):
     pytest.importorskip("pyopencl")
-    proc = tf(home, "tune", "gemm", "--size", "m=64,n=64,k=64", "--max-trials", "3", timeout=300)
+    proc = tf(home, "tune", "gemm", "--size", "m=64,n=64,k=64", "--max-trials", "2", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "best: trial" in proc.stdout
     with embedded_conn(home) as conn:
