@@ -44,7 +44,7 @@ from coordinator.settings import CoordinatorSettings
 from tunefleet.db.engine import connect
 from tunefleet.devices import ANY_DEVICE_CLASS
 from tunefleet.errors import InvalidConfiguration, ProblemError, RunError, UsageError
-from tunefleet.problems.base import Protocol, cache_key
+from tunefleet.problems.base import Problem, Protocol, cache_key
 from tunefleet.queries import search as q
 from tunefleet.settings import DatabaseSettings
 from tunefleet.space import Config, Space, config_hash
@@ -108,7 +108,9 @@ def create_run(
     space = problem.space(args)
     SpaceMapping(space)  # a space the search cannot represent fails here, not mid-run
     protocol = _protocol(settings.protocol)
-    seeds = [_checked_seed(space, config, i) for i, config in enumerate(settings.seed_configs)]
+    seeds = [
+        _checked_seed(problem, args, config, i) for i, config in enumerate(settings.seed_configs)
+    ]
 
     with connect(db_url, db_settings or _db_settings(db_url)) as conn:
         device_class = settings.device_class or _default_device_class(
@@ -169,9 +171,11 @@ def _protocol(overrides: Mapping[str, Any]) -> dict[str, Any]:
     return Protocol.from_json({**base, **overrides}).to_json()
 
 
-def _checked_seed(space: Space, config: Mapping[str, Any], index: int) -> Config:
+def _checked_seed(
+    problem: Problem, args: Mapping[str, Any], config: Mapping[str, Any], index: int
+) -> Config:
     try:
-        return space.check(config)
+        return problem.check_config(args, config)
     except InvalidConfiguration as exc:
         raise UsageError(f"seed configuration {index + 1}: {exc}") from None
 
@@ -321,6 +325,8 @@ class _Session:
         except ProblemError as exc:
             raise RunError(f"run {run_id} has an unreadable space: {exc}") from None
         self.space_size = self.space.size()
+        self.problem_args: dict[str, Any] = dict(row["problem_args"] or {})
+        self.problem = _rules_of(row["problem"])
         techniques = s.techniques or tuple((row["search"] or {}).get("techniques") or ())
         from coordinator.tuner import Tuner
 
@@ -518,7 +524,9 @@ class _Session:
         return self._enqueue(batch) if batch else 0
 
     def _enqueue(self, batch: dict[str, _Flight]) -> int:
-        moved = 0
+        moved = self._reject_illegal(batch)
+        if not batch:
+            return moved
         hits = q.insert_cached_trials(
             self.conn, self.run_id, self.device_class, self.cache_key, list(batch)
         )
@@ -560,6 +568,38 @@ class _Session:
             self.tuner.tell_many([(sug, None) for sug in flight.suggestions])
         return moved + len(rows)
 
+    def _reject_illegal(self, batch: dict[str, _Flight]) -> int:
+        """Configurations the problem's device-free rules reject (divisibility, register
+        budget, ...) become ``invalid`` trials at once: no worker spends a build on them."""
+        if self.problem is None:
+            return 0
+        illegal = []
+        for h, flight in batch.items():
+            try:
+                self.problem.check_config(self.problem_args, flight.config)
+            except InvalidConfiguration as exc:
+                illegal.append(
+                    {
+                        "config": flight.config,
+                        "config_hash": h,
+                        "source": _source(flight),
+                        "error": str(exc),
+                    }
+                )
+        if not illegal:
+            return 0
+        rows = q.insert_invalid_trials(self.conn, self.run_id, self.device_class, illegal)
+        for row in rows:
+            row.update(state="invalid", source=None, median_s=None, gflops=None, compile_s=None)
+            self.flights[row["config_hash"]] = batch.pop(row["config_hash"])
+        self._absorb(rows)
+        for item in illegal:  # already in the run in another state: never queue it again
+            if item["config_hash"] in batch:
+                self.tuner.tell_many(
+                    [(s, None) for s in batch.pop(item["config_hash"]).suggestions]
+                )
+        return len(rows)
+
     def _unexplored(self, need: int, taken: Mapping[str, _Flight]) -> dict[str, _Flight]:
         """Up to ``need`` configurations without an outcome, not in flight, not in ``taken``."""
         found: dict[str, _Flight] = {}
@@ -588,6 +628,20 @@ class _Session:
             for combo in self._walk:
                 yield {p.name: v for p, v in zip(params, combo, strict=True)}
             self._walk = None
+
+
+def _rules_of(spec: str) -> Problem | None:
+    """The run's problem, for its device-free configuration rules; None (the workers judge
+    alone) when it cannot be loaded here, e.g. a user file that lives on the workers only."""
+    from tunefleet.problems.registry import get_problem
+
+    try:
+        return get_problem(spec)
+    except (ProblemError, ImportError) as exc:
+        _log.warning(
+            "problem %r cannot be loaded here (%s); workers check configurations", spec, exc
+        )
+        return None
 
 
 def _source(flight: _Flight) -> str:
