@@ -268,9 +268,18 @@ def table_privileges(conn: Conn, schema: str, role: str) -> list[dict[str, Any]]
     return [dict(r) for r in rows]
 
 
-def drop_owned_and_role(conn: Conn, role: str) -> None:
-    """``DROP OWNED BY`` (in this database) then ``DROP ROLE IF EXISTS``. Destroys every
-    object the role owns here: for tests and for tearing a deployment down."""
-    if role_exists(conn, role):
-        conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+def drop_owned_and_role(conn: Conn, role: str, reassign_to: str | None = None) -> None:
+    """``DROP OWNED BY`` (in this database) then ``DROP ROLE IF EXISTS``: for tests and for
+    tearing a deployment down. With ``reassign_to`` the role's objects are first handed to that
+    role (``REASSIGN OWNED``) and survive; without it they are destroyed. Takes ACCESS
+    EXCLUSIVE locks on every object concerned."""
+    if not role_exists(conn, role):
+        return
+    if reassign_to is not None:
+        conn.execute(
+            sql.SQL("REASSIGN OWNED BY {} TO {}").format(
+                sql.Identifier(role), sql.Identifier(reassign_to)
+            )
+        )
+    conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
     conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
