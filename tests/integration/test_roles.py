@@ -180,6 +180,9 @@ def test_worker_privileges_match_the_policy(roles, db):
         "UPDATE tunefleet.trial SET reported = true",
         "UPDATE tunefleet.run SET max_trials = 1",
         "UPDATE tunefleet.run SET state = 'stopped'",
+        "UPDATE tunefleet.worker SET host = 'elsewhere'",
+        "UPDATE tunefleet.device SET name = 'faster gpu'",
+        "DELETE FROM tunefleet.worker",
         "UPDATE tunefleet.measurement SET median_s = 1",
         "INSERT INTO tunefleet.run (problem, space, device_class, cache_key)"
         " VALUES ('x', '{}', 'any', 'k')",
