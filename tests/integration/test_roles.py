@@ -315,6 +315,61 @@ def test_worker_role_can_register_claim_heartbeat_complete_release_and_reap(role
     assert db.execute("SELECT state FROM tunefleet.worker").fetchone()["state"] == "stopped"
 
 
+def test_worker_role_runs_the_real_queue_statements(roles, db):
+    """The worker's own queue functions, every one of them, as the worker role."""
+    queue = pytest.importorskip("tunefleet.queries.queue")
+    from tunefleet.devices import DeviceInfo
+
+    _, ids = seed_run_and_trials(db, 4)
+    me = uuid.uuid4()
+    info = DeviceInfo(platform="Test", vendor="Test", name="Test CPU", driver_version="1")
+    with roles.connect("worker") as w:
+        dev = queue.register_device(w, info)
+        assert queue.register_device(w, info) == dev  # the upsert path
+        queue.register_worker(
+            w, worker_id=me, host="node", pid=1, device_id=dev, device_class="any", version="t"
+        )
+        queue.listen(w)
+        claimed = queue.claim_trials(w, worker_id=me, device_classes=["any"], limit=4, lease_s=30)
+        assert sorted(c.trial_id for c in claimed) == ids
+        held = [c.key for c in claimed]
+        assert queue.heartbeat_trials(w, worker_id=me, held=held, lease_s=30) == set(ids)
+        assert queue.heartbeat_worker(w, me)
+        first, second, third, fourth = sorted(claimed, key=lambda c: c.trial_id)
+        queue.complete_trial(
+            w,
+            trial_id=first.trial_id,
+            attempt=first.attempt,
+            worker_id=me,
+            state="done",
+            measurement=queue.MeasurementRow(
+                device_id=dev, median_s=0.5, min_s=0.4, samples_s=[0.4, 0.5, 0.6], protocol={}
+            ),
+        )
+        queue.complete_trial(
+            w,
+            trial_id=second.trial_id,
+            attempt=second.attempt,
+            worker_id=me,
+            state="invalid",
+            error="illegal tile size",
+        )
+        assert queue.release_trials(w, worker_id=me, held=[third.key]) == {third.trial_id}
+        # The fourth claim's lease runs out (its worker froze); the reaper requeues it.
+        db.execute(
+            "UPDATE tunefleet.trial SET lease_expires_at = now() - interval '1 second'"
+            " WHERE id = %s",
+            (fourth.trial_id,),
+        )
+        reaped = queue.reap_expired_leases(w)
+        assert reaped is not None and [r.trial_id for r in reaped] == [fourth.trial_id]
+        queue.stop_worker(w, me)
+    states = db.execute("SELECT id, state FROM tunefleet.trial ORDER BY id").fetchall()
+    assert [r["state"] for r in states] == ["done", "invalid", "pending", "pending"]
+    assert db.execute("SELECT count(*) AS n FROM tunefleet.measurement").fetchone()["n"] == 1
+    assert db.execute("SELECT state FROM tunefleet.worker").fetchone()["state"] == "stopped"
+
+
 # --- the coordinator ------------------------------------------------------------------------
 
 
