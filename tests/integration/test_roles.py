@@ -330,6 +330,8 @@ def test_worker_role_runs_the_real_queue_statements(roles, db):
             w, worker_id=me, host="node", pid=1, device_id=dev, device_class="any", version="t"
         )
         queue.listen(w)
+        assert queue.try_lock_device(w, host="node", fingerprint=info.fingerprint, index=0)
+        assert queue.has_open_trials(w, ["any"])
         claimed = queue.claim_trials(w, worker_id=me, device_classes=["any"], limit=4, lease_s=30)
         assert sorted(c.trial_id for c in claimed) == ids
         held = [c.key for c in claimed]
@@ -354,6 +356,10 @@ def test_worker_role_runs_the_real_queue_statements(roles, db):
             state="invalid",
             error="illegal tile size",
         )
+        assert (
+            queue.attempt_outcome(w, trial_id=second.trial_id, attempt=second.attempt, worker_id=me)
+            == "invalid"
+        )
         assert queue.release_trials(w, worker_id=me, held=[third.key]) == {third.trial_id}
         # The fourth claim's lease runs out (its worker froze); the reaper requeues it.
         db.execute(
@@ -363,6 +369,8 @@ def test_worker_role_runs_the_real_queue_statements(roles, db):
         )
         reaped = queue.reap_expired_leases(w)
         assert reaped is not None and [r.trial_id for r in reaped] == [fourth.trial_id]
+        queue.notify_new_trials(w, "any")
+        queue.unlock_device(w, host="node", fingerprint=info.fingerprint, index=0)
         queue.stop_worker(w, me)
     states = db.execute("SELECT id, state FROM tunefleet.trial ORDER BY id").fetchall()
     assert [r["state"] for r in states] == ["done", "invalid", "pending", "pending"]
