@@ -423,6 +423,62 @@ def test_coordinator_role_creates_runs_and_enqueues_but_cannot_delete(roles, db)
     assert db.execute("SELECT state FROM tunefleet.run").fetchone()["state"] == "finished"
 
 
+def test_coordinator_role_runs_the_real_search_statements(roles, db):
+    """The coordinator's own statements, as the coordinator role: create, drive, enqueue,
+    answer from the cache, read outcomes, cancel and finish."""
+    search = pytest.importorskip("tunefleet.queries.search")
+
+    # A measurement from an earlier run, for the cache to find.
+    old_run, (old_trial, _) = seed_run_and_trials(db)
+    db.execute(
+        "INSERT INTO tunefleet.measurement (trial_id, run_id, attempt, cache_key, config_hash,"
+        " problem, problem_args, config, median_s, min_s, samples_s, protocol)"
+        " VALUES (%s, %s, 1, 'ck', 'hot', 'synthetic', '{}', '{\"x\": 9}', 0.2, 0.1,"
+        " ARRAY[0.1, 0.2], '{}')",
+        (old_trial, old_run),
+    )
+    me = uuid.uuid4()
+    with roles.connect("coordinator") as c:
+        run_id = search.insert_run(
+            c,
+            problem="synthetic",
+            problem_args={},
+            space={},
+            device_class="any",
+            protocol={},
+            cache_key="ck",
+            search={},
+            name="least-privilege",
+            max_trials=5,
+        )
+        assert search.try_lock_run(c, run_id)
+        assert search.take_run(c, run_id, me, max_trials=6) is not None
+        assert search.heartbeat_run(c, run_id, me) is not None
+        queued = search.insert_trials(
+            c,
+            run_id,
+            "any",
+            [{"config": {"x": i}, "config_hash": f"c{i}", "source": "search"} for i in range(3)],
+        )
+        assert len(queued) == 3
+        hits = search.insert_cached_trials(c, run_id, "any", "ck", ["hot", "cold"])
+        assert [h["config_hash"] for h in hits] == ["hot"]
+        search.count_live_workers(c, "any", 60.0)
+        search.queue_depth(c, run_id)
+        search.fetch_unreported(c, run_id)
+        search.best_of_run(c, run_id)
+        assert search.cancel_pending(c, run_id) == 3
+        assert search.finish_run(c, run_id, me, "max_trials")
+        search.unlock_run(c, run_id)
+    states = db.execute(
+        "SELECT state, source FROM tunefleet.trial WHERE run_id = %s ORDER BY id", (run_id,)
+    ).fetchall()
+    assert [r["state"] for r in states] == ["cancelled"] * 3 + ["done"]
+    assert states[-1]["source"] == "cache"
+    run = db.execute("SELECT state, max_trials FROM tunefleet.run WHERE id = %s", (run_id,))
+    assert run.fetchone() == {"state": "finished", "max_trials": 6}
+
+
 # --- the reader ---------------------------------------------------------------------------
 
 
