@@ -603,3 +603,20 @@ def test_cli_roles_on_a_database_behind_head_names_the_fix(empty_db_url, cli_env
     assert out.returncode == 1
     assert out.stderr.startswith("tunefleet: error:") and "tunefleet db upgrade" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_cli_roles_on_the_embedded_server(cli_env, tmp_path):
+    """The README's head-node path: no --db, the embedded server is started, migrated and
+    given its roles; generated passwords land in the pgpass file."""
+    pgpass = tmp_path / "roles.pgpass"
+    try:
+        out = _cli(["db", "roles", "--pgpass", str(pgpass)], cli_env)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.count("created  password generated") == 4
+        assert f"generated passwords written to {pgpass}" in out.stdout
+        users = sorted(line.split(":")[3] for line in pgpass.read_text().splitlines())
+        assert users == sorted(f"tunefleet_{n}" for n in ROLE_NAMES)
+        again = _cli(["db", "roles", "--pgpass", str(pgpass)], cli_env)
+        assert again.returncode == 0 and again.stdout.count("updated  password unchanged") == 4
+    finally:
+        _cli(["db", "stop"], cli_env)
