@@ -20,6 +20,7 @@ from tunefleet.errors import TunefleetError
 # Modules that add subcommands, in the order they appear in --help.
 _COMMAND_MODULES = (
     "tunefleet.cli.db",
+    "tunefleet.cli.feinsum",
     "worker.cli",
     "coordinator.cli",
 )

@@ -22,6 +22,7 @@ from tunefleet.problems.base import Problem
 #: Built-in problems: name -> "module:class". Modules are imported only when asked for.
 BUILTINS: dict[str, str] = {
     "synthetic": "tunefleet.problems.synthetic:Synthetic",
+    "feinsum": "tunefleet.problems.feinsum_problem:FeinsumProblem",
 }
 
 
