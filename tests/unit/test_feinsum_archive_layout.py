@@ -157,9 +157,9 @@ def test_recorded_canonical_form_wins_over_the_runs_spelling():
 
 
 def test_uncanonical_einsum_without_record_cannot_be_exported_without_feinsum():
-    import importlib.util
+    from tunefleet.feinsum_support.spaces import feinsum_installed
 
-    if importlib.util.find_spec("feinsum") is not None:
+    if feinsum_installed():
         pytest.skip("feinsum is installed here: it canonicalises")
     args = {**EINSUM_ARGS, "einsum": {**EINSUM_ARGS["einsum"], "arg_to_dtype": {}}}
     args["einsum"] = {

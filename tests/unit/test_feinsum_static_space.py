@@ -236,9 +236,9 @@ def test_unknown_shipped_space_and_missing_user_file(impls, tmp_path):
 
 
 def test_worker_side_without_feinsum_says_how_to_install(impls):
-    import importlib.util
+    from tunefleet.feinsum_support.spaces import feinsum_installed
 
-    if importlib.util.find_spec("feinsum") is not None:
+    if feinsum_installed():
         pytest.skip("feinsum is installed here")
     problem = get_problem("feinsum")
     args = problem.normalise_args({**FACE_MASS, "space": "feinsum:face_mass.py"})

@@ -23,8 +23,9 @@ config             ``transform_params`` decoded (tuples are JSON lists, as in fe
 device             a ``device`` row: name from ``device_name`` (``_`` -> space,
                    ``DOT`` -> ``.``), vendor and driver from ``compiler_version``, platform
                    ``feinsum archive``; its class is the slug of that name unless overridden
-protocol           :data:`FEINSUM_PROTOCOL` (feinsum's wall-clock mean), so imported numbers
-                   share a cache key only with runs measured the same way
+protocol           :data:`FEINSUM_PROTOCOL` (statistic ``feinsum-wall-mean``: feinsum's
+                   wall-clock mean), so imported numbers share a cache key only with runs
+                   measured the same way; warm starts match on problem and arguments only
 median_s = min_s   ``runtime_in_sec``; ``samples_s`` is that single number
 flop_count/gflops  the sum of ``giga_op_info`` (feinsum ranks by the summed rate)
 versions           ``{"feinsum_fact": {the eleven columns, verbatim, and row_key}}``
@@ -39,7 +40,6 @@ is what an export writes back.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import math
 import sqlite3
@@ -52,7 +52,11 @@ from typing import Any
 from tunefleet.devices import DeviceInfo
 from tunefleet.errors import ArchiveError, ProblemError
 from tunefleet.feinsum_support.einsum_spec import EinsumSpec
-from tunefleet.feinsum_support.spaces import space_from_transform_id, transform_id
+from tunefleet.feinsum_support.spaces import (
+    feinsum_installed,
+    space_from_transform_id,
+    transform_id,
+)
 from tunefleet.problems.base import Protocol
 from tunefleet.space import canonical_json, config_hash
 
@@ -84,11 +88,13 @@ PROBLEM = "feinsum"
 DEFAULT_LONG_DIM_LENGTH = 100_000
 TIMESTAMP_FORMAT = "%Y_%m_%d_%H%M%S"
 TIMESTAMP_ZONE = "America/Chicago"
-#: How feinsum times (``feinsum.measure.timeit``): 5 warm-up launches, then batches of 5
-#: until at least 10 launches and 2 s of wall-clock time; the mean wall time per launch.
-FEINSUM_PROTOCOL: dict[str, Any] = Protocol(
-    warmup=5, min_launches=10, min_seconds=2.0, statistic="feinsum-wall-mean"
-).to_json()
+#: The statistic that stands for feinsum's own timing (``feinsum.measure.timeit``: 5 warm-up
+#: launches, then batches of 5 until at least 10 launches and 2 s of wall-clock time; the mean
+#: wall time per launch). Under it the other protocol fields are not used.
+FEINSUM_STATISTIC = "feinsum-wall-mean"
+#: The protocol imported rows are filed under: the default protocol with feinsum's statistic,
+#: i.e. what a run gets from the protocol override ``{"statistic": "feinsum-wall-mean"}``.
+FEINSUM_PROTOCOL: dict[str, Any] = Protocol(statistic=FEINSUM_STATISTIC).to_json()
 #: Where a measurement keeps its feinsum-side identity (see the module docstring).
 FACT_KEY = "feinsum_fact"
 
@@ -344,7 +350,7 @@ def _canonical_key(einsum: EinsumSpec, measurement_id: Any) -> tuple[str, str, s
         f"{einsum.describe()} is not in feinsum's canonical form; export where feinsum is "
         "installed, or give the einsum in canonical form (see `tunefleet feinsum list`)"
     )
-    if importlib.util.find_spec("feinsum") is None:
+    if not feinsum_installed():
         raise ArchiveError(fix)
     from tunefleet.feinsum_support.runtime import canonical_archive_key
 

@@ -41,7 +41,7 @@ from tunefleet.space import canonical_json
 BUILD_OPTIONS = ("-cl-fast-relaxed-math", "-cl-mad-enable")
 #: feinsum validates at this length of the long dimensions.
 VALIDATION_LONG_DIM = 100
-FEINSUM_STATISTIC = str(archive.FEINSUM_PROTOCOL["statistic"])
+FEINSUM_STATISTIC = archive.FEINSUM_STATISTIC
 
 
 def require_feinsum() -> Any:

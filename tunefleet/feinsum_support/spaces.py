@@ -25,6 +25,15 @@ SHIPPED = "feinsum:"
 IMPLS_ENV = "TUNEFLEET_FEINSUM_IMPLS"
 
 
+def feinsum_installed() -> bool:
+    """Whether a feinsum package (not a stray namespace directory) can be found."""
+    try:
+        spec = importlib.util.find_spec("feinsum")
+    except (ImportError, ValueError):
+        return False
+    return spec is not None and spec.origin is not None
+
+
 def installed_impls_dir() -> Path | None:
     """feinsum's ``tuning/impls`` directory of the installed package, or ``None``."""
     try:
