@@ -271,7 +271,11 @@ def _validate(prepared: Prepared, queue: Any) -> dict[str, Any]:
     canonical = canonical_einsum(EinsumSpec.from_json(prepared.args["einsum"]))
     transform = bound_transform(prepared.args, prepared.params)
     try:
-        validate_batched_einsum_transform(canonical, queue, transform)
+        validate_batched_einsum_transform(
+            canonical,
+            transform=transform,
+            **_device_kwarg(validate_batched_einsum_transform, queue),
+        )
     except TransformValidationError as exc:
         first = str(exc).strip().splitlines()
         raise _Mismatch(first[0] if first else "results differ from NumPy") from None
@@ -285,6 +289,17 @@ def _validate(prepared: Prepared, queue: Any) -> dict[str, Any]:
 
 class _Mismatch(Exception):
     pass
+
+
+def _device_kwarg(func: Any, queue: Any) -> dict[str, Any]:
+    """feinsum's measurement functions take ``cq`` (a queue) since 2026 and ``cl_ctx`` (a
+    context) in the 2025.3 release; pass what this feinsum expects."""
+    import inspect
+
+    params = inspect.signature(func).parameters
+    if "cq" in params:
+        return {"cq": queue}
+    return {"cl_ctx": queue.context}
 
 
 def _time_ours(prepared: Prepared, queue: Any, protocol: Protocol) -> tuple[list[float], float]:
@@ -349,8 +364,8 @@ def measure(prepared: Prepared, session: Any, protocol: Protocol) -> Outcome:
             timeit(
                 canonical,
                 transform=bound_transform(prepared.args, prepared.params),
-                cq=queue,
                 long_dim_length=int(prepared.args["long_dim_length"]),
+                **_device_kwarg(timeit, queue),
             )
         )
         samples = [runtime]
