@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from alembic import context
 from sqlalchemy import text
 
@@ -29,22 +31,41 @@ def run_migrations_online() -> None:
     engine.dispose()
 
 
+# Session-level advisory lock key serialising every migration of a database ("tunefleet").
+MIGRATION_LOCK_KEY = 0x74756E65666C65
+
+
 def _run(connection) -> None:
-    connection.execute(text(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}"))
+    # Two `db upgrade` at once: the second waits here, then finds nothing to do. The lock is
+    # taken before CREATE SCHEMA, which is not safe to run concurrently even with IF NOT EXISTS.
+    connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
     connection.commit()
-    context.configure(
-        connection=connection,
-        target_metadata=metadata,
-        version_table_schema=SCHEMA,
-        include_schemas=True,
-        include_name=include_name,
-        compare_type=True,
-        compare_server_default=True,
-    )
-    with context.begin_transaction():
-        # Two `db upgrade` at once: the second waits, then finds nothing to do.
-        connection.execute(text("SELECT pg_advisory_xact_lock(hashtext('tunefleet.migrate'))"))
-        context.run_migrations()
+    try:
+        connection.execute(text(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}"))
+        connection.commit()
+        context.configure(
+            connection=connection,
+            target_metadata=metadata,
+            version_table_schema=SCHEMA,
+            include_schemas=True,
+            include_name=include_name,
+            compare_type=True,
+            compare_server_default=True,
+        )
+        with context.begin_transaction():
+            context.run_migrations()
+    except BaseException:
+        # Do not hide the real error behind a failing unlock; closing the session unlocks too.
+        with contextlib.suppress(Exception):
+            connection.rollback()
+            _unlock(connection)
+        raise
+    _unlock(connection)
+
+
+def _unlock(connection) -> None:
+    connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK_KEY})
+    connection.commit()
 
 
 if context.is_offline_mode():

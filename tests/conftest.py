@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,22 @@ ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE_DB = "tunefleet_test_template"
 _counter = itertools.count()
 _DROP = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """As root, keep this session's temporary files out of the shared ``pytest-of-root``.
+
+    The embedded server runs as an unprivileged user when we are root, and it must traverse
+    the parents of its data directory. Every pytest session that starts resets
+    ``pytest-of-root`` to mode 0700, which would cut off the servers of sessions running in
+    parallel on the same machine. A private base directory per session avoids that.
+    """
+    if os.geteuid() != 0 or config.option.basetemp or hasattr(config, "workerinput"):
+        return
+    base = tempfile.mkdtemp(prefix="tunefleet-pytest-")
+    config.option.basetemp = base
+    config.add_cleanup(lambda: shutil.rmtree(base, ignore_errors=True))
 
 
 @pytest.fixture(scope="session")
@@ -108,11 +127,64 @@ def db(db_url: str) -> Iterator[psycopg.Connection[Any]]:
 
 
 @pytest.fixture
-def cli_env(tmp_path: Path) -> dict[str, str]:
-    """Environment for CLI subprocesses: isolated TUNEFLEET_HOME, unbuffered output."""
+def cli_env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """Environment for CLI subprocesses: isolated TUNEFLEET_HOME, unbuffered output.
+
+    An embedded server that a test started under this home is stopped afterwards.
+    """
     env = dict(os.environ)
-    env["TUNEFLEET_HOME"] = str(tmp_path / "home")
+    home = tmp_path / "home"
+    env["TUNEFLEET_HOME"] = str(home)
     env["PYTHONUNBUFFERED"] = "1"
     env.pop("TUNEFLEET_DATABASE_URL", None)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    return env
+    yield env
+    data = home / "postgres" / "data"
+    if (data / "postmaster.pid").exists():
+        from tunefleet.db.embedded import EmbeddedServer
+
+        EmbeddedServer(data).stop()
+
+
+class CLI:
+    """Runs ``python -m tunefleet ...`` in a subprocess with the test's environment."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+
+    def run(
+        self, *args: str, env: dict[str, str] | None = None, timeout: float = 180
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "tunefleet", *args],
+            env={**self.env, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+
+    def ok(self, *args: str, env: dict[str, str] | None = None) -> str:
+        """Run, expect exit 0, return stdout."""
+        proc = self.run(*args, env=env)
+        assert proc.returncode == 0, f"tunefleet {' '.join(args)}: {proc.stderr}"
+        return proc.stdout
+
+    def fails(self, *args: str, env: dict[str, str] | None = None, code: int | None = None) -> str:
+        """Run, expect a non-zero exit with exactly one line on stderr; return that line."""
+        proc = self.run(*args, env=env)
+        assert proc.returncode != 0, f"tunefleet {' '.join(args)} succeeded: {proc.stdout}"
+        if code is not None:
+            assert proc.returncode == code, proc.stderr
+        assert "Traceback" not in proc.stderr, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1, proc.stderr
+        assert lines[0].startswith("tunefleet: error: "), lines[0]
+        return lines[0]
+
+
+@pytest.fixture
+def cli(cli_env: dict[str, str]) -> CLI:
+    """The ``tunefleet`` command with an isolated home (see :class:`CLI`)."""
+    return CLI(cli_env)

@@ -9,6 +9,7 @@ here.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,35 +24,46 @@ ENV_PREFIX = "TUNEFLEET_"
 
 
 def resolve(flag: T | None, env: str, default: T, parse: Callable[[str], T]) -> T:
-    """Return ``flag`` if given, else ``$TUNEFLEET_<env>`` parsed, else ``default``."""
+    """Return ``flag`` if given, else ``$TUNEFLEET_<env>`` parsed, else ``default``.
+
+    An empty variable counts as unset. A value ``parse`` rejects (``ValueError`` or
+    ``TypeError``) becomes a :class:`UsageError` naming the variable, its value and the fix.
+    """
     if flag is not None:
         return flag
     name = ENV_PREFIX + env
     raw = os.environ.get(name)
-    if raw is None or raw == "":
+    if raw is None or raw.strip() == "":
         return default
     try:
-        return parse(raw)
+        return parse(raw.strip())
     except (TypeError, ValueError) as exc:
-        raise UsageError(f"{name}={raw!r} is not valid ({exc}); fix or unset it") from None
+        raise UsageError(f"{name}={raw!r} is not valid: {exc}; fix or unset it") from None
+
+
+def _number(raw: str, kind: Callable[[str], T], what: str) -> T:
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ValueError(f"must be {what}") from None
 
 
 def positive_float(raw: str) -> float:
-    value = float(raw)
-    if not value > 0:
+    value = _number(raw, float, "a positive number")
+    if not (value > 0 and math.isfinite(value)):
         raise ValueError("must be a positive number")
     return value
 
 
 def positive_int(raw: str) -> int:
-    value = int(raw)
+    value = _number(raw, int, "a positive integer")
     if value <= 0:
         raise ValueError("must be a positive integer")
     return value
 
 
 def non_negative_int(raw: str) -> int:
-    value = int(raw)
+    value = _number(raw, int, "zero or a positive integer")
     if value < 0:
         raise ValueError("must be zero or a positive integer")
     return value
@@ -88,6 +100,8 @@ class DatabaseSettings:
     statement_timeout_ms: int = 30_000
     idle_in_transaction_timeout_ms: int = 60_000
     application_name: str = "tunefleet"
+    #: Seconds to wait for a server to answer before "cannot connect" (libpq counts >= 2).
+    connect_timeout_s: int = 10
 
     @classmethod
     def build(
@@ -96,6 +110,7 @@ class DatabaseSettings:
         *,
         statement_timeout_ms: int | None = None,
         idle_in_transaction_timeout_ms: int | None = None,
+        connect_timeout_s: int | None = None,
         application_name: str = "tunefleet",
     ) -> DatabaseSettings:
         return cls(
@@ -106,5 +121,6 @@ class DatabaseSettings:
             idle_in_transaction_timeout_ms=resolve(
                 idle_in_transaction_timeout_ms, "IDLE_TX_TIMEOUT_MS", 60_000, positive_int
             ),
+            connect_timeout_s=resolve(connect_timeout_s, "CONNECT_TIMEOUT_S", 10, positive_int),
             application_name=application_name,
         )

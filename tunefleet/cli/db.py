@@ -7,7 +7,7 @@ import json
 import sys
 
 from tunefleet.db.embedded import default_server
-from tunefleet.errors import UsageError
+from tunefleet.errors import SchemaOutOfDate, UsageError
 from tunefleet.settings import DatabaseSettings
 
 
@@ -48,6 +48,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     upgrade.add_argument("--revision", default="head", help="target revision (default head)")
     upgrade.set_defaults(func=_upgrade)
 
+    check = dbsub.add_parser(
+        "check", help="is the database at the schema this tunefleet needs (exit 1 if not)"
+    )
+    add_db_flag(check)
+    check.set_defaults(func=_check)
+
 
 def _start(args: argparse.Namespace) -> int:
     if args.port is not None and not 0 < args.port < 65536:
@@ -75,7 +81,7 @@ def _stop(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     server = default_server()
     st = server.status()
-    info = {
+    info: dict[str, object] = {
         "running": st.running,
         "data_dir": str(st.data_dir),
         "pid": st.pid,
@@ -83,11 +89,16 @@ def _status(args: argparse.Namespace) -> int:
         "listen": st.listen,
         "url": server.local_url() if st.running else None,
     }
+    if st.stale:
+        info["note"] = (
+            "a crashed server left its postmaster.pid behind; `tunefleet db start` recovers"
+        )
     if args.json:
         print(json.dumps(info))
     else:
         for key, value in info.items():
             print(f"{key:9} {value if value is not None else '-'}")
+    # Exit 3 when stopped, like `pg_ctl status`, so scripts can test it.
     return 0 if st.running else 3
 
 
@@ -105,8 +116,8 @@ def _url(args: argparse.Namespace) -> int:
 
 
 def _upgrade(args: argparse.Namespace) -> int:
-    from tunefleet.db.engine import connect, connection, current_revision
-    from tunefleet.db.migrate import head_revision, upgrade
+    from tunefleet.db.engine import connection, current_revision
+    from tunefleet.db.migrate import head_revision, is_known_revision, upgrade
 
     settings = DatabaseSettings.build(args.db)
     if settings.url is None:
@@ -115,9 +126,36 @@ def _upgrade(args: argparse.Namespace) -> int:
         url = server.local_url()
     else:
         url = settings.url
-        connect(url, settings).close()  # a one-line error if unreachable
+    with connection(url, settings) as conn:  # a one-line error if unreachable
+        before = current_revision(conn)
+    if before is not None and not is_known_revision(before):
+        raise SchemaOutOfDate(
+            f"the database schema is at revision {before}, which this tunefleet does not know "
+            f"(its newest is {head_revision()}): the database is newer; upgrade tunefleet"
+        )
     upgrade(url, args.revision)
     with connection(url, settings) as conn:
         rev = current_revision(conn)
     print(f"database at revision {rev} (head is {head_revision()})")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    """Report the revision; a database behind (or ahead of) head is an error naming the fix.
+
+    For an explicit database this is exactly the check the coordinator and the worker run
+    before they start (:func:`tunefleet.db.engine.database_url`). The embedded server is
+    checked as it is: neither started nor upgraded.
+    """
+    from tunefleet.db.engine import check_at_head, connection, current_revision, database_url
+
+    settings = DatabaseSettings.build(args.db)
+    if settings.url is not None:
+        url = database_url(settings)  # raises SchemaOutOfDate naming the fix
+        with connection(url, settings) as conn:
+            revision = current_revision(conn)
+    else:
+        with connection(default_server().local_url(), settings) as conn:
+            revision = check_at_head(conn)
+    print(f"database at revision {revision} (head)")
     return 0

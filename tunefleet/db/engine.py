@@ -10,6 +10,7 @@ checks the schema is at head and returns the URL to connect with.
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -25,24 +26,47 @@ _SCHEME = re.compile(r"^(postgres|postgresql)(\+\w+)?://")
 
 def normalise_url(url: str) -> str:
     """Accept ``postgresql://``, ``postgres://`` and SQLAlchemy's ``postgresql+psycopg://``
-    URLs as well as libpq ``key=value`` strings; return what libpq takes."""
+    URLs as well as libpq ``key=value`` strings; return what libpq takes.
+
+    Raises :class:`UsageError` for anything libpq would not parse, naming the bad part.
+    """
     url = url.strip()
     if not url:
         raise UsageError("empty database URL; pass --db postgresql://USER@HOST:PORT/DBNAME")
     m = _SCHEME.match(url)
     if m:
-        return "postgresql://" + url[m.end() :]
-    if "=" in url and "://" not in url:
-        return url
-    raise UsageError(
-        f"database URL {redact(url)!r} is not a PostgreSQL URL; "
-        "use postgresql://USER@HOST:PORT/DBNAME (password in PGPASSWORD or ~/.pgpass)"
-    )
+        url = "postgresql://" + url[m.end() :]
+    elif "=" not in url or "://" in url:
+        raise UsageError(
+            f"database URL {redact(url)!r} is not a PostgreSQL URL; "
+            "use postgresql://USER@HOST:PORT/DBNAME (password in PGPASSWORD or a pgpass file)"
+        )
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError as exc:
+        raise UsageError(
+            f"database URL {redact(url)!r} is malformed ({redact(_first_line(exc))}); "
+            "use postgresql://USER@HOST:PORT/DBNAME"
+        ) from None
+    for port in str(info.get("port") or "").split(","):
+        if port and not (port.isdigit() and 0 < int(port) < 65536):
+            raise UsageError(
+                f"database URL {redact(url)!r} has port {port!r}, which is not a TCP port; "
+                "use a number from 1 to 65535"
+            )
+    return url
 
 
 def redact(url: str) -> str:
-    """Hide a password that somebody put into a URL anyway."""
-    return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)
+    """Hide a password that somebody put into a URL or a key=value DSN anyway."""
+    url = re.sub(r"(://[^:/@?]+:)[^@/?]*@", r"\1***@", url)
+    url = re.sub(r"([?&]password=)[^&]*", r"\1***", url)
+    return re.sub(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", url)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return lines[0] if lines else type(exc).__name__
 
 
 def _describe(url: str) -> str:
@@ -54,6 +78,36 @@ def _describe(url: str) -> str:
     port = info.get("port") or "5432"
     db = info.get("dbname") or "(default database)"
     return f"{host}:{port}/{db}"
+
+
+# What the user can do about each way a connection fails, by a piece of libpq's message.
+_HINTS: tuple[tuple[str, str], ...] = (
+    ("password authentication failed", "check the password in PGPASSWORD or the pgpass file"),
+    (
+        "no password supplied",
+        "put the password in PGPASSWORD or a pgpass file named by PGPASSFILE "
+        "(for the embedded server: the file `tunefleet db url --remote` names)",
+    ),
+    (
+        "database",
+        "create that database (createdb NAME) or fix the database name in the URL",
+    ),
+    ("role", "fix the user name in the URL, or create that role"),
+    ("failed to resolve host", "check the host name in the URL"),
+    ("timeout expired", "the host did not answer; check the host, port and firewall"),
+)
+_DEFAULT_HINT = (
+    "is the server running there? check --db / TUNEFLEET_DATABASE_URL, "
+    "or start the embedded one with `tunefleet db start`"
+)
+
+
+def _hint(reason: str) -> str:
+    lowered = reason.lower()
+    for needle, hint in _HINTS:
+        if needle in lowered and (needle not in ("database", "role") or "not exist" in lowered):
+            return hint
+    return _DEFAULT_HINT
 
 
 def session_options(settings: DatabaseSettings) -> str:
@@ -70,7 +124,7 @@ def connect(
     *,
     autocommit: bool = True,
     dict_rows: bool = True,
-    connect_timeout: int = 10,
+    connect_timeout: int | None = None,
 ) -> psycopg.Connection[Any]:
     """Open one psycopg connection with our session settings.
 
@@ -84,18 +138,27 @@ def connect(
             row_factory=dict_row if dict_rows else psycopg.rows.tuple_row,  # type: ignore[arg-type]
             options=session_options(settings),
             application_name=settings.application_name,
-            connect_timeout=connect_timeout,
+            connect_timeout=connect_timeout or settings.connect_timeout_s,
         )
     except psycopg.OperationalError as exc:
-        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-        reason = lines[0] if lines else type(exc).__name__
+        reason = _reason(exc)
         raise DatabaseUnavailable(
-            f"cannot connect to the database at {_describe(url)}: {reason}; "
-            "check --db / TUNEFLEET_DATABASE_URL, or start the embedded one with "
-            "`tunefleet db start`"
+            f"cannot connect to the database at {_describe(url)}: {reason}; {_hint(reason)}"
         ) from None
     except psycopg.ProgrammingError as exc:
-        raise UsageError(f"bad database URL {redact(url)!r}: {exc}") from None
+        raise UsageError(f"bad database URL {redact(url)!r}: {redact(_first_line(exc))}") from None
+
+
+def _reason(exc: BaseException) -> str:
+    """libpq's reason without its "connection to server at ... failed:" preamble."""
+    reason = _first_line(exc)
+    for prefix in ("connection failed:", "connection is bad:"):
+        if reason.startswith(prefix):
+            reason = reason[len(prefix) :].strip()
+    m = re.match(r"connection to server (?:at|on) .*? failed: (.*)$", reason)
+    if m:
+        reason = m.group(1)
+    return reason.replace("FATAL:  ", "").strip()
 
 
 @contextmanager
@@ -123,22 +186,30 @@ def current_revision(conn: psycopg.Connection[Any]) -> str | None:
     return str(row["version_num"] if isinstance(row, dict) else row[0])  # type: ignore[index]
 
 
-def check_at_head(conn: psycopg.Connection[Any], url_hint: str = "") -> None:
-    """Refuse to work on a database that is not at the migration head."""
-    from tunefleet.db.migrate import head_revision
+def check_at_head(conn: psycopg.Connection[Any], url_hint: str = "") -> str:
+    """Refuse to work on a database that is not at the migration head; return the head.
+
+    ``url_hint`` is the (redacted) URL to put into the fixing command of the message.
+    """
+    from tunefleet.db.migrate import head_revision, is_known_revision
 
     head = head_revision()
     current = current_revision(conn)
     if current == head:
-        return
-    fix = "tunefleet db upgrade" + (f" --db {url_hint}" if url_hint else "")
+        return head
+    fix = "tunefleet db upgrade" + (f" --db {shlex.quote(url_hint)}" if url_hint else "")
     if current is None:
         raise SchemaOutOfDate(
             f"the database has no tunefleet schema (expected revision {head}); run `{fix}`"
         )
+    if not is_known_revision(current):
+        raise SchemaOutOfDate(
+            f"the database schema is at revision {current}, which this tunefleet does not know "
+            f"(its newest is {head}): the database is newer; upgrade tunefleet "
+            "(pip install -U tunefleet)"
+        )
     raise SchemaOutOfDate(
         f"the database schema is at revision {current}, this tunefleet needs {head}; run `{fix}`"
-        " (or upgrade tunefleet if the database is newer)"
     )
 
 

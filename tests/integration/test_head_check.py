@@ -1,0 +1,116 @@
+"""A database that is not at the migration head is refused, naming the command that fixes it.
+
+The coordinator and the worker open their database through ``tunefleet.db.engine
+.database_url``; ``tunefleet db check`` runs that same check from the command line.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from typing import Any
+
+import psycopg
+import pytest
+
+from tunefleet.db import migrate
+from tunefleet.db.engine import check_at_head, connect, current_revision, database_url
+from tunefleet.db.migrate import downgrade, head_revision
+from tunefleet.errors import SchemaOutOfDate
+from tunefleet.settings import DatabaseSettings
+
+
+def _fix_command(line: str) -> list[str]:
+    """The command quoted in backticks in the message, as argv."""
+    match = re.search(r"`(tunefleet [^`]+)`", line)
+    assert match, f"no fixing command in: {line}"
+    return shlex.split(match.group(1))
+
+
+def _run_fix(cli: Any, line: str) -> None:
+    argv = _fix_command(line)
+    assert argv[:3] == ["tunefleet", "db", "upgrade"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "tunefleet", *argv[1:]],
+        env=cli.env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_database_at_head_passes(cli, db_url: str) -> None:
+    assert database_url(DatabaseSettings(url=db_url)) == db_url
+    assert cli.ok("db", "check", "--db", db_url).strip() == (
+        f"database at revision {head_revision()} (head)"
+    )
+
+
+def test_database_without_schema_is_refused_and_the_named_command_fixes_it(
+    cli, empty_db_url: str
+) -> None:
+    with pytest.raises(SchemaOutOfDate, match="no tunefleet schema"):
+        database_url(DatabaseSettings(url=empty_db_url))
+
+    line = cli.fails("db", "check", "--db", empty_db_url, code=1)
+    assert "no tunefleet schema" in line
+    assert f"expected revision {head_revision()}" in line
+    _run_fix(cli, line)
+    assert cli.ok("db", "check", "--db", empty_db_url).startswith("database at revision")
+
+
+def test_downgraded_database_is_refused_and_the_named_command_fixes_it(cli, db_url: str) -> None:
+    downgrade(db_url, "-1")
+    with connect(db_url) as conn:
+        behind = current_revision(conn)
+    line = cli.fails("db", "check", "--db", db_url, code=1)
+    if behind is None:
+        assert "no tunefleet schema" in line
+    else:
+        assert f"at revision {behind}, this tunefleet needs {head_revision()}" in line
+    with pytest.raises(SchemaOutOfDate):
+        database_url(DatabaseSettings(url=db_url))
+    _run_fix(cli, line)
+    assert cli.ok("db", "check", "--db", db_url).startswith("database at revision")
+
+
+def test_database_behind_an_older_revision_names_both_revisions(
+    db: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Until a second migration exists, pretend the code's head is one step further."""
+    monkeypatch.setattr(migrate, "head_revision", lambda: "0099_future")
+    monkeypatch.setattr(migrate, "is_known_revision", lambda rev: True)
+    with pytest.raises(SchemaOutOfDate) as info:
+        check_at_head(db, url_hint="postgresql://u@h/db")
+    message = str(info.value)
+    assert "at revision 0001_initial, this tunefleet needs 0099_future" in message
+    assert "`tunefleet db upgrade --db postgresql://u@h/db`" in message
+
+
+def test_database_newer_than_this_tunefleet_is_refused_and_not_touched(
+    cli, db: psycopg.Connection[Any], db_url: str
+) -> None:
+    db.execute("UPDATE tunefleet.alembic_version SET version_num = '0999_from_the_future'")
+    line = cli.fails("db", "check", "--db", db_url, code=1)
+    assert "0999_from_the_future" in line and "upgrade tunefleet" in line
+    line = cli.fails("db", "upgrade", "--db", db_url, code=1)
+    assert "does not know" in line and "upgrade tunefleet" in line
+    assert current_revision(db) == "0999_from_the_future"
+
+
+def test_database_url_from_the_environment_is_checked(cli, empty_db_url: str) -> None:
+    line = cli.fails("db", "check", env={"TUNEFLEET_DATABASE_URL": empty_db_url})
+    assert "no tunefleet schema" in line
+
+
+def test_fix_command_quotes_a_key_value_dsn(empty_db_url: str) -> None:
+    """A libpq key=value DSN has spaces: the command in the message must stay one argument."""
+    assert " " in empty_db_url and "://" not in empty_db_url
+    with pytest.raises(SchemaOutOfDate) as info:
+        database_url(DatabaseSettings(url=empty_db_url))
+    argv = _fix_command(str(info.value))
+    assert argv == ["tunefleet", "db", "upgrade", "--db", empty_db_url]
