@@ -1,2 +1,12 @@
 """The worker: claims trials from the queue, builds and times kernels on one OpenCL device,
-and writes results back under a lease. Never imports ``coordinator``."""
+and writes results back under a lease. Never imports ``coordinator``.
+
+``cli``        ``tunefleet worker`` / ``python -m worker``: flags -> settings -> run
+``settings``   WorkerSettings (lease, timeouts, prefetch, ...) and how defaults are chosen
+``loop``       the main loop: start-up, then collect/abandon/complete/reap/claim/dispatch/wait
+``supervise``  the device process and code-generation processes, deadlines, kills, restarts
+``heartbeat``  the lease heartbeat thread and the set of held claims
+``link``       database connections that reconnect with backoff
+``device``     OpenCL discovery and the device session (used only inside the device process)
+``launch``     start worker processes from Python (tests, benchmarks, local fleets)
+"""

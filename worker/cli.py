@@ -1,9 +1,124 @@
-"""Subcommands of ``tunefleet`` that belong to the worker."""
+"""``tunefleet worker``: claim trials from the queue and time them on one device.
+
+Settings are resolved here once (flag, then ``TUNEFLEET_*`` variable, then default) and the
+database URL is checked to be at the schema head before anything starts; problems the user can
+fix (device busy or missing, database unreachable, schema behind) end as one line on stderr
+and a non-zero exit.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+
+from tunefleet.cli.db import add_db_flag
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add the worker's subcommands (none yet)."""
+    """Add ``tunefleet worker``."""
+    p = sub.add_parser(
+        "worker",
+        help="claim trials and time them on one device",
+        description="Claim trials from the queue, build and time them on one device, and "
+        "write the results back. Start as many as you have devices, anywhere that reaches "
+        "the database. First SIGTERM/SIGINT: finish the trial being timed, release the "
+        "others, exit 0; a second one exits at once.",
+    )
+    add_db_flag(p)
+    p.add_argument(
+        "--device",
+        metavar="PATTERN",
+        default=None,
+        help="device to serve: its index, part of its platform or device name or class "
+        "(e.g. h200, pocl), or 'host' for synthetic runs only "
+        "(default $TUNEFLEET_WORKER_DEVICE, else the first GPU, else the first device)",
+    )
+    p.add_argument(
+        "--drain",
+        action="store_true",
+        default=None,
+        help="exit once no trial of this device's classes is pending or running "
+        "(default: wait for more work)",
+    )
+    p.add_argument("--max-trials", type=int, metavar="N", default=None, help="stop after N trials")
+    p.add_argument(
+        "--lease",
+        type=float,
+        metavar="SECONDS",
+        default=None,
+        help="lease of a claimed trial without heartbeat (default 30; heartbeat every third)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        default=None,
+        help="evaluation timeout for trials without their own (default 120)",
+    )
+    p.add_argument(
+        "--prefetch",
+        type=int,
+        metavar="N",
+        default=None,
+        help="trials claimed ahead of the one being timed, prepared meanwhile (default 1)",
+    )
+    p.add_argument(
+        "--prepare-workers",
+        type=int,
+        metavar="N",
+        default=None,
+        help="code-generation processes; 0 prepares in the device process (default 1)",
+    )
+    p.add_argument(
+        "--poll",
+        type=float,
+        metavar="SECONDS",
+        default=None,
+        help="polling interval when no notification arrives (default 5)",
+    )
+    p.add_argument(
+        "-v",
+        "--verbose",
+        dest="worker_verbose",
+        action="count",
+        default=0,
+        help="log claims and outcomes (repeat for debug)",
+    )
+    p.set_defaults(func=run_worker)
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    from tunefleet.db.engine import database_url
+    from tunefleet.errors import UsageError
+    from worker.loop import Worker
+    from worker.settings import WorkerSettings
+
+    for flag, value in (
+        ("--max-trials", args.max_trials),
+        ("--lease", args.lease),
+        ("--timeout", args.timeout),
+        ("--poll", args.poll),
+    ):
+        if value is not None and value <= 0:
+            raise UsageError(f"{flag} {value}: use a positive number")
+    for flag, value in (("--prefetch", args.prefetch), ("--prepare-workers", args.prepare_workers)):
+        if value is not None and value < 0:
+            raise UsageError(f"{flag} {value}: use zero or a positive number")
+    if args.worker_verbose:
+        level = logging.INFO if args.worker_verbose == 1 else logging.DEBUG
+        logging.getLogger().setLevel(min(logging.getLogger().level, level))
+        if args.worker_verbose == 1:
+            logging.getLogger("alembic").setLevel(logging.WARNING)
+    settings = WorkerSettings.build(
+        db=args.db,
+        device=args.device,
+        drain=args.drain,
+        max_trials=args.max_trials,
+        lease_s=args.lease,
+        timeout_s=args.timeout,
+        prefetch=args.prefetch,
+        prepare_workers=args.prepare_workers,
+        poll_s=args.poll,
+    )
+    url = database_url(settings.db)
+    return Worker(settings, url).run()

@@ -311,6 +311,7 @@ def upgrade() -> None:
     )
     op.create_table(
         "attempt",
+        sa.Column("id", sa.BigInteger(), sa.Identity(always=False), nullable=False),
         sa.Column("trial_id", sa.BigInteger(), nullable=False),
         sa.Column("attempt", sa.Integer(), nullable=False),
         sa.Column("worker_id", sa.UUID(), nullable=False),
@@ -332,8 +333,16 @@ def upgrade() -> None:
             ["worker_id"],
             ["tunefleet.worker.id"],
         ),
-        sa.PrimaryKeyConstraint("trial_id", "attempt"),
+        sa.PrimaryKeyConstraint("id"),
         schema="tunefleet",
+    )
+    op.create_index(
+        "attempt_counted_unique",
+        "attempt",
+        ["trial_id", "attempt"],
+        unique=True,
+        schema="tunefleet",
+        postgresql_where=sa.text("outcome IS DISTINCT FROM 'released'"),
     )
     op.create_table(
         "measurement",
@@ -414,6 +423,12 @@ def downgrade() -> None:
     op.drop_index("measurement_run_idx", table_name="measurement", schema="tunefleet")
     op.drop_index("measurement_cache_idx", table_name="measurement", schema="tunefleet")
     op.drop_table("measurement", schema="tunefleet")
+    op.drop_index(
+        "attempt_counted_unique",
+        table_name="attempt",
+        schema="tunefleet",
+        postgresql_where=sa.text("outcome IS DISTINCT FROM 'released'"),
+    )
     op.drop_table("attempt", schema="tunefleet")
     op.drop_index(
         "trial_unreported_idx",

@@ -199,11 +199,15 @@ Index(
 )
 Index("trial_run_state_idx", trial.c.run_id, trial.c.state)
 
+# One row per claim. A claim given back on graceful shutdown (outcome ``released``) does not
+# count: the trial's attempt number is handed back, so the next claim reuses it. Hence a
+# surrogate key, and uniqueness of (trial_id, attempt) only among counted claims.
 attempt = Table(
     "attempt",
     metadata,
-    Column("trial_id", BigInteger, ForeignKey("trial.id", ondelete="CASCADE"), primary_key=True),
-    Column("attempt", Integer, primary_key=True),
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("trial_id", BigInteger, ForeignKey("trial.id", ondelete="CASCADE"), nullable=False),
+    Column("attempt", Integer, nullable=False),
     Column("worker_id", UUID(as_uuid=True), ForeignKey("worker.id"), nullable=False),
     Column("claimed_at", DateTime(timezone=True), nullable=False, server_default=_now),
     Column("ended_at", DateTime(timezone=True), nullable=True),
@@ -212,6 +216,13 @@ attempt = Table(
     CheckConstraint(
         "outcome IS NULL OR " + _in("outcome", ATTEMPT_OUTCOMES), name="attempt_outcome_valid"
     ),
+)
+Index(
+    "attempt_counted_unique",
+    attempt.c.trial_id,
+    attempt.c.attempt,
+    unique=True,
+    postgresql_where=text("outcome IS DISTINCT FROM 'released'"),
 )
 
 measurement = Table(

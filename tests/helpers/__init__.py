@@ -1,0 +1,1 @@
+"""Helpers shared by tests: plain-SQL data setup and waiting on conditions."""

@@ -1,0 +1,135 @@
+"""Runs and trials inserted with plain SQL, so queue and worker tests do not depend on the
+coordinator; plus ``wait_until`` for tests that watch other processes."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from tunefleet.db.schema import ANY_DEVICE_CLASS
+from tunefleet.problems.base import Protocol, cache_key
+from tunefleet.problems.synthetic import Synthetic
+from tunefleet.space import config_hash
+
+#: A protocol that keeps synthetic measurements tiny.
+FAST_PROTOCOL = Protocol(warmup=0, min_launches=3, min_seconds=0.0, max_launches=3)
+
+
+def insert_run(
+    conn: psycopg.Connection[Any],
+    *,
+    problem: str = "synthetic",
+    problem_args: Mapping[str, Any] | None = None,
+    device_class: str = ANY_DEVICE_CLASS,
+    protocol: Protocol = FAST_PROTOCOL,
+    name: str | None = None,
+) -> int:
+    if problem == "synthetic":
+        args = Synthetic().normalise_args(problem_args or {})
+        space = Synthetic().space(args).to_json()
+    else:  # any other problem: arguments as given, an empty space (the worker never reads it)
+        args, space = dict(problem_args or {}), {"version": 1, "params": []}
+    proto = protocol.to_json()
+    row = conn.execute(
+        """
+        INSERT INTO tunefleet.run (name, problem, problem_args, space, device_class, protocol,
+                                   cache_key)
+        VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id
+        """,
+        (
+            name,
+            problem,
+            Jsonb(args),
+            Jsonb(space),
+            device_class,
+            Jsonb(proto),
+            cache_key(problem, args, device_class, proto),
+        ),
+    ).fetchone()
+    assert row is not None
+    return int(row["id"])
+
+
+def synthetic_configs(n: int, start: int = 0) -> list[dict[str, Any]]:
+    """``n`` distinct configurations of the synthetic space, in a fixed order."""
+    space = Synthetic().space({})
+    values = [p.values() for p in space]
+    names = space.names()
+    out = []
+    for combo in itertools.islice(itertools.product(*values), start, start + n):
+        out.append(dict(zip(names, combo, strict=True)))
+    return out
+
+
+def insert_trials(
+    conn: psycopg.Connection[Any],
+    run_id: int,
+    configs: Iterable[Mapping[str, Any]],
+    *,
+    device_class: str | None = None,
+    max_attempts: int = 3,
+    timeout_s: float | None = None,
+    priority: int = 0,
+) -> list[int]:
+    """Insert pending trials (device class copied from the run unless given)."""
+    if device_class is None:
+        row = conn.execute("SELECT device_class FROM tunefleet.run WHERE id = %s", (run_id,))
+        device_class = str(row.fetchone()["device_class"])  # type: ignore[index]
+    ids = []
+    for config in configs:
+        row = conn.execute(
+            """
+            INSERT INTO tunefleet.trial (run_id, device_class, config, config_hash,
+                                         max_attempts, timeout_s, priority)
+            VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id
+            """,
+            (
+                run_id,
+                device_class,
+                Jsonb(dict(config)),
+                config_hash(config),
+                max_attempts,
+                timeout_s,
+                priority,
+            ),
+        ).fetchone()
+        assert row is not None
+        ids.append(int(row["id"]))
+    return ids
+
+
+def trial_states(conn: psycopg.Connection[Any], ids: Sequence[int] | None = None) -> dict[int, str]:
+    if ids is None:
+        rows = conn.execute("SELECT id, state FROM tunefleet.trial").fetchall()
+    else:
+        rows = conn.execute(
+            "SELECT id, state FROM tunefleet.trial WHERE id = ANY(%s)", (list(ids),)
+        ).fetchall()
+    return {int(r["id"]): str(r["state"]) for r in rows}
+
+
+def attempts_of(conn: psycopg.Connection[Any], trial_id: int) -> list[dict[str, Any]]:
+    return conn.execute(
+        "SELECT attempt, worker_id, outcome, error, ended_at FROM tunefleet.attempt "
+        "WHERE trial_id = %s ORDER BY id",
+        (trial_id,),
+    ).fetchall()
+
+
+def wait_until(
+    predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.05, what: str = ""
+) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail the test on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}")
+        time.sleep(interval)

@@ -1,0 +1,394 @@
+"""The queue statements against a real PostgreSQL: claim, lease, fencing, reaper, release,
+device lock, registration and wake-ups."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from tests.helpers.queue_data import (
+    attempts_of,
+    insert_run,
+    insert_trials,
+    synthetic_configs,
+    trial_states,
+    wait_until,
+)
+from tunefleet.db.engine import connect
+from tunefleet.devices import HOST_DEVICE, DeviceInfo
+from tunefleet.queries import queue
+from tunefleet.queries.queue import MeasurementRow
+
+ANY = ["any"]
+
+
+def make_worker(db: Any, device_class: str = "host-cpu") -> uuid.UUID:
+    worker_id = uuid.uuid4()
+    device_id = queue.register_device(db, HOST_DEVICE)
+    queue.register_worker(
+        db,
+        worker_id=worker_id,
+        host="testhost",
+        pid=1,
+        device_id=device_id,
+        device_class=device_class,
+        version="test",
+    )
+    return worker_id
+
+
+def row(median: float = 0.002) -> MeasurementRow:
+    return MeasurementRow(
+        device_id=None,
+        median_s=median,
+        min_s=median / 2,
+        samples_s=[median / 2, median, median * 2],
+        protocol={"warmup": 0},
+        gflops=1.0,
+        validation={"passed": True},
+        versions={"x": 1},
+    )
+
+
+def claim(db: Any, worker: uuid.UUID, limit: int = 1, lease_s: float = 30.0, classes=ANY):
+    return queue.claim_trials(
+        db, worker_id=worker, device_classes=classes, limit=limit, lease_s=lease_s
+    )
+
+
+def test_claim_marks_running_with_lease_attempt_row_and_run_fields(db):
+    run = insert_run(db, problem_args={"duration": 0.0})
+    [tid] = insert_trials(db, run, synthetic_configs(1), timeout_s=7.5)
+    w = make_worker(db)
+    [c] = claim(db, w, lease_s=10)
+    assert (c.trial_id, c.run_id, c.attempt, c.timeout_s) == (tid, run, 1, 7.5)
+    assert c.problem == "synthetic" and c.problem_args["duration"] == 0.0
+    assert c.config == synthetic_configs(1)[0] and c.protocol["min_launches"] == 3
+    t = db.execute(
+        "SELECT state, attempt, lease_owner, lease_expires_at - now() AS left, started_at "
+        "FROM tunefleet.trial WHERE id = %s",
+        (tid,),
+    ).fetchone()
+    assert t["state"] == "running" and t["attempt"] == 1 and t["lease_owner"] == w
+    assert 9 < t["left"].total_seconds() <= 10 and t["started_at"] is not None
+    [a] = attempts_of(db, tid)
+    assert (a["attempt"], a["worker_id"], a["outcome"]) == (1, w, None)
+    assert claim(db, w) == []  # nothing else pending
+
+
+def test_claim_follows_priority_then_id_and_skips_non_pending(db):
+    run = insert_run(db)
+    low = insert_trials(db, run, synthetic_configs(2), priority=5)
+    high = insert_trials(db, run, synthetic_configs(2, start=2), priority=-1)
+    done = insert_trials(db, run, synthetic_configs(1, start=4))
+    db.execute("UPDATE tunefleet.trial SET state = 'done' WHERE id = %s", (done[0],))
+    w = make_worker(db)
+    got = [c.trial_id for c in claim(db, w, limit=10)]
+    assert got == high + low
+
+
+def test_worker_claims_only_its_classes_and_any(db):
+    any_run = insert_run(db)
+    gpu_run = insert_run(db, device_class="nvidia-h200")
+    cpu_run = insert_run(db, device_class="pthread-intel-r-xeon-r-processor")
+    any_ids = insert_trials(db, any_run, synthetic_configs(2))
+    gpu_ids = insert_trials(db, gpu_run, synthetic_configs(2))
+    cpu_ids = insert_trials(db, cpu_run, synthetic_configs(2))
+    w = make_worker(db)
+    got = claim(db, w, limit=10, classes=["host-cpu", "any"])
+    assert sorted(c.trial_id for c in got) == any_ids
+    got = claim(db, w, limit=10, classes=["pthread-intel-r-xeon-r-processor", "any"])
+    assert sorted(c.trial_id for c in got) == cpu_ids
+    assert set(trial_states(db, gpu_ids).values()) == {"pending"}
+
+
+def test_concurrent_claimers_never_claim_a_row_twice(db_url, db):
+    """Exactly-once ledger: 8 sessions claim 1-3 rows at a time until the queue is empty."""
+    run = insert_run(db)
+    ids = insert_trials(db, run, synthetic_configs(240))
+    ledger: list[tuple[uuid.UUID, int]] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+    workers = [make_worker(db) for _ in range(8)]
+    start = threading.Barrier(len(workers))
+
+    def claimer(w: uuid.UUID, limit: int) -> None:
+        try:
+            conn = connect(db_url)
+            start.wait()
+            while True:
+                got = claim(conn, w, limit=limit)
+                if not got:
+                    break
+                with lock:
+                    ledger.extend((w, c.trial_id) for c in got)
+            conn.close()
+        except BaseException as exc:  # pragma: no cover - surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=claimer, args=(w, 1 + i % 3)) for i, w in enumerate(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    counts = Counter(tid for _, tid in ledger)
+    assert sorted(counts) == ids and set(counts.values()) == {1}
+    assert len({w for w, _ in ledger}) > 1  # they really competed
+    per_trial = db.execute(
+        "SELECT trial_id, count(*) AS n, min(worker_id::text) AS w FROM tunefleet.attempt "
+        "GROUP BY trial_id"
+    ).fetchall()
+    assert len(per_trial) == len(ids) and {r["n"] for r in per_trial} == {1}
+    owners = {tid: w for w, tid in ledger}
+    assert all(uuid.UUID(r["w"]) == owners[r["trial_id"]] for r in per_trial)
+
+
+def test_heartbeat_extends_only_our_running_claim(db):
+    run = insert_run(db)
+    [tid] = insert_trials(db, run, synthetic_configs(1))
+    me, other = make_worker(db), make_worker(db)
+    [c] = claim(db, me, lease_s=1)
+    kept = queue.heartbeat_trials(db, worker_id=me, held=[c.key], lease_s=60)
+    assert kept == {tid}
+    left = db.execute(
+        "SELECT lease_expires_at - now() AS left FROM tunefleet.trial WHERE id = %s", (tid,)
+    ).fetchone()["left"]
+    assert left.total_seconds() > 50
+    assert queue.heartbeat_trials(db, worker_id=other, held=[c.key], lease_s=60) == set()
+    assert queue.heartbeat_trials(db, worker_id=me, held=[(tid, 2)], lease_s=60) == set()
+    assert queue.heartbeat_worker(db, me)
+
+
+def test_fenced_completion_writes_state_attempt_and_measurement_once(db):
+    run = insert_run(db)
+    [tid] = insert_trials(db, run, synthetic_configs(1))
+    w = make_worker(db)
+    [c] = claim(db, w)
+    state = queue.complete_trial(
+        db, trial_id=tid, attempt=1, worker_id=w, state="done", measurement=row()
+    )
+    assert state == "done"
+    m = db.execute("SELECT * FROM tunefleet.measurement WHERE trial_id = %s", (tid,)).fetchall()
+    assert len(m) == 1
+    run_row = db.execute("SELECT cache_key FROM tunefleet.run WHERE id = %s", (run,)).fetchone()
+    assert m[0]["cache_key"] == run_row["cache_key"] and m[0]["config_hash"] == c.config_hash
+    assert m[0]["worker_id"] == w and m[0]["samples_s"] == [0.001, 0.002, 0.004]
+    assert m[0]["problem"] == "synthetic" and m[0]["config"] == c.config
+    [a] = attempts_of(db, tid)
+    assert a["outcome"] == "done" and a["ended_at"] is not None
+    # The same completion again (a retry after an unacknowledged commit) changes nothing.
+    again = queue.complete_trial(
+        db, trial_id=tid, attempt=1, worker_id=w, state="done", measurement=row()
+    )
+    assert again is None
+    assert queue.attempt_outcome(db, trial_id=tid, attempt=1, worker_id=w) == "done"
+    count = db.execute("SELECT count(*) AS n FROM tunefleet.measurement").fetchone()["n"]
+    assert count == 1
+
+
+def test_zombie_heartbeat_and_completion_are_rejected_after_reap_and_reclaim(db):
+    run = insert_run(db)
+    [tid] = insert_trials(db, run, synthetic_configs(1))
+    zombie, rescuer = make_worker(db), make_worker(db)
+    [cz] = claim(db, zombie, lease_s=0.3)
+    time.sleep(0.4)
+    reaped = queue.reap_expired_leases(db)
+    assert reaped is not None and [(r.trial_id, r.state) for r in reaped] == [(tid, "pending")]
+    [cr] = claim(db, rescuer)
+    assert cr.attempt == 2
+    assert queue.heartbeat_trials(db, worker_id=zombie, held=[cz.key], lease_s=30) == set()
+    assert (
+        queue.complete_trial(
+            db, trial_id=tid, attempt=1, worker_id=zombie, state="done", measurement=row(9.0)
+        )
+        is None
+    )
+    assert (
+        queue.complete_trial(
+            db, trial_id=tid, attempt=2, worker_id=rescuer, state="done", measurement=row()
+        )
+        == "done"
+    )
+    ms = db.execute("SELECT worker_id, median_s FROM tunefleet.measurement").fetchall()
+    assert [(m["worker_id"], m["median_s"]) for m in ms] == [(rescuer, 0.002)]
+    history = [(a["attempt"], a["worker_id"], a["outcome"]) for a in attempts_of(db, tid)]
+    assert history == [(1, zombie, "lease_expired"), (2, rescuer, "done")]
+
+
+def test_failed_attempt_requeues_until_max_attempts_then_quarantines(db):
+    run = insert_run(db)
+    [tid] = insert_trials(db, run, synthetic_configs(1), max_attempts=2)
+    w = make_worker(db)
+    [c1] = claim(db, w)
+    s1 = queue.complete_trial(
+        db, trial_id=tid, attempt=c1.attempt, worker_id=w, state="failed", error="died: SIGSEGV"
+    )
+    assert s1 == "pending"
+    t = db.execute("SELECT * FROM tunefleet.trial WHERE id = %s", (tid,)).fetchone()
+    assert t["lease_owner"] is None and t["lease_expires_at"] is None and t["attempt"] == 1
+    [c2] = claim(db, w)
+    s2 = queue.complete_trial(
+        db, trial_id=tid, attempt=c2.attempt, worker_id=w, state="failed", error="died again"
+    )
+    assert s2 == "failed"
+    t = db.execute("SELECT state, error, finished_at FROM tunefleet.trial WHERE id = %s", (tid,))
+    t = t.fetchone()
+    assert t["state"] == "failed" and t["error"] == "died again" and t["finished_at"]
+    assert [(a["attempt"], a["outcome"]) for a in attempts_of(db, tid)] == [
+        (1, "failed"),
+        (2, "failed"),
+    ]
+    assert claim(db, w) == []
+
+
+@pytest.mark.parametrize("state", ["invalid", "timed_out"])
+def test_invalid_and_timed_out_are_terminal_at_once(db, state):
+    run = insert_run(db)
+    [tid] = insert_trials(db, run, synthetic_configs(1), max_attempts=3)
+    w = make_worker(db)
+    claim(db, w)
+    assert (
+        queue.complete_trial(db, trial_id=tid, attempt=1, worker_id=w, state=state, error="why")
+        == state
+    )
+    assert trial_states(db, [tid]) == {tid: state}
+    assert db.execute("SELECT count(*) AS n FROM tunefleet.measurement").fetchone()["n"] == 0
+
+
+def test_completion_rejects_inconsistent_arguments(db):
+    w = uuid.uuid4()
+    with pytest.raises(ValueError, match="measurement"):
+        queue.complete_trial(db, trial_id=1, attempt=1, worker_id=w, state="done")
+    with pytest.raises(ValueError, match="state"):
+        queue.complete_trial(db, trial_id=1, attempt=1, worker_id=w, state="pending")
+    assert row(float("nan")).problems() and not row().problems()
+
+
+def test_reaper_fails_trial_after_max_attempts_with_count(db):
+    run = insert_run(db)
+    [tid] = insert_trials(db, run, synthetic_configs(1), max_attempts=2)
+    w = make_worker(db)
+    for expected in ("pending", "failed"):
+        claim(db, w, lease_s=0.2)
+        time.sleep(0.3)
+        reaped = queue.reap_expired_leases(db)
+        assert reaped is not None and [r.state for r in reaped] == [expected]
+    t = db.execute("SELECT state, error FROM tunefleet.trial WHERE id = %s", (tid,)).fetchone()
+    assert t["state"] == "failed" and t["error"] == "lease expired 2 times"
+    assert [a["outcome"] for a in attempts_of(db, tid)] == ["lease_expired", "lease_expired"]
+
+
+def test_reaper_leaves_live_leases_alone_and_is_serialised(db_url, db):
+    run = insert_run(db)
+    [live, dead] = insert_trials(db, run, synthetic_configs(2))
+    w = make_worker(db)
+    claim(db, w, lease_s=30)
+    claim(db, w, lease_s=0.2)
+    time.sleep(0.3)
+    other = connect(db_url)
+    try:
+        with other.transaction():  # another session is reaping right now
+            other.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                (queue.REAPER_LOCK_NAME,),
+            )
+            assert queue.reap_expired_leases(db) is None
+            assert trial_states(db, [dead]) == {dead: "running"}
+    finally:
+        other.close()
+    reaped = queue.reap_expired_leases(db)
+    assert reaped is not None and [r.trial_id for r in reaped] == [dead]
+    assert trial_states(db, [live, dead]) == {live: "running", dead: "pending"}
+
+
+def test_release_returns_trials_without_counting_an_attempt(db):
+    run = insert_run(db)
+    ids = insert_trials(db, run, synthetic_configs(3))
+    me, other = make_worker(db), make_worker(db)
+    mine = claim(db, me, limit=2)
+    theirs = claim(db, other, limit=1)
+    released = queue.release_trials(db, worker_id=me, held=[c.key for c in mine] + [theirs[0].key])
+    assert released == {c.trial_id for c in mine}
+    rows = db.execute(
+        "SELECT id, state, attempt, lease_owner FROM tunefleet.trial ORDER BY id"
+    ).fetchall()
+    assert [(r["state"], r["attempt"]) for r in rows] == [
+        ("pending", 0),
+        ("pending", 0),
+        ("running", 1),
+    ]
+    assert [a["outcome"] for a in attempts_of(db, ids[0])] == ["released"]
+    # The next claim reuses attempt number 1; the released row stays in the history.
+    again = claim(db, other, limit=1)
+    assert again[0].trial_id == ids[0] and again[0].attempt == 1
+    assert [(a["attempt"], a["outcome"]) for a in attempts_of(db, ids[0])] == [
+        (1, "released"),
+        (1, None),
+    ]
+
+
+def test_device_lock_is_exclusive_per_host_fingerprint_and_index(db_url, db):
+    other = connect(db_url)
+    try:
+        key = {"host": "node1", "fingerprint": "abc", "index": 0}
+        assert queue.try_lock_device(db, **key)
+        assert not queue.try_lock_device(other, **key)
+        assert queue.try_lock_device(other, **{**key, "index": 1})  # the identical 2nd GPU
+        assert queue.try_lock_device(other, **{**key, "host": "node2"})
+        assert queue.unlock_device(db, **key)
+        assert queue.try_lock_device(other, **key)
+    finally:
+        other.close()
+    # A closed session's lock is gone (once its backend has exited): a dead worker never
+    # blocks its device.
+    wait_until(
+        lambda: queue.try_lock_device(db, host="node1", fingerprint="abc", index=0),
+        timeout=10,
+        what="the closed session's lock to be released",
+    )
+
+
+def test_register_device_is_an_upsert_and_worker_lifecycle(db):
+    dev = DeviceInfo(platform="P", vendor="V", name="GPU X", driver_version="1", index=3)
+    first = queue.register_device(db, dev)
+    assert queue.register_device(db, dev) == first
+    assert queue.register_device(db, DeviceInfo("P", "V", "GPU X", "2")) != first
+    w = uuid.uuid4()
+    queue.register_worker(
+        db, worker_id=w, host="h", pid=42, device_id=first, device_class="gpu-x", version="t"
+    )
+    assert queue.heartbeat_worker(db, w)
+    queue.stop_worker(db, w)
+    r = db.execute("SELECT state, stopped_at FROM tunefleet.worker WHERE id = %s", (w,))
+    r = r.fetchone()
+    assert r["state"] == "stopped" and r["stopped_at"] is not None
+    assert not queue.heartbeat_worker(db, w)
+
+
+def test_has_open_trials_counts_pending_and_running_only(db):
+    run = insert_run(db)
+    [tid] = insert_trials(db, run, synthetic_configs(1))
+    w = make_worker(db)
+    assert queue.has_open_trials(db, ANY)
+    assert not queue.has_open_trials(db, ["nvidia-h200"])
+    claim(db, w)
+    assert queue.has_open_trials(db, ANY)
+    queue.complete_trial(db, trial_id=tid, attempt=1, worker_id=w, state="invalid", error="x")
+    assert not queue.has_open_trials(db, ANY)
+
+
+def test_listen_receives_one_notify_per_batch(db_url, db):
+    listener = connect(db_url)
+    try:
+        queue.listen(listener)
+        queue.notify_new_trials(db, "any")
+        got = [n.payload for n in listener.notifies(timeout=2.0, stop_after=1)]
+        assert got == ["any"]
+    finally:
+        listener.close()

@@ -1,0 +1,87 @@
+"""Supervised children: answers, invalid points, crashes, hangs, restarts (real processes)."""
+
+from __future__ import annotations
+
+import multiprocessing.connection
+
+import pytest
+
+from tunefleet.devices import HOST_DEVICE
+from tunefleet.problems.base import Outcome, Protocol
+from tunefleet.problems.synthetic import OPTIMUM, OPTIMUM_SECONDS
+from worker.supervise import Child, Describe, Measure, Open, Prepare, describe_exit
+
+PROTO = Protocol(min_launches=2).to_json()
+
+
+def measure(args, config=OPTIMUM, **kw):
+    return Measure("synthetic", args, dict(config), HOST_DEVICE, PROTO, inline_prepare=True, **kw)
+
+
+def wait_reply(child, timeout=30.0):
+    while True:
+        multiprocessing.connection.wait(child.waitables(), timeout=0.2)
+        reply = child.poll()
+        if reply is not None:
+            return reply
+        timeout -= 0.2
+        assert timeout > 0, "no reply"
+
+
+def test_device_child_measures_then_survives_invalid_crash_and_hang():
+    child = Child("device")
+    try:
+        assert child.call(Open(HOST_DEVICE), 30).kind == "ok"
+        ok = child.call(measure({"duration": 0}), 30)
+        assert ok.kind == "ok" and isinstance(ok.value, Outcome)
+        assert ok.value.median_s == pytest.approx(OPTIMUM_SECONDS)
+
+        bad = child.call(measure({"invalid_rate": 1.0}), 30)
+        assert bad.kind == "invalid" and "invalid by construction" in bad.message
+        assert child.starts == 1  # an invalid point does not cost the process
+
+        crash = child.call(measure({"fail_rate": 1.0, "duration": 0}), 30)
+        assert crash.kind == "died" and "SIGSEGV" in crash.message
+        assert not child.alive
+
+        child.submit(measure({"hang_rate": 1.0, "duration": 0}), timeout_s=0.5)
+        pid = child.proc.pid
+        hung = wait_reply(child)
+        assert hung.kind == "timeout" and "0.5 s" in hung.message
+        assert child.proc is None and pid  # killed, not leaked
+
+        again = child.call(measure({"duration": 0}), 30)  # restarted on demand
+        assert again.kind == "ok" and child.starts == 3
+    finally:
+        child.close()
+    assert child.proc is None
+
+
+def test_prepare_in_one_child_measure_in_another_and_errors_are_one_line():
+    codegen, device = Child("codegen"), Child("device")
+    try:
+        args = {"duration": 0, "prepare_duration": 0}
+        prepared = codegen.call(Prepare("synthetic", args, dict(OPTIMUM), HOST_DEVICE), 30)
+        assert prepared.kind == "ok" and prepared.value["fault"] == "none"
+        out = device.call(
+            Measure("synthetic", args, dict(OPTIMUM), HOST_DEVICE, PROTO, prepared.value), 30
+        )
+        assert out.kind == "ok" and out.value.state == "done"
+
+        broken = codegen.call(Prepare("synthetic", args, {"tile": 16}, HOST_DEVICE), 30)
+        assert broken.kind == "invalid" and "missing" in broken.message
+        unknown = codegen.call(Prepare("no_such_problem", args, {}, HOST_DEVICE), 30)
+        assert unknown.kind == "error" and "unknown problem" in unknown.message
+        assert "\n" not in unknown.message and "(at " in unknown.message
+
+        host = device.call(Describe("host"), 30)
+        assert host.kind == "ok" and host.value == HOST_DEVICE
+    finally:
+        codegen.close()
+        device.close()
+
+
+def test_exit_descriptions():
+    assert describe_exit(-11) == "killed by SIGSEGV"
+    assert "out of memory" in describe_exit(-9)
+    assert describe_exit(3) == "exited with status 3"

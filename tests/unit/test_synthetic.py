@@ -1,0 +1,100 @@
+"""The synthetic problem: known optimum, deterministic faults, argument checks."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from tunefleet.devices import HOST_DEVICE
+from tunefleet.errors import InvalidConfiguration, ProblemError
+from tunefleet.problems.base import Protocol
+from tunefleet.problems.registry import get_problem
+from tunefleet.problems.synthetic import (
+    OPTIMUM,
+    OPTIMUM_SECONDS,
+    Synthetic,
+    fault_of,
+    objective,
+)
+
+
+def all_configs():
+    space = Synthetic().space({})
+    names = space.names()
+    for combo in itertools.product(*(p.values() for p in space)):
+        yield dict(zip(names, combo, strict=True))
+
+
+def test_registered_and_needs_no_opencl():
+    problem = get_problem("synthetic")
+    assert isinstance(problem, Synthetic) and problem.needs_opencl is False
+
+
+def test_documented_optimum_is_the_unique_argmin_of_the_space():
+    configs = list(all_configs())
+    assert len(configs) == Synthetic().space({}).size() == 512
+    times = sorted((objective(c), i) for i, c in enumerate(configs))
+    best_time, best = times[0]
+    assert configs[best] == OPTIMUM and best_time == pytest.approx(OPTIMUM_SECONDS)
+    assert times[1][0] > best_time  # unique
+
+
+def test_measure_reports_the_objective_with_protocol_and_samples():
+    problem = Synthetic()
+    args = problem.normalise_args({"duration": 0})
+    prepared = problem.prepare(args, dict(OPTIMUM), HOST_DEVICE)
+    proto = Protocol(min_launches=4)
+    out = problem.measure(prepared, None, proto)
+    assert out.state == "done" and len(out.samples_s) == 4
+    assert out.median_s == pytest.approx(OPTIMUM_SECONDS) and out.min_s <= out.median_s
+    assert out.protocol == proto.to_json() and out.gflops and out.gflops > 0
+
+
+def test_noise_is_deterministic_per_config_and_seed():
+    problem = Synthetic()
+    args = problem.normalise_args({"duration": 0, "noise": 0.1, "seed": 3})
+    config = next(all_configs())
+    a = problem.measure(problem.prepare(args, config, HOST_DEVICE), None, Protocol())
+    b = problem.measure(problem.prepare(args, config, HOST_DEVICE), None, Protocol())
+    assert a.samples_s == b.samples_s and len(set(a.samples_s)) > 1
+
+
+def test_faults_are_deterministic_and_follow_the_rates():
+    args = Synthetic().normalise_args({"invalid_rate": 0.2, "fail_rate": 0.1, "hang_rate": 0.1})
+    configs = list(all_configs())
+    faults = [fault_of(args, c) for c in configs]
+    assert faults == [fault_of(args, c) for c in configs]
+    share = {f: faults.count(f) / len(faults) for f in ("invalid", "fail", "hang", "none")}
+    assert 0.14 < share["invalid"] < 0.26 and 0.05 < share["fail"] < 0.15
+    assert 0.05 < share["hang"] < 0.15 and 0.5 < share["none"] < 0.7
+    other_seed = {**args, "seed": 1}
+    assert faults != [fault_of(other_seed, c) for c in configs]
+    every = Synthetic().normalise_args({"fail_rate": 1.0})
+    assert {fault_of(every, c) for c in configs} == {"fail"}
+
+
+def test_invalid_configurations_raise_in_prepare():
+    problem = Synthetic()
+    args = problem.normalise_args({"invalid_rate": 1.0})
+    with pytest.raises(InvalidConfiguration, match="invalid by construction"):
+        problem.prepare(args, dict(OPTIMUM), HOST_DEVICE)
+    with pytest.raises(InvalidConfiguration, match="outside the space"):
+        problem.prepare(problem.normalise_args({}), {**OPTIMUM, "tile": 3}, HOST_DEVICE)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"speed": 1}, "unknown argument"),
+        ({"duration": -1}, "duration"),
+        ({"fail_rate": 1.5}, "fail_rate"),
+        ({"fail_rate": 0.6, "hang_rate": 0.6}, "exceeds 1"),
+        ({"fault_phase": "later"}, "fault_phase"),
+        ({"seed": "x"}, "seed"),
+        ({"noise": float("nan")}, "noise"),
+    ],
+)
+def test_bad_arguments_are_named(raw, message):
+    with pytest.raises(ProblemError, match=message):
+        Synthetic().normalise_args(raw)

@@ -1,0 +1,42 @@
+"""Worker settings: flag, then TUNEFLEET_* variable, then default; bad values named."""
+
+from __future__ import annotations
+
+import pytest
+
+from tunefleet.errors import UsageError
+from worker.settings import DEFAULT_LEASE_S, DEFAULT_TIMEOUT_S, WorkerSettings
+
+
+def test_defaults(monkeypatch):
+    for name in ("LEASE", "TIMEOUT", "DRAIN", "DEVICE", "MAX_TRIALS", "PREFETCH"):
+        monkeypatch.delenv(f"TUNEFLEET_WORKER_{name}", raising=False)
+    s = WorkerSettings.build(db="postgresql://u@h/db")
+    assert s.lease_s == DEFAULT_LEASE_S == 30 and s.timeout_s == DEFAULT_TIMEOUT_S
+    assert s.heartbeat_s == pytest.approx(10) and not s.drain and s.device is None
+    assert s.capacity == 2 and s.db.url == "postgresql://u@h/db"
+
+
+def test_flag_beats_environment_beats_default(monkeypatch):
+    monkeypatch.setenv("TUNEFLEET_WORKER_LEASE", "6")
+    monkeypatch.setenv("TUNEFLEET_WORKER_DRAIN", "yes")
+    monkeypatch.setenv("TUNEFLEET_WORKER_DEVICE", "pocl")
+    s = WorkerSettings.build(db="postgresql://u@h/db", lease_s=3.0)
+    assert s.lease_s == 3.0 and s.heartbeat_s == pytest.approx(1.0)
+    assert s.drain is True and s.device == "pocl"
+    assert WorkerSettings.build(db="postgresql://u@h/db").lease_s == 6.0
+
+
+@pytest.mark.parametrize(
+    ("env", "value"),
+    [("WORKER_LEASE", "-1"), ("WORKER_MAX_TRIALS", "0"), ("WORKER_DRAIN", "maybe")],
+)
+def test_bad_environment_value_names_the_variable(monkeypatch, env, value):
+    monkeypatch.setenv(f"TUNEFLEET_{env}", value)
+    with pytest.raises(UsageError, match=f"TUNEFLEET_{env}"):
+        WorkerSettings.build(db="postgresql://u@h/db")
+
+
+def test_too_short_lease_is_refused():
+    with pytest.raises(UsageError, match="too short"):
+        WorkerSettings.build(db="postgresql://u@h/db", lease_s=0.01)

@@ -1,0 +1,608 @@
+"""Every statement the worker side of the queue runs: registration, claim, lease heartbeat,
+fenced completion, release, the lease reaper, the device lock and wake-ups.
+
+All functions take an open psycopg connection in autocommit mode (``tunefleet.db.engine
+.connect``), whose session carries ``statement_timeout`` and
+``idle_in_transaction_session_timeout``. Each docstring states what the statement locks and for
+how long. Every statement here is short: no row lock outlives the statement (or, for the
+reaper, its one small transaction), so nothing is held while a kernel compiles or runs.
+
+Fencing: a claim hands out ``(trial id, attempt, lease_owner)``. Every later write about that
+claim (heartbeat, completion, release) is guarded by all three plus ``state = 'running'``; a
+write that matches no row means the claim is gone (the lease expired and somebody else may own
+the trial now) and the caller must drop its work.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from tunefleet.db.schema import NOTIFY_CHANNEL
+from tunefleet.devices import DeviceInfo
+
+#: Key of the transaction-level advisory lock that serialises the reaper across the fleet.
+REAPER_LOCK_NAME = "tunefleet:reaper"
+#: Prefix of the session-level advisory lock a worker holds on its device for its lifetime.
+DEVICE_LOCK_PREFIX = "tunefleet:device"
+
+#: Outcomes a worker may report for its own claim.
+COMPLETION_STATES = ("done", "invalid", "failed", "timed_out")
+
+
+@dataclass(frozen=True)
+class ClaimedTrial:
+    """What a worker needs to evaluate one claimed trial (trial fields plus its run's)."""
+
+    trial_id: int
+    run_id: int
+    attempt: int
+    max_attempts: int
+    config: dict[str, Any]
+    config_hash: str
+    timeout_s: float | None
+    device_class: str
+    problem: str
+    problem_args: dict[str, Any]
+    protocol: dict[str, Any]
+    cache_key: str
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """The fencing token of this claim (with the worker id)."""
+        return (self.trial_id, self.attempt)
+
+
+@dataclass(frozen=True)
+class MeasurementRow:
+    """The measured numbers of a ``done`` trial; the identity columns (cache key, config,
+    problem, arguments) are copied from the trial and its run inside the completion."""
+
+    device_id: int | None
+    median_s: float
+    min_s: float
+    samples_s: Sequence[float]
+    protocol: dict[str, Any]
+    gflops: float | None = None
+    gbps: float | None = None
+    flop_count: float | None = None
+    byte_count: float | None = None
+    compile_s: float | None = None
+    validation: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, Any] = field(default_factory=dict)
+    code: str | None = None
+
+    def problems(self) -> list[str]:
+        """Why this row would violate the table's checks (empty when fine)."""
+        bad = []
+        for name in ("median_s", "min_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                bad.append(f"{name}={value!r} is not a positive finite number of seconds")
+        if not self.samples_s:
+            bad.append("no timing samples")
+        return bad
+
+
+@dataclass(frozen=True)
+class ReapedTrial:
+    trial_id: int
+    attempt: int
+    previous_owner: UUID
+    state: str  # 'pending' (requeued) or 'failed' (attempts used up)
+
+
+# --- registration ----------------------------------------------------------------------------
+
+
+def register_device(conn: psycopg.Connection[Any], info: DeviceInfo) -> int:
+    """Upsert the device by fingerprint; return its id.
+
+    Locking: the unique index on ``fingerprint`` serialises two concurrent first
+    registrations (one inserts, the other updates the same row); the row lock lasts the
+    statement only.
+    """
+    row = conn.execute(
+        """
+        INSERT INTO tunefleet.device AS d
+               (fingerprint, device_class, platform, vendor, name, driver_version,
+                compute_units, global_mem_bytes, details)
+        VALUES (%(fingerprint)s, %(device_class)s, %(platform)s, %(vendor)s, %(name)s,
+                %(driver_version)s, %(compute_units)s, %(global_mem_bytes)s, %(details)s)
+        ON CONFLICT (fingerprint) DO UPDATE
+           SET details = EXCLUDED.details
+        RETURNING d.id
+        """,
+        {
+            "fingerprint": info.fingerprint,
+            "device_class": info.device_class,
+            "platform": info.platform,
+            "vendor": info.vendor,
+            "name": info.name,
+            "driver_version": info.driver_version,
+            "compute_units": info.compute_units,
+            "global_mem_bytes": info.global_mem_bytes,
+            "details": Jsonb(info.to_json()),
+        },
+    ).fetchone()
+    assert row is not None
+    return int(row["id"])
+
+
+def register_worker(
+    conn: psycopg.Connection[Any],
+    *,
+    worker_id: UUID,
+    host: str,
+    pid: int,
+    device_id: int | None,
+    device_class: str,
+    version: str,
+) -> None:
+    """Insert this worker process's row (state ``active``, heartbeat now).
+
+    Locking: a plain insert of a fresh UUID; no contention.
+    """
+    conn.execute(
+        """
+        INSERT INTO tunefleet.worker (id, host, pid, device_id, device_class, version)
+        VALUES (%s, %s, %s, %s, %s, %s)
+        """,
+        (worker_id, host, pid, device_id, device_class, version),
+    )
+
+
+def heartbeat_worker(conn: psycopg.Connection[Any], worker_id: UUID) -> bool:
+    """Record that the worker is alive (``heartbeat_at = now()``, database clock).
+
+    Returns False when the row is gone or stopped. Locking: the worker's own row, for the
+    statement; only this worker writes it.
+    """
+    row = conn.execute(
+        """
+        UPDATE tunefleet.worker SET heartbeat_at = now()
+         WHERE id = %s AND state = 'active'
+        RETURNING id
+        """,
+        (worker_id,),
+    ).fetchone()
+    return row is not None
+
+
+def stop_worker(conn: psycopg.Connection[Any], worker_id: UUID) -> None:
+    """Mark the worker ``stopped`` (graceful exit). Locking: its own row, for the statement."""
+    conn.execute(
+        """
+        UPDATE tunefleet.worker SET state = 'stopped', stopped_at = now(), heartbeat_at = now()
+         WHERE id = %s
+        """,
+        (worker_id,),
+    )
+
+
+# --- the device lock ---------------------------------------------------------------------------
+
+
+def device_lock_name(host: str, fingerprint: str, index: int) -> str:
+    """Identical GPUs share a fingerprint, so the device index is part of the key."""
+    return f"{DEVICE_LOCK_PREFIX}\x1f{host}\x1f{fingerprint}\x1f{int(index)}"
+
+
+def try_lock_device(
+    conn: psycopg.Connection[Any], *, host: str, fingerprint: str, index: int
+) -> bool:
+    """Take the session-level advisory lock of one device of one host, without waiting.
+
+    Locking: ``pg_try_advisory_lock`` on a 64-bit hash of host + fingerprint + index, held by
+    this *session* until :func:`unlock_device` or the connection closes (a dead worker's lock
+    goes away with its connection). Advisory locks are per database: workers pointed at two
+    different databases do not see each other's locks.
+    """
+    row = conn.execute(
+        "SELECT pg_try_advisory_lock(hashtextextended(%s, 0)) AS got",
+        (device_lock_name(host, fingerprint, index),),
+    ).fetchone()
+    assert row is not None
+    return bool(row["got"])
+
+
+def unlock_device(
+    conn: psycopg.Connection[Any], *, host: str, fingerprint: str, index: int
+) -> bool:
+    """Release the device lock taken by :func:`try_lock_device` on this session."""
+    row = conn.execute(
+        "SELECT pg_advisory_unlock(hashtextextended(%s, 0)) AS released",
+        (device_lock_name(host, fingerprint, index),),
+    ).fetchone()
+    assert row is not None
+    return bool(row["released"])
+
+
+# --- wake-ups ----------------------------------------------------------------------------------
+
+
+def listen(conn: psycopg.Connection[Any]) -> None:
+    """``LISTEN`` on the trial channel (autocommit: effective at once). No locks."""
+    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(NOTIFY_CHANNEL)))
+
+
+def notify_new_trials(conn: psycopg.Connection[Any], device_class: str) -> None:
+    """One ``NOTIFY`` per inserted batch; the payload is the batch's device class.
+
+    Locking: none beyond the notification queue; in autocommit it is delivered at once.
+    """
+    conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, device_class))
+
+
+# --- claim and lease ---------------------------------------------------------------------------
+
+
+def claim_trials(
+    conn: psycopg.Connection[Any],
+    *,
+    worker_id: UUID,
+    device_classes: Sequence[str],
+    limit: int,
+    lease_s: float,
+) -> list[ClaimedTrial]:
+    """Claim up to ``limit`` pending trials of the given device classes, in
+    ``priority, id`` order: one autocommit statement.
+
+    The CTE picks rows through the partial index on pending trials with ``FOR UPDATE SKIP
+    LOCKED`` (concurrent claimers skip each other's rows instead of waiting), then sets them
+    ``running`` with ``attempt + 1``, our lease (``now() + lease``, database clock) and
+    ``started_at``, and records one ``attempt`` row per claim. Locking: the picked rows, until
+    the statement commits; nothing is held afterwards.
+    """
+    if limit <= 0:
+        return []
+    rows = conn.execute(
+        """
+        WITH picked AS (
+            SELECT id FROM tunefleet.trial
+             WHERE state = 'pending' AND device_class = ANY(%(classes)s)
+             ORDER BY priority, id
+             LIMIT %(limit)s
+             FOR UPDATE SKIP LOCKED
+        ), claimed AS (
+            UPDATE tunefleet.trial t
+               SET state = 'running',
+                   attempt = t.attempt + 1,
+                   lease_owner = %(worker_id)s,
+                   lease_expires_at = now() + make_interval(secs => %(lease_s)s),
+                   started_at = now(),
+                   finished_at = NULL
+              FROM picked
+             WHERE t.id = picked.id
+         RETURNING t.id, t.run_id, t.attempt, t.max_attempts, t.config, t.config_hash,
+                   t.timeout_s, t.device_class, t.priority
+        ), recorded AS (
+            INSERT INTO tunefleet.attempt (trial_id, attempt, worker_id)
+            SELECT id, attempt, %(worker_id)s FROM claimed
+        )
+        SELECT c.id, c.run_id, c.attempt, c.max_attempts, c.config, c.config_hash,
+               c.timeout_s, c.device_class, r.problem, r.problem_args, r.protocol, r.cache_key
+          FROM claimed c
+          JOIN tunefleet.run r ON r.id = c.run_id
+         ORDER BY c.priority, c.id
+        """,
+        {
+            "classes": list(device_classes),
+            "limit": int(limit),
+            "worker_id": worker_id,
+            "lease_s": float(lease_s),
+        },
+    ).fetchall()
+    return [
+        ClaimedTrial(
+            trial_id=int(r["id"]),
+            run_id=int(r["run_id"]),
+            attempt=int(r["attempt"]),
+            max_attempts=int(r["max_attempts"]),
+            config=dict(r["config"]),
+            config_hash=str(r["config_hash"]),
+            timeout_s=None if r["timeout_s"] is None else float(r["timeout_s"]),
+            device_class=str(r["device_class"]),
+            problem=str(r["problem"]),
+            problem_args=dict(r["problem_args"] or {}),
+            protocol=dict(r["protocol"] or {}),
+            cache_key=str(r["cache_key"]),
+        )
+        for r in rows
+    ]
+
+
+def _unnest_params(held: Sequence[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    return [int(t) for t, _ in held], [int(a) for _, a in held]
+
+
+def heartbeat_trials(
+    conn: psycopg.Connection[Any],
+    *,
+    worker_id: UUID,
+    held: Sequence[tuple[int, int]],
+    lease_s: float,
+) -> set[int]:
+    """Extend the lease of every held ``(trial id, attempt)`` to ``now() + lease`` (database
+    clock); return the ids whose lease was extended. A held id missing from the result has
+    lost its lease: abandon it.
+
+    Fenced on id, attempt, lease_owner and ``state = 'running'``. Locking: the held rows, for
+    the statement.
+    """
+    if not held:
+        return set()
+    ids, attempts = _unnest_params(held)
+    rows = conn.execute(
+        """
+        UPDATE tunefleet.trial t
+           SET lease_expires_at = now() + make_interval(secs => %(lease_s)s)
+          FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS h(id, attempt)
+         WHERE t.id = h.id AND t.attempt = h.attempt
+           AND t.lease_owner = %(worker_id)s AND t.state = 'running'
+        RETURNING t.id
+        """,
+        {"ids": ids, "attempts": attempts, "worker_id": worker_id, "lease_s": float(lease_s)},
+    ).fetchall()
+    return {int(r["id"]) for r in rows}
+
+
+# --- completion and release --------------------------------------------------------------------
+
+
+def complete_trial(
+    conn: psycopg.Connection[Any],
+    *,
+    trial_id: int,
+    attempt: int,
+    worker_id: UUID,
+    state: str,
+    error: str | None = None,
+    measurement: MeasurementRow | None = None,
+) -> str | None:
+    """Fenced completion of our claim: the trial's state change, the attempt row's outcome and
+    (for ``done``) the measurement row, all in ONE statement, hence one transaction.
+
+    ``state`` is how the attempt ended: ``done`` (needs ``measurement``), ``invalid`` or
+    ``timed_out`` (terminal), or ``failed`` (the evaluator died or raised): a failed attempt
+    sends the trial back to ``pending`` while ``attempt < max_attempts`` and makes it
+    ``failed`` (quarantined) after that. Returns the trial's new state, or ``None`` when the
+    guard ``id, attempt, lease_owner, state = 'running'`` matched nothing: a zombie's result,
+    which the caller drops (nothing was written).
+
+    Locking: the trial row and its attempt row, for the statement.
+    """
+    if state not in COMPLETION_STATES:
+        raise ValueError(f"completion state must be one of {COMPLETION_STATES}, got {state!r}")
+    if (state == "done") != (measurement is not None):
+        raise ValueError("a measurement goes with state 'done' and only with it")
+    m = measurement
+    params: dict[str, Any] = {
+        "trial_id": int(trial_id),
+        "attempt": int(attempt),
+        "worker_id": worker_id,
+        "state": state,
+        "error": error,
+        "with_measurement": m is not None,
+        "device_id": m.device_id if m else None,
+        "median_s": m.median_s if m else None,
+        "min_s": m.min_s if m else None,
+        "samples_s": [float(s) for s in m.samples_s] if m else None,
+        "gflops": m.gflops if m else None,
+        "gbps": m.gbps if m else None,
+        "flop_count": m.flop_count if m else None,
+        "byte_count": m.byte_count if m else None,
+        "protocol": Jsonb(m.protocol) if m else None,
+        "compile_s": m.compile_s if m else None,
+        "validation": Jsonb(m.validation) if m else None,
+        "versions": Jsonb(m.versions) if m else None,
+        "code": m.code if m else None,
+    }
+    row = conn.execute(
+        """
+        WITH ended AS (
+            UPDATE tunefleet.trial t
+               SET state = CASE WHEN %(state)s::text = 'failed' AND t.attempt < t.max_attempts
+                                THEN 'pending' ELSE %(state)s::text END,
+                   lease_owner = CASE WHEN %(state)s = 'failed' AND t.attempt < t.max_attempts
+                                      THEN NULL ELSE t.lease_owner END,
+                   finished_at = CASE WHEN %(state)s = 'failed' AND t.attempt < t.max_attempts
+                                      THEN NULL ELSE now() END,
+                   lease_expires_at = NULL,
+                   error = %(error)s
+             WHERE t.id = %(trial_id)s AND t.attempt = %(attempt)s
+               AND t.lease_owner = %(worker_id)s AND t.state = 'running'
+         RETURNING t.id, t.run_id, t.attempt, t.state, t.config, t.config_hash
+        ), recorded AS (
+            UPDATE tunefleet.attempt a
+               SET ended_at = now(), outcome = %(state)s, error = %(error)s
+              FROM ended
+             WHERE a.trial_id = ended.id AND a.attempt = ended.attempt
+               AND a.worker_id = %(worker_id)s AND a.ended_at IS NULL
+        ), measured AS (
+            INSERT INTO tunefleet.measurement
+                   (trial_id, run_id, attempt, cache_key, config_hash, problem, problem_args,
+                    config, device_id, worker_id, median_s, min_s, samples_s, gflops, gbps,
+                    flop_count, byte_count, protocol, compile_s, validation, versions, code)
+            SELECT ended.id, ended.run_id, ended.attempt, r.cache_key, ended.config_hash,
+                   r.problem, r.problem_args, ended.config, %(device_id)s::bigint,
+                   %(worker_id)s::uuid, %(median_s)s::double precision,
+                   %(min_s)s::double precision, %(samples_s)s::double precision[],
+                   %(gflops)s::double precision, %(gbps)s::double precision,
+                   %(flop_count)s::double precision, %(byte_count)s::double precision,
+                   %(protocol)s::jsonb, %(compile_s)s::double precision,
+                   coalesce(%(validation)s::jsonb, '{}'::jsonb),
+                   coalesce(%(versions)s::jsonb, '{}'::jsonb), %(code)s::text
+              FROM ended
+              JOIN tunefleet.run r ON r.id = ended.run_id
+             WHERE %(with_measurement)s
+        )
+        SELECT state FROM ended
+        """,
+        params,
+    ).fetchone()
+    return None if row is None else str(row["state"])
+
+
+def attempt_outcome(
+    conn: psycopg.Connection[Any], *, trial_id: int, attempt: int, worker_id: UUID
+) -> str | None:
+    """How our claim ``(trial, attempt)`` ended, if it did: lets a worker whose completion
+    was sent but unacknowledged (connection lost) tell "recorded" from "fenced out".
+
+    Locking: none (a read).
+    """
+    row = conn.execute(
+        """
+        SELECT outcome FROM tunefleet.attempt
+         WHERE trial_id = %s AND attempt = %s AND worker_id = %s
+         ORDER BY id DESC LIMIT 1
+        """,
+        (trial_id, attempt, worker_id),
+    ).fetchone()
+    return None if row is None or row["outcome"] is None else str(row["outcome"])
+
+
+def release_trials(
+    conn: psycopg.Connection[Any],
+    *,
+    worker_id: UUID,
+    held: Sequence[tuple[int, int]],
+    reason: str = "released by the worker at shutdown",
+) -> set[int]:
+    """Give held claims back (graceful shutdown): ``pending`` again with the attempt not
+    counted (``attempt - 1``), lease cleared, the attempt row marked ``released``. Returns the
+    ids released; claims no longer ours are left alone.
+
+    Fenced like a completion. Locking: the held rows and their attempt rows, for the
+    statement.
+    """
+    if not held:
+        return set()
+    ids, attempts = _unnest_params(held)
+    rows = conn.execute(
+        """
+        WITH given AS (
+            UPDATE tunefleet.trial t
+               SET state = 'pending', attempt = t.attempt - 1, lease_owner = NULL,
+                   lease_expires_at = NULL, started_at = NULL
+              FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS h(id, attempt)
+             WHERE t.id = h.id AND t.attempt = h.attempt
+               AND t.lease_owner = %(worker_id)s AND t.state = 'running'
+         RETURNING t.id, h.attempt
+        ), recorded AS (
+            UPDATE tunefleet.attempt a
+               SET ended_at = now(), outcome = 'released', error = %(reason)s
+              FROM given
+             WHERE a.trial_id = given.id AND a.attempt = given.attempt
+               AND a.worker_id = %(worker_id)s AND a.ended_at IS NULL
+        )
+        SELECT id FROM given
+        """,
+        {"ids": ids, "attempts": attempts, "worker_id": worker_id, "reason": reason},
+    ).fetchall()
+    return {int(r["id"]) for r in rows}
+
+
+# --- the reaper --------------------------------------------------------------------------------
+
+
+def reap_expired_leases(
+    conn: psycopg.Connection[Any], *, limit: int = 1000
+) -> list[ReapedTrial] | None:
+    """Requeue running trials whose lease expired (database clock): back to ``pending`` while
+    attempts remain, else ``failed`` with ``lease expired N times``; the attempt row of the
+    expired claim ends ``lease_expired``. Returns what was reaped, or ``None`` when another
+    session is reaping right now (nothing to do here then).
+
+    Serialised across the fleet by ``pg_try_advisory_xact_lock`` (a second reaper does not
+    wait, it skips). Locking: one short transaction holding that advisory lock and the expired
+    rows (``FOR UPDATE SKIP LOCKED``, so a claim or heartbeat in flight is never waited on);
+    released at commit.
+    """
+    with conn.transaction():
+        got = conn.execute(
+            "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0)) AS got",
+            (REAPER_LOCK_NAME,),
+        ).fetchone()
+        if got is None or not got["got"]:
+            return None
+        rows = conn.execute(
+            """
+            WITH expired AS (
+                SELECT id, attempt, lease_owner FROM tunefleet.trial
+                 WHERE state = 'running' AND lease_expires_at < now()
+                 ORDER BY lease_expires_at
+                 LIMIT %(limit)s
+                 FOR UPDATE SKIP LOCKED
+            ), counted AS (
+                SELECT e.id, e.attempt, e.lease_owner,
+                       1 + (SELECT count(*) FROM tunefleet.attempt a
+                             WHERE a.trial_id = e.id AND a.outcome = 'lease_expired')
+                         AS expiries
+                  FROM expired e
+            ), requeued AS (
+                UPDATE tunefleet.trial t
+                   SET state = CASE WHEN t.attempt < t.max_attempts
+                                    THEN 'pending' ELSE 'failed' END,
+                       lease_owner = CASE WHEN t.attempt < t.max_attempts
+                                          THEN NULL ELSE t.lease_owner END,
+                       finished_at = CASE WHEN t.attempt < t.max_attempts
+                                          THEN NULL ELSE now() END,
+                       lease_expires_at = NULL,
+                       error = CASE WHEN t.attempt < t.max_attempts
+                                    THEN format('lease expired on attempt %%s', t.attempt)
+                                    ELSE format('lease expired %%s times', c.expiries) END
+                  FROM counted c
+                 WHERE t.id = c.id
+             RETURNING t.id, t.state, c.attempt, c.lease_owner
+            ), recorded AS (
+                UPDATE tunefleet.attempt a
+                   SET ended_at = now(), outcome = 'lease_expired',
+                       error = 'lease expired (worker stopped heartbeating)'
+                  FROM requeued q
+                 WHERE a.trial_id = q.id AND a.attempt = q.attempt
+                   AND a.worker_id = q.lease_owner AND a.ended_at IS NULL
+            )
+            SELECT id, attempt, lease_owner, state FROM requeued ORDER BY id
+            """,
+            {"limit": int(limit)},
+        ).fetchall()
+    return [
+        ReapedTrial(
+            trial_id=int(r["id"]),
+            attempt=int(r["attempt"]),
+            previous_owner=r["lease_owner"],
+            state=str(r["state"]),
+        )
+        for r in rows
+    ]
+
+
+# --- drain -------------------------------------------------------------------------------------
+
+
+def has_open_trials(conn: psycopg.Connection[Any], device_classes: Sequence[str]) -> bool:
+    """Is any trial of these classes still pending or running (a running one may come back
+    when its lease expires)? A draining worker exits only when this is False.
+
+    Locking: none (a read through the pending and running partial indexes).
+    """
+    row = conn.execute(
+        """
+        SELECT EXISTS (SELECT 1 FROM tunefleet.trial
+                        WHERE state = 'pending' AND device_class = ANY(%(classes)s))
+            OR EXISTS (SELECT 1 FROM tunefleet.trial
+                        WHERE state = 'running' AND device_class = ANY(%(classes)s)) AS open
+        """,
+        {"classes": list(device_classes)},
+    ).fetchone()
+    assert row is not None
+    return bool(row["open"])

@@ -1,0 +1,153 @@
+"""A database connection that comes back: the worker's links to PostgreSQL.
+
+The worker keeps two connections: the main one (claims, completions, the reaper, LISTEN and
+the session-level device lock) and the heartbeat thread's own. When the database goes away
+(restart, failover, network), a :class:`Link` closes the broken connection and reconnects on
+demand with exponential backoff; ``on_connect`` re-establishes session state (LISTEN, the
+device lock) on every new connection. Nothing is retried blindly here: callers decide what a
+lost statement means (a claim that may have committed is recovered by its lease; a completion
+is re-sent, and the fence tells whether it still counts).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from tunefleet.db.engine import connect
+from tunefleet.errors import DatabaseUnavailable
+from tunefleet.settings import DatabaseSettings
+
+log = logging.getLogger("tunefleet.worker")
+
+#: Exceptions that mean "this connection is unusable", as opposed to a bug in a statement.
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+    DatabaseUnavailable,
+)
+
+FIRST_BACKOFF_S = 0.2
+
+
+class DatabaseDown(Exception):
+    """Raised by :meth:`Link.run` while the database cannot be reached (retry later)."""
+
+
+class Link:
+    def __init__(
+        self,
+        url: str,
+        settings: DatabaseSettings,
+        name: str,
+        *,
+        on_connect: Callable[[psycopg.Connection[Any]], None] | None = None,
+        max_backoff_s: float = 5.0,
+    ) -> None:
+        self.url = url
+        self.settings = settings
+        self.name = name
+        self.on_connect = on_connect
+        self.max_backoff_s = max_backoff_s
+        self.conn: psycopg.Connection[Any] | None = None
+        self.backoff_s = 0.0
+        self.next_try = 0.0
+        self.down_since: float | None = None
+        self.last_error = ""
+
+    @property
+    def up(self) -> bool:
+        return self.conn is not None and not self.conn.closed
+
+    def get(self) -> psycopg.Connection[Any] | None:
+        """The open connection, or a new one if the backoff allows; ``None`` while down.
+        Errors raised by ``on_connect`` other than connection errors propagate (they are
+        fatal, e.g. the device lock is taken by somebody else)."""
+        if self.conn is not None and not self.conn.closed:
+            return self.conn
+        if time.monotonic() < self.next_try:
+            return None
+        conn: psycopg.Connection[Any] | None = None
+        try:
+            conn = connect(self.url, self.settings, connect_timeout=5)
+            if self.on_connect is not None:
+                self.on_connect(conn)
+        except CONNECTION_ERRORS as exc:
+            if conn is not None:
+                conn.close()
+            self._schedule(exc)
+            return None
+        except BaseException:
+            if conn is not None:
+                conn.close()
+            raise
+        if self.down_since is not None:
+            log.warning(
+                "%s connection: database reachable again after %.1f s",
+                self.name,
+                time.monotonic() - self.down_since,
+            )
+        self.conn, self.down_since, self.backoff_s = conn, None, 0.0
+        return conn
+
+    def connect_now(self) -> psycopg.Connection[Any]:
+        """Connect at once or raise the reason (used at start-up)."""
+        self.next_try = 0.0
+        conn = self.get()
+        if conn is None:
+            raise DatabaseUnavailable(
+                f"cannot reach the database for the {self.name} connection: {self.last_error}"
+            )
+        return conn
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call ``fn(conn, *args, **kwargs)``; a lost connection becomes :class:`DatabaseDown`
+        (the link then reconnects with backoff on a later call)."""
+        conn = self.get()
+        if conn is None:
+            raise DatabaseDown(self.last_error)
+        try:
+            return fn(conn, *args, **kwargs)
+        except CONNECTION_ERRORS as exc:
+            self.broken(exc)
+            raise DatabaseDown(self.last_error) from exc
+
+    def broken(self, exc: BaseException) -> None:
+        """Forget a connection that failed; reconnect later."""
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except Exception:
+                pass
+            self.conn = None
+        self._schedule(exc)
+
+    def wait_s(self) -> float | None:
+        """Seconds until the next reconnect attempt, when down."""
+        if self.up:
+            return None
+        return max(self.next_try - time.monotonic(), 0.0)
+
+    def close(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except Exception:
+                pass
+            self.conn = None
+
+    def _schedule(self, exc: BaseException) -> None:
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        self.last_error = lines[0] if lines else type(exc).__name__
+        now = time.monotonic()
+        if self.down_since is None:
+            self.down_since = now
+            log.warning("%s connection lost: %s; reconnecting", self.name, self.last_error)
+        self.backoff_s = min(
+            self.max_backoff_s, FIRST_BACKOFF_S if not self.backoff_s else self.backoff_s * 2
+        )
+        self.next_try = now + self.backoff_s

@@ -1,0 +1,698 @@
+"""The worker's main loop: a short state machine of named steps.
+
+Start-up (``step_start``): find the device (in the device process), connect, take the device
+lock, register device and worker, open the device session, start the heartbeat thread.
+
+Then, until done, each turn of the loop runs these steps in order::
+
+    collect -> abandon_lost -> complete -> reap -> claim -> dispatch -> stop -> wait
+
+``collect`` comes first so that a result that is already in is always sent: a zombie's
+result is then refused by the fence, visibly, rather than silently thrown away. Results are
+written before anything new starts (restarting a killed device process takes a moment).
+
+and every held trial moves through its own stages::
+
+    claimed -> preparing -> prepared -> measuring -> finished -> (completed: forgotten)
+              (code-generation process)   (device process)     (fenced write)
+
+With ``prepare_workers = 0`` a claimed trial goes straight to the device process, which
+prepares and measures it in one request. At most ``1 + prefetch`` trials are held; timing is
+never concurrent (one device process, one request at a time).
+
+Shutdown: the first SIGTERM/SIGINT stops claiming, releases every held trial that is not being
+timed (back to pending, attempt not counted), lets the one being timed finish and records it,
+then exits 0. A second signal kills the children and exits at once; the leases expire.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing.connection
+import os
+import signal
+import socket
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+from uuid import UUID, uuid4
+
+import psycopg
+
+from tunefleet import __version__
+from tunefleet.db.schema import ANY_DEVICE_CLASS
+from tunefleet.devices import HOST_DEVICE, DeviceInfo
+from tunefleet.errors import DatabaseUnavailable, DeviceError, TunefleetError
+from tunefleet.problems.base import Outcome, Protocol
+from tunefleet.queries import queue
+from tunefleet.queries.queue import ClaimedTrial, MeasurementRow
+from worker.heartbeat import Heartbeat, HeldLeases, Key
+from worker.link import DatabaseDown, Link
+from worker.settings import MAX_BACKOFF_S, WorkerSettings
+from worker.supervise import Child, Describe, Measure, Open, Prepare, Reply
+
+log = logging.getLogger("tunefleet.worker")
+
+#: How long opening the device (or finding it) may take before we give up.
+DEVICE_START_TIMEOUT_S = 120.0
+
+
+@dataclass
+class Held:
+    """One claimed trial and where it is in this worker."""
+
+    claim: ClaimedTrial
+    stage: str = "claimed"  # claimed | preparing | prepared | measuring | finished
+    prepared: Any = None
+    child: Child | None = None
+    state: str | None = None  # the outcome once finished: done | invalid | failed | timed_out
+    error: str | None = None
+    measurement: MeasurementRow | None = None
+    sends: int = 0
+
+    @property
+    def key(self) -> Key:
+        return self.claim.key
+
+    def finish(
+        self, state: str, error: str | None = None, measurement: MeasurementRow | None = None
+    ) -> None:
+        self.stage, self.state, self.error, self.measurement = "finished", state, error, measurement
+        self.child = None
+        self.prepared = None
+
+
+class Worker:
+    def __init__(self, settings: WorkerSettings, url: str) -> None:
+        self.settings = settings
+        self.url = url
+        self.worker_id: UUID = uuid4()
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        self.device: DeviceInfo = HOST_DEVICE
+        self.device_id: int | None = None
+        self.classes: list[str] = [ANY_DEVICE_CLASS]
+        self.held: dict[int, Held] = {}
+        self.leases = HeldLeases()
+        self.device_child = Child("device")
+        self.prepare_children = [Child(f"codegen-{i}") for i in range(settings.prepare_workers)]
+        self.link = Link(
+            url,
+            settings.db,
+            "main",
+            on_connect=self._on_connect,
+            max_backoff_s=MAX_BACKOFF_S,
+        )
+        self.heartbeat: Heartbeat | None = None
+        self.stopping = False
+        self.drained = False
+        self.idle = False
+        self.signals = 0
+        self.claimed = 0
+        self.outcomes: Counter[str] = Counter()
+        self.next_claim_at = 0.0
+        self.next_reap_at = 0.0
+        self.stop_deadline: float | None = None
+        self.exit_code = 0
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._old_handlers: dict[int, Any] = {}
+        self._old_wakeup_fd = -1
+
+    # --- the loop ------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Run until drained, ``max_trials`` reached or stopped by a signal; return the exit
+        status. Fatal problems (device taken, device lost) raise a TunefleetError after the
+        held trials were released."""
+        self._install_signals()
+        try:
+            self.step_start()
+            while not self.step_done():
+                self.step_collect()
+                self.step_abandon_lost()
+                self.step_complete()
+                self.step_reap()
+                self.step_claim()
+                self.step_dispatch()
+                self.step_stop()
+                self.step_wait()
+            self.step_finish()
+            return self.exit_code
+        except TunefleetError:
+            self._give_back_everything()
+            raise
+        finally:
+            self._teardown()
+
+    # --- start-up ------------------------------------------------------------------------------
+    def step_start(self) -> None:
+        pattern = self.settings.device
+        if pattern is not None and pattern.strip().lower() == "host":
+            self.device = HOST_DEVICE
+        else:
+            reply = self.device_child.call(Describe(pattern), DEVICE_START_TIMEOUT_S)
+            if reply.kind != "ok":
+                raise DeviceError(_device_failure("finding the device", reply))
+            self.device = reply.value
+        self.classes = sorted({self.device.device_class, ANY_DEVICE_CLASS})
+        conn = self.link.connect_now()  # takes the device lock (on_connect)
+        self.device_id = queue.register_device(conn, self.device)
+        queue.register_worker(
+            conn,
+            worker_id=self.worker_id,
+            host=self.host,
+            pid=self.pid,
+            device_id=self.device_id,
+            device_class=self.device.device_class,
+            version=__version__,
+        )
+        self._open_device()
+        self.heartbeat = Heartbeat(
+            Link(self.url, self.settings.db, "heartbeat", max_backoff_s=MAX_BACKOFF_S),
+            worker_id=self.worker_id,
+            lease_s=self.settings.lease_s,
+            interval_s=self.settings.heartbeat_s,
+            held=self.leases,
+            on_lost=self._wake,
+        )
+        self.heartbeat.start()
+        log.info(
+            "worker %s (pid %s on %s) serving %s [%s], classes %s, lease %g s",
+            self.worker_id,
+            self.pid,
+            self.host,
+            self.device.name,
+            self.device.platform,
+            ", ".join(self.classes),
+            self.settings.lease_s,
+        )
+
+    def _on_connect(self, conn: psycopg.Connection[Any]) -> None:
+        if not self.is_host:
+            # Many synthetic workers may share a machine; real devices get one worker each.
+            got = queue.try_lock_device(
+                conn, host=self.host, fingerprint=self.device.fingerprint, index=self.device.index
+            )
+            if not got:
+                raise DeviceError(
+                    f"device {self.device.index} ({self.device.name}, {self.device.platform}) "
+                    f"on {self.host} is already used by another tunefleet worker; two workers "
+                    "timing one device corrupt each other's numbers: stop the other worker or "
+                    "choose another device with --device"
+                )
+        queue.listen(conn)
+
+    @property
+    def is_host(self) -> bool:
+        return self.device.platform == HOST_DEVICE.platform
+
+    def _open_device(self) -> None:
+        reply = self.device_child.call(Open(self.device), DEVICE_START_TIMEOUT_S)
+        if reply.kind != "ok":
+            raise DeviceError(_device_failure(f"opening {self.device.name}", reply))
+
+    # --- steps ---------------------------------------------------------------------------------
+    def step_done(self) -> bool:
+        if self.held:
+            return False
+        if self.stopping:
+            return True
+        if self.settings.max_trials is not None and self.claimed >= self.settings.max_trials:
+            log.info("reached --max-trials %s", self.settings.max_trials)
+            return True
+        return self.drained
+
+    def step_abandon_lost(self) -> None:
+        """Drop trials whose lease the heartbeat could not extend (someone else's now)."""
+        for trial_id, attempt in self.leases.take_lost():
+            held = self.held.get(trial_id)
+            if held is None or held.claim.attempt != attempt or held.stage == "finished":
+                continue  # a finished result is still sent: the fence decides
+            if held.child is not None:
+                held.child.kill()  # the evaluation is someone else's business now
+            self._forget(held)
+            self.outcomes["lost"] += 1
+
+    def step_collect(self) -> None:
+        now = time.monotonic()
+        for child in [*self.prepare_children, self.device_child]:
+            held = next((h for h in self.held.values() if h.child is child), None)
+            reply = child.poll(now)
+            if reply is not None and held is not None:
+                self._on_reply(held, reply)
+
+    def step_reap(self) -> None:
+        now = time.monotonic()
+        if self.stopping or now < self.next_reap_at or not self._db_ready():
+            return
+        self.next_reap_at = now + self.settings.reap_s
+        try:
+            reaped = self.link.run(queue.reap_expired_leases)
+        except DatabaseDown:
+            return
+        for r in reaped or ():
+            log.warning(
+                "reaper: trial %s attempt %s of worker %s lost its lease -> %s",
+                r.trial_id,
+                r.attempt,
+                r.previous_owner,
+                r.state,
+            )
+            if r.state == "pending":
+                self.next_claim_at = 0.0
+
+    def step_claim(self) -> None:
+        if self.stopping:
+            return
+        limit = self.settings.capacity - len(self.held)
+        if self.settings.max_trials is not None:
+            limit = min(limit, self.settings.max_trials - self.claimed)
+        now = time.monotonic()
+        if limit <= 0 or now < self.next_claim_at or not self._db_ready():
+            return
+        try:
+            claims = self.link.run(
+                queue.claim_trials,
+                worker_id=self.worker_id,
+                device_classes=self.classes,
+                limit=limit,
+                lease_s=self.settings.lease_s,
+            )
+        except DatabaseDown:
+            return
+        for claim in claims:
+            self.held[claim.trial_id] = Held(claim)
+            self.leases.add(claim.key)
+            self.claimed += 1
+            log.info(
+                "claimed trial %s (run %s, attempt %s/%s)",
+                claim.trial_id,
+                claim.run_id,
+                claim.attempt,
+                claim.max_attempts,
+            )
+        if claims:
+            self.next_claim_at = 0.0
+            self.drained = self.idle = False
+            return
+        self.next_claim_at = now + self.settings.poll_s
+        if not self.held and not self.idle:
+            self.idle = True
+            log.info(
+                "waiting for work (woken by notifications, polling every %g s)",
+                self.settings.poll_s,
+            )
+        if self.settings.drain and not self.held:
+            try:
+                open_work = self.link.run(queue.has_open_trials, self.classes)
+            except DatabaseDown:
+                return
+            self.drained = not open_work
+            if self.drained:
+                log.info("drained: no trial of classes %s is pending or running", self.classes)
+
+    def step_dispatch(self) -> None:
+        if self.stopping:
+            return  # the trial being timed finishes; nothing new starts
+        inline = not self.prepare_children
+        for child in self.prepare_children:
+            if child.busy:
+                continue
+            held = self._first("claimed")
+            if held is None:
+                break
+            c = held.claim
+            child.submit(
+                Prepare(c.problem, c.problem_args, c.config, self.device),
+                self._timeout(c),
+                tag=c.key,
+            )
+            held.stage, held.child = "preparing", child
+        if self.device_child.busy:
+            return
+        held = self._first("claimed" if inline else "prepared")
+        if held is None:
+            return
+        if not self.device_child.alive:
+            self.device_child.start()
+            self._open_device()
+        c = held.claim
+        self.device_child.submit(
+            Measure(
+                c.problem,
+                c.problem_args,
+                c.config,
+                self.device,
+                c.protocol,
+                prepared=held.prepared,
+                inline_prepare=inline,
+            ),
+            self._timeout(c),
+            tag=c.key,
+        )
+        held.stage, held.child, held.prepared = "measuring", self.device_child, None
+
+    def step_complete(self) -> None:
+        for held in [h for h in self.held.values() if h.stage == "finished"]:
+            if not self._db_ready():
+                return
+            c = held.claim
+            held.sends += 1
+            try:
+                state = self.link.run(
+                    queue.complete_trial,
+                    trial_id=c.trial_id,
+                    attempt=c.attempt,
+                    worker_id=self.worker_id,
+                    state=held.state,
+                    error=held.error,
+                    measurement=held.measurement,
+                )
+            except DatabaseDown:
+                return  # retried after reconnecting, while the lease may still be ours
+            except psycopg.DatabaseError as exc:
+                # The result itself cannot be stored (a value the table refuses): record the
+                # attempt as failed rather than crash; the fence still applies.
+                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+                if held.state == "done":
+                    held.finish("failed", f"the result could not be stored: {reason}")
+                    continue
+                log.error("trial %s: completion failed (%s); dropping it", c.trial_id, reason)
+                self._forget(held)
+                continue
+            if state is None and held.sends > 1:
+                # The first send may have committed before the connection broke.
+                try:
+                    recorded = self.link.run(
+                        queue.attempt_outcome,
+                        trial_id=c.trial_id,
+                        attempt=c.attempt,
+                        worker_id=self.worker_id,
+                    )
+                except DatabaseDown:
+                    return
+                if recorded == held.state:
+                    state = "recorded"
+            if state is None:
+                log.warning(
+                    "completion rejected: trial %s attempt %s is no longer ours (lease lost); "
+                    "dropping its %s result",
+                    c.trial_id,
+                    c.attempt,
+                    held.state,
+                )
+                self.outcomes["dropped"] += 1
+            else:
+                self.outcomes[str(held.state)] += 1
+                log.info(
+                    "trial %s attempt %s: %s%s -> trial %s",
+                    c.trial_id,
+                    c.attempt,
+                    held.state,
+                    f" ({held.error})" if held.error else "",
+                    state,
+                )
+            self._forget(held)
+            self.next_claim_at = 0.0  # room for another trial
+
+    def step_wait(self) -> None:
+        if self.link.up and self.link.conn is not None:
+            self._pump_notifications(self.link.conn)
+        now = time.monotonic()
+        deadlines = [self.next_reap_at] if not self.stopping else []
+        if not self.stopping and len(self.held) < self.settings.capacity:
+            deadlines.append(self.next_claim_at)
+        for child in [*self.prepare_children, self.device_child]:
+            if child.busy and child.deadline is not None:
+                deadlines.append(child.deadline)
+        if not self.link.up:
+            wait = self.link.wait_s()
+            if wait is not None:
+                deadlines.append(now + wait)
+        if any(h.stage == "finished" for h in self.held.values()) and self.link.up:
+            deadlines.append(now)
+        if self.stopping and self.stop_deadline is not None:
+            deadlines.append(self.stop_deadline)
+        timeout = max(0.0, min([*deadlines, now + self.settings.poll_s]) - now)
+        waitables: list[Any] = [self._wake_r]
+        for child in [*self.prepare_children, self.device_child]:
+            waitables.extend(child.waitables())
+        db = self.link.conn if self.link.up else None
+        if db is not None:
+            waitables.append(db)
+        ready = multiprocessing.connection.wait(waitables, timeout=timeout)
+        if self._wake_r in ready:
+            self._drain_wakeups()
+        if db is not None and db in ready:
+            self._pump_notifications(db)
+
+    def step_finish(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+        try:
+            self.link.run(queue.stop_worker, self.worker_id)
+        except DatabaseDown:
+            log.warning("could not mark worker %s stopped: database unreachable", self.worker_id)
+        summary = ", ".join(f"{k} {v}" for k, v in sorted(self.outcomes.items())) or "nothing"
+        log.info("worker %s exiting: %s", self.worker_id, summary)
+
+    # --- replies from the children ---------------------------------------------------------------
+    def _on_reply(self, held: Held, reply: Reply) -> None:
+        phase = "code generation" if held.stage == "preparing" else "evaluation"
+        if reply.kind == "ok" and held.stage == "preparing":
+            held.stage, held.prepared, held.child = "prepared", reply.value, None
+        elif reply.kind == "ok":
+            self._on_outcome(held, reply.value)
+        elif reply.kind == "invalid":
+            held.finish("invalid", reply.message)
+        elif reply.kind == "timeout":
+            held.finish("timed_out", f"{phase} {reply.message} and was killed")
+        elif reply.kind == "died":
+            held.finish("failed", f"{phase} process {reply.message}")
+        else:
+            held.finish("failed", f"{phase} raised {reply.message}")
+        if held.stage == "finished" and held.state not in ("done", "invalid"):
+            log.warning("trial %s: %s: %s", held.claim.trial_id, held.state, held.error)
+
+    def _on_outcome(self, held: Held, outcome: Any) -> None:
+        if not isinstance(outcome, Outcome):
+            held.finish("failed", f"measure returned {type(outcome).__name__}, not an Outcome")
+            return
+        if outcome.state == "invalid":
+            held.finish("invalid", outcome.error or "invalid configuration")
+            return
+        if outcome.state != "done":
+            held.finish("failed", f"measure returned an outcome in state {outcome.state!r}")
+            return
+        try:
+            row = self._measurement(held.claim, outcome)
+        except (TypeError, ValueError) as exc:
+            held.finish("failed", f"measure returned numbers that are not numbers: {exc}")
+            return
+        bad = row.problems()
+        if bad:
+            held.finish("failed", "measure returned unusable timings: " + "; ".join(bad))
+            return
+        held.finish("done", None, row)
+
+    def _measurement(self, claim: ClaimedTrial, outcome: Outcome) -> MeasurementRow:
+        protocol = outcome.protocol or Protocol.from_json(claim.protocol).to_json()
+        return MeasurementRow(
+            device_id=self.device_id,
+            median_s=_number(outcome.median_s),  # type: ignore[arg-type]
+            min_s=_number(outcome.min_s),  # type: ignore[arg-type]
+            samples_s=[float(x) for x in outcome.samples_s],
+            protocol=plain_json(protocol),
+            gflops=_number(outcome.gflops),
+            gbps=_number(outcome.gbps),
+            flop_count=_number(outcome.flop_count),
+            byte_count=_number(outcome.byte_count),
+            compile_s=_number(outcome.compile_s),
+            validation=plain_json(dict(outcome.validation)),
+            versions=plain_json({"tunefleet": __version__, **outcome.versions}),
+            code=None if outcome.code is None else str(outcome.code),
+        )
+
+    def step_stop(self) -> None:
+        """While stopping: give back every held trial that is not being timed. If the database
+        stays unreachable for a whole lease, give up on what is left (the leases expire)."""
+        if not self.stopping:
+            return
+        waiting = [h for h in self.held.values() if h.stage in ("claimed", "preparing", "prepared")]
+        if self.stop_deadline is not None and time.monotonic() > self.stop_deadline:
+            unsent = [h for h in self.held.values() if h.stage != "measuring"]
+            if unsent and not self._db_ready():
+                log.warning(
+                    "giving up on %s held trial(s): database unreachable; their leases expire "
+                    "within %g s",
+                    len(unsent),
+                    self.settings.lease_s,
+                )
+                for held in unsent:
+                    if held.child is not None:
+                        held.child.kill()
+                    self._forget(held)
+                self.exit_code = 1
+                return
+        if not waiting or not self._db_ready():
+            return
+        for held in waiting:
+            if held.child is not None:
+                held.child.kill()
+                held.child = None
+        try:
+            released = self.link.run(
+                queue.release_trials, worker_id=self.worker_id, held=[h.key for h in waiting]
+            )
+        except DatabaseDown:
+            return
+        for held in waiting:
+            if held.claim.trial_id in released:
+                log.info("released trial %s (back to pending)", held.claim.trial_id)
+                self.outcomes["released"] += 1
+            self._forget(held)
+
+    def _give_back_everything(self) -> None:
+        """After a fatal error: stop timing, release what we hold, mark the worker stopped."""
+        self.device_child.kill()
+        for child in self.prepare_children:
+            child.kill()
+        unfinished = [h for h in self.held.values() if h.stage != "finished"]
+        try:
+            if unfinished:
+                self.link.run(
+                    queue.release_trials,
+                    worker_id=self.worker_id,
+                    held=[h.key for h in unfinished],
+                    reason="released by the worker after a fatal error",
+                )
+            self.step_complete()
+            self.link.run(queue.stop_worker, self.worker_id)
+        except (DatabaseDown, TunefleetError, psycopg.Error):
+            pass
+
+    def close(self) -> None:
+        """Stop the children and close the connections (``run`` does this itself)."""
+        self._teardown()
+
+    def _teardown(self) -> None:
+        if self.heartbeat is not None and self.heartbeat.is_alive():
+            self.heartbeat.stop()
+        for child in [*self.prepare_children, self.device_child]:
+            child.close()
+        self.link.close()
+        self._restore_signals()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    # --- signals and wake-ups --------------------------------------------------------------------
+    def _install_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # embedded in another program's thread: that program handles signals
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+        self._old_wakeup_fd = signal.set_wakeup_fd(self._wake_w.fileno())
+
+    def _restore_signals(self) -> None:
+        if not self._old_handlers:
+            return
+        for sig, handler in self._old_handlers.items():
+            signal.signal(sig, handler)
+        signal.set_wakeup_fd(self._old_wakeup_fd)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.signals += 1
+        if self.signals == 1:
+            self.stopping = True
+            self.stop_deadline = time.monotonic() + self.settings.lease_s
+            log.warning(
+                "%s: finishing the trial being timed, releasing the others, then exiting "
+                "(send it again to exit at once)",
+                signal.Signals(signum).name,
+            )
+            return
+        # Second signal: abort now. Children first, or a hung kernel would outlive us.
+        for child in [*self.prepare_children, self.device_child]:
+            if child.proc is not None:
+                try:
+                    child.proc.kill()
+                except Exception:
+                    pass
+        os.write(
+            2,
+            b"tunefleet worker: aborted; held trials return to the queue when their "
+            b"leases expire\n",
+        )
+        os._exit(128 + signum)
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except (BlockingIOError, OSError):
+            pass  # already awake
+
+    def _drain_wakeups(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def _pump_notifications(self, conn: psycopg.Connection[Any]) -> None:
+        """Read notifications without waiting (psycopg also queues those that arrived during
+        other statements); one for our classes makes the next claim due now."""
+        try:
+            for notify in conn.notifies(timeout=0.0):
+                if not notify.payload or notify.payload in self.classes:
+                    self.next_claim_at = 0.0
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            self.link.broken(exc)
+
+    # --- helpers ---------------------------------------------------------------------------------
+    def _db_ready(self) -> bool:
+        try:
+            return self.link.get() is not None
+        except DatabaseUnavailable:
+            return False
+
+    def _timeout(self, claim: ClaimedTrial) -> float:
+        return claim.timeout_s if claim.timeout_s else self.settings.timeout_s
+
+    def _first(self, stage: str) -> Held | None:
+        return next((h for h in self.held.values() if h.stage == stage), None)
+
+    def _forget(self, held: Held) -> None:
+        self.held.pop(held.claim.trial_id, None)
+        self.leases.remove(held.key)
+
+
+def _number(value: Any) -> float | None:
+    """A float PostgreSQL accepts (numpy scalars included); ``None`` stays ``None``."""
+    return None if value is None else float(value)
+
+
+def plain_json(value: Any) -> Any:
+    """What a problem reports, made storable as JSONB: numpy scalars and arrays become plain
+    numbers and lists, tuples lists, non-finite floats ``None`` (JSON has no NaN)."""
+    if isinstance(value, dict):
+        return {str(k): plain_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain_json(v) for v in value]
+    if hasattr(value, "tolist") and callable(value.tolist):  # numpy arrays and scalars
+        return plain_json(value.tolist())
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
+
+
+def _device_failure(what: str, reply: Reply) -> str:
+    if reply.kind == "error":
+        return f"{what} failed: {reply.message}"
+    return f"{what} failed: the device process {reply.message}"

@@ -1,0 +1,114 @@
+"""Worker settings: one frozen dataclass built once at the CLI (flag, then ``TUNEFLEET_*``
+environment variable, then default).
+
+Timeouts. A trial is evaluated under ``trial.timeout_s`` when the coordinator set one (it
+adapts it to the run's best time); otherwise under the worker default ``timeout_s``, 120 s:
+about four times the slowest evaluation we expect in practice (code generation + build +
+validation + timing of a loopy kernel is 1-30 s), so a legitimately slow configuration is not
+cut off while a hung kernel still frees the device within two minutes. The same limit applies
+to the code-generation step and to the timing step separately.
+
+Leases. ``lease_s`` (default 30 s) is how long a claim survives without a heartbeat; the
+heartbeat runs every ``lease_s / 3`` so two consecutive beats can be lost before the lease
+expires. A shorter lease recovers a dead worker's trials sooner at the cost of more writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tunefleet.errors import UsageError
+from tunefleet.settings import (
+    DatabaseSettings,
+    non_negative_int,
+    parse_bool,
+    positive_float,
+    positive_int,
+    resolve,
+)
+
+DEFAULT_LEASE_S = 30.0
+DEFAULT_TIMEOUT_S = 120.0
+DEFAULT_PREFETCH = 1
+DEFAULT_PREPARE_WORKERS = 1
+DEFAULT_POLL_S = 5.0
+#: Shortest lease we accept: below it, heartbeats would compete with the work itself.
+MIN_LEASE_S = 0.3
+#: Cap of the reconnect backoff when the database is unreachable.
+MAX_BACKOFF_S = 5.0
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    db: DatabaseSettings
+    #: Device to serve: index, substring of platform/device name/class, or ``host``;
+    #: ``None`` = the first GPU, else the first device.
+    device: str | None = None
+    #: Exit when no trial of our classes is pending or running (instead of waiting for work).
+    drain: bool = False
+    #: Stop claiming after this many trials (``None`` = no limit).
+    max_trials: int | None = None
+    lease_s: float = DEFAULT_LEASE_S
+    #: Evaluation timeout when the trial has none (see the module docstring).
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    #: Trials claimed ahead of the one being timed (they are prepared meanwhile).
+    prefetch: int = DEFAULT_PREFETCH
+    #: Code-generation processes; 0 = prepare in the device process right before timing.
+    prepare_workers: int = DEFAULT_PREPARE_WORKERS
+    #: Polling fallback when no NOTIFY arrives.
+    poll_s: float = DEFAULT_POLL_S
+
+    def __post_init__(self) -> None:
+        if self.lease_s < MIN_LEASE_S:
+            raise UsageError(
+                f"a lease of {self.lease_s:g} s is too short (--lease / TUNEFLEET_WORKER_LEASE); "
+                f"use at least {MIN_LEASE_S:g} seconds"
+            )
+        if self.max_trials is not None and self.max_trials <= 0:
+            raise UsageError(f"--max-trials {self.max_trials}: use a positive number")
+
+    @property
+    def heartbeat_s(self) -> float:
+        """Interval of the lease heartbeat: a third of the lease."""
+        return self.lease_s / 3.0
+
+    @property
+    def reap_s(self) -> float:
+        """How often this worker runs the reaper step (serialised fleet-wide)."""
+        return min(max(self.lease_s / 2.0, 0.25), 15.0)
+
+    @property
+    def capacity(self) -> int:
+        """Most trials held at once: the one being timed plus the prefetched ones."""
+        return 1 + self.prefetch
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        db: str | None = None,
+        device: str | None = None,
+        drain: bool | None = None,
+        max_trials: int | None = None,
+        lease_s: float | None = None,
+        timeout_s: float | None = None,
+        prefetch: int | None = None,
+        prepare_workers: int | None = None,
+        poll_s: float | None = None,
+    ) -> WorkerSettings:
+        return cls(
+            db=DatabaseSettings.build(db, application_name="tunefleet-worker"),
+            device=resolve(device, "WORKER_DEVICE", None, str),
+            drain=resolve(drain, "WORKER_DRAIN", False, parse_bool),
+            max_trials=resolve(max_trials, "WORKER_MAX_TRIALS", None, positive_int),
+            lease_s=resolve(lease_s, "WORKER_LEASE", DEFAULT_LEASE_S, positive_float),
+            timeout_s=resolve(timeout_s, "WORKER_TIMEOUT", DEFAULT_TIMEOUT_S, positive_float),
+            prefetch=resolve(prefetch, "WORKER_PREFETCH", DEFAULT_PREFETCH, non_negative_int),
+            prepare_workers=resolve(
+                prepare_workers,
+                "WORKER_PREPARE_WORKERS",
+                DEFAULT_PREPARE_WORKERS,
+                non_negative_int,
+            ),
+            poll_s=resolve(poll_s, "WORKER_POLL", DEFAULT_POLL_S, positive_float),
+        )

@@ -1,0 +1,305 @@
+"""Supervised evaluation: long-lived child processes that run one request at a time, and the
+parent-side handle that gives each request a deadline and kills, reports and restarts a child
+that hangs or dies.
+
+Two roles use the same machinery: the *device process* (discovers and opens the OpenCL device,
+then times prepared configurations; it is the only process of a worker that touches OpenCL)
+and the *code-generation processes* (``Problem.prepare``, CPU only). Children are started with
+the ``spawn`` method: OpenCL and driver state never cross a ``fork``.
+
+A child ignores SIGINT and SIGTERM (a Ctrl-C or a batch system's SIGTERM to the whole process
+group must not count as a crashed evaluation; the parent decides what to do) and asks the
+kernel to SIGKILL it when the parent dies, so a hung kernel never outlives its worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+from tunefleet.devices import DeviceInfo
+from tunefleet.errors import InvalidConfiguration
+
+log = logging.getLogger("tunefleet.worker")
+
+_CONTEXT = multiprocessing.get_context("spawn")
+
+# --- requests and replies ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Describe:
+    """Find the device a pattern selects (OpenCL discovery happens in the child)."""
+
+    pattern: str | None
+
+
+@dataclass(frozen=True)
+class Open:
+    """Open the device session that every later Measure uses."""
+
+    device: DeviceInfo
+
+
+@dataclass(frozen=True)
+class Prepare:
+    problem: str
+    args: dict[str, Any]
+    config: dict[str, Any]
+    device: DeviceInfo
+
+
+@dataclass(frozen=True)
+class Measure:
+    """Time one configuration. With ``inline_prepare`` the child prepares it first (no
+    code-generation processes); otherwise ``prepared`` is what a Prepare returned."""
+
+    problem: str
+    args: dict[str, Any]
+    config: dict[str, Any]
+    device: DeviceInfo
+    protocol: dict[str, Any]
+    prepared: Any = None
+    inline_prepare: bool = False
+
+
+@dataclass(frozen=True)
+class Reply:
+    """``ok`` (``value``), ``invalid`` (InvalidConfiguration), ``error`` (any other exception),
+    ``died`` (the child exited or was killed by a signal) or ``timeout`` (killed by us)."""
+
+    kind: str
+    value: Any = None
+    message: str = ""
+    seconds: float = 0.0
+
+
+# --- the child side ----------------------------------------------------------------------------
+
+
+@dataclass
+class _ChildState:
+    session: Any = None
+    problems: dict[str, Any] = field(default_factory=dict)
+
+    def problem(self, spec: str) -> Any:
+        if spec not in self.problems:
+            from tunefleet.problems.registry import get_problem
+
+            self.problems[spec] = get_problem(spec)
+        return self.problems[spec]
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    try:
+        import ctypes
+        import ctypes.util
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the pipe's EOF still ends an idle child
+        pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(0)
+
+
+def child_main(conn: multiprocessing.connection.Connection, parent_pid: int) -> None:
+    """Entry point of a child: serve requests until the pipe closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with_parent(parent_pid)
+    state = _ChildState()
+    while True:
+        try:
+            request = conn.recv()
+        except (EOFError, OSError):
+            return
+        started = time.perf_counter()
+        try:
+            reply = Reply("ok", _handle(state, request))
+        except InvalidConfiguration as exc:
+            reply = Reply("invalid", message=str(exc))
+        except BaseException as exc:
+            reply = Reply("error", message=describe_exception(exc))
+        reply = Reply(reply.kind, reply.value, reply.message, time.perf_counter() - started)
+        try:
+            conn.send(reply)
+        except (EOFError, OSError):
+            return
+        except Exception as exc:  # an unpicklable result: report it instead
+            conn.send(Reply("error", message=f"result cannot be sent back: {exc!r}"))
+
+
+def _handle(state: _ChildState, request: Any) -> Any:
+    if isinstance(request, Describe):
+        from worker.device import select_device
+
+        return select_device(request.pattern)
+    if isinstance(request, Open):
+        from worker.device import open_session
+
+        state.session = open_session(request.device)
+        return None
+    if isinstance(request, Prepare):
+        problem = state.problem(request.problem)
+        return problem.prepare(request.args, request.config, request.device)
+    if isinstance(request, Measure):
+        from tunefleet.problems.base import Protocol
+
+        problem = state.problem(request.problem)
+        prepared = request.prepared
+        if request.inline_prepare:
+            prepared = problem.prepare(request.args, request.config, request.device)
+        if problem.needs_opencl and state.session is None:
+            raise RuntimeError(
+                f"problem {request.problem!r} needs an OpenCL device, but this worker serves "
+                "the host pseudo-device (start it with --device PATTERN)"
+            )
+        return problem.measure(prepared, state.session, Protocol.from_json(request.protocol))
+    raise TypeError(f"unknown request {type(request).__name__}")
+
+
+def describe_exception(exc: BaseException) -> str:
+    """One line: the exception and where it was raised."""
+    text = "".join(traceback.format_exception_only(type(exc), exc)).strip().replace("\n", " ")
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames:
+        last = frames[-1]
+        text += f" (at {os.path.basename(last.filename)}:{last.lineno} in {last.name})"
+    return text
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """How a child ended, for the attempt's error text."""
+    if exitcode is None:
+        return "vanished"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        hint = " (out of memory?)" if -exitcode == signal.SIGKILL else ""
+        return f"killed by {name}{hint}"
+    return f"exited with status {exitcode}"
+
+
+# --- the parent side ---------------------------------------------------------------------------
+
+
+class Child:
+    """One supervised child process, started lazily, restarted after a kill or a death.
+
+    At most one request is in flight; ``tag`` remembers what it is about (the trial).
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.proc: Any = None
+        self.conn: multiprocessing.connection.Connection | None = None
+        self.deadline: float | None = None
+        self.timeout_s: float = 0.0
+        self.tag: Any = None
+        self.busy = False
+        self.starts = 0
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.is_alive()
+
+    def start(self) -> None:
+        parent_conn, child_conn = _CONTEXT.Pipe(duplex=True)
+        proc = _CONTEXT.Process(
+            target=child_main, args=(child_conn, os.getpid()), name=f"tunefleet-{self.name}"
+        )
+        proc.start()
+        child_conn.close()
+        self.proc, self.conn = proc, parent_conn
+        self.busy, self.deadline, self.tag = False, None, None
+        self.starts += 1
+        log.debug("%s process started (pid %s)", self.name, proc.pid)
+
+    def submit(self, request: Any, timeout_s: float, tag: Any = None) -> None:
+        if self.busy:
+            raise RuntimeError(f"{self.name} process is busy")
+        if not self.alive:
+            self._discard()
+            self.start()
+        assert self.conn is not None
+        self.conn.send(request)
+        self.busy, self.tag, self.timeout_s = True, tag, float(timeout_s)
+        self.deadline = time.monotonic() + float(timeout_s)
+
+    def waitables(self) -> list[Any]:
+        if not self.busy or self.conn is None or self.proc is None:
+            return []
+        return [self.conn, self.proc.sentinel]
+
+    def poll(self, now: float | None = None) -> Reply | None:
+        """The reply of the request in flight if it ended (answered, died or timed out)."""
+        if not self.busy:
+            return None
+        assert self.conn is not None and self.proc is not None
+        now = time.monotonic() if now is None else now
+        gone = False
+        try:
+            if self.conn.poll(0):
+                reply = self.conn.recv()
+                self.busy, self.deadline = False, None
+                return reply  # type: ignore[no-any-return]
+        except (EOFError, OSError):
+            gone = True  # the pipe closed: the child is exiting
+        if gone or not self.proc.is_alive():
+            self.proc.join(2.0)
+            if self.proc.is_alive():  # closed its pipe but lingers: finish it
+                self.proc.kill()
+                self.proc.join(5.0)
+            reason = describe_exit(self.proc.exitcode)
+            self._discard()
+            return Reply("died", message=reason)
+        if self.deadline is not None and now >= self.deadline:
+            self.kill()
+            return Reply("timeout", message=f"exceeded the {self.timeout_s:g} s timeout")
+        return None
+
+    def call(self, request: Any, timeout_s: float) -> Reply:
+        """Submit and wait for the reply (used for Describe and Open)."""
+        self.submit(request, timeout_s)
+        while True:
+            remaining = max((self.deadline or 0.0) - time.monotonic(), 0.0)
+            multiprocessing.connection.wait(self.waitables(), timeout=min(remaining, 1.0))
+            reply = self.poll()
+            if reply is not None:
+                return reply
+
+    def kill(self) -> None:
+        """Kill the child at once (a hung or abandoned evaluation); it restarts on demand."""
+        if self.proc is not None and self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5.0)
+        self._discard()
+
+    def close(self) -> None:
+        """Stop the child: politely when idle (EOF ends its loop), else kill it."""
+        if self.proc is None:
+            return
+        if not self.busy and self.conn is not None:
+            self.conn.close()
+            self.proc.join(2.0)
+        self.kill()
+
+    def _discard(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except OSError:
+                pass
+        self.proc, self.conn = None, None
+        self.busy, self.deadline, self.tag = False, None, None
