@@ -247,3 +247,28 @@ def test_worker_side_without_feinsum_says_how_to_install(impls):
     device = DeviceInfo(platform="p", vendor="v", name="n", driver_version="d")
     with pytest.raises(ProblemError, match=r"install tunefleet\[feinsum\] on Python >= 3.12"):
         problem.prepare(args, problem.space(args).default(), device)
+
+
+def test_without_einsum_and_space_the_problem_is_the_face_mass_demo(impls):
+    from tunefleet.problems.feinsum_problem import DEMO
+
+    problem = get_problem("feinsum")
+    demo = problem.normalise_args({})
+    assert demo["space"] == DEMO["space"] == "feinsum:ifj_fe_fej_to_ei_v3.py"
+    assert demo["einsum"]["subscripts"] == "ifj,fe,fej -> ei"
+    assert demo["einsum"]["index_to_length"] == {"f": 4, "i": 35, "j": 15}
+    assert len(demo["einsum"]["args"]) == 4
+    smaller = problem.normalise_args({"i": 20, "long_dim_length": 1000})
+    assert smaller["einsum"]["index_to_length"]["i"] == 20 and smaller["long_dim_length"] == 1000
+    with pytest.raises(ProblemError, match="needs space="):
+        problem.normalise_args({"einsum": "ij,j->i"})
+
+
+def test_feinsums_own_timing_is_a_protocol_statistic():
+    from tunefleet.feinsum_support import archive
+    from tunefleet.problems.base import Protocol
+
+    assert Protocol.from_json(archive.FEINSUM_PROTOCOL).statistic == "feinsum-wall-mean"
+    assert archive.FEINSUM_PROTOCOL == Protocol(statistic="feinsum-wall-mean").to_json()
+    with pytest.raises(ProblemError, match="feinsum-wall-mean"):
+        Protocol(statistic="mean")

@@ -1,18 +1,21 @@
-"""The worker side of the feinsum problem: feinsum builds the kernel, we time it.
+"""The worker side of the feinsum problem: feinsum builds the kernel, tunefleet measures it.
 
-:func:`prepare` (CPU, in the worker's code-generation pool) builds the batched einsum with
-feinsum, brings it to feinsum's canonical form (as feinsum's own tuner does: transform spaces
-are written against it), checks the configuration against the space that feinsum itself
-derives, lowers the einsum to loopy, applies the module's ``transform`` and generates the
-code for the target size. It also records what an archive row needs and only feinsum knows:
-the canonical einsum strings and the operation counts.
+The :class:`~tunefleet.problems.feinsum_problem.FeinsumProblem` is a
+:class:`~tunefleet.problems.kernel.KernelProblem`; these are the pieces it plugs in:
 
-:func:`measure` (in the device process) validates the transformed kernel against NumPy with
-feinsum's own check (its tolerances, at a long dimension of 100), then times it with our
-protocol: OpenCL profiling markers around each launch, warm-ups first, every sample kept.
-When the run's protocol is :data:`~tunefleet.feinsum_support.archive.FEINSUM_PROTOCOL`
-(statistic ``feinsum-wall-mean``) it calls ``feinsum.measure.timeit`` instead, so the number
-is exactly what feinsum would have recorded.
+- :func:`build_kernel` builds the batched einsum with feinsum, brings it to feinsum's canonical
+  form (as feinsum's own tuner does: transform spaces are written against it), checks the
+  configuration against the space feinsum itself derives, lowers the einsum to loopy, applies
+  the module's ``transform`` and fixes the long dimensions. feinsum's build options
+  (``-cl-fast-relaxed-math -cl-mad-enable``) are kept, so kernels are the ones feinsum times.
+- :func:`make_inputs`, :func:`reference`: deterministic operands by canonical name, and
+  ``numpy.einsum`` of each einsum of the batch (outputs ``_fe_out``, ``_fe_out_0``, ...).
+- :func:`flop_count`: feinsum's operation count (its ``giga_op_info``) at the length used.
+- :func:`fact`: what an archive row needs and only feinsum knows (the canonical einsum strings,
+  the operation counts, feinsum's device-name and compiler strings), recorded with every
+  measurement in ``versions["feinsum_fact"]``.
+- :func:`measure_with_feinsum`: feinsum's own ``timeit`` for runs whose protocol statistic is
+  ``feinsum-wall-mean``, so the numbers are exactly what feinsum would have recorded.
 
 feinsum, loopy and pyopencl are imported inside the functions: this module imports anywhere,
 and a worker without feinsum fails with a one-line :class:`~tunefleet.errors.ProblemError`.
@@ -21,12 +24,11 @@ and a worker without feinsum fails with a one-line :class:`~tunefleet.errors.Pro
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import math
-import statistics
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from tunefleet.devices import DeviceInfo
@@ -34,14 +36,13 @@ from tunefleet.errors import InvalidConfiguration, ProblemError
 from tunefleet.feinsum_support import INSTALL_HINT, archive
 from tunefleet.feinsum_support.einsum_spec import EinsumSpec
 from tunefleet.feinsum_support.spaces import space_path
-from tunefleet.problems.base import Outcome, Protocol
+from tunefleet.problems.base import Outcome
 from tunefleet.space import canonical_json
 
 #: feinsum compiles every kernel it validates and times with these options.
 BUILD_OPTIONS = ("-cl-fast-relaxed-math", "-cl-mad-enable")
 #: feinsum validates at this length of the long dimensions.
 VALIDATION_LONG_DIM = 100
-FEINSUM_STATISTIC = archive.FEINSUM_STATISTIC
 
 
 def require_feinsum() -> Any:
@@ -75,6 +76,10 @@ def canonical_einsum(spec: EinsumSpec) -> Any:
     return _canonical(canonical_json(spec.to_json()))
 
 
+def _canonical_of(args: Mapping[str, Any]) -> Any:
+    return canonical_einsum(EinsumSpec.from_json(args["einsum"]))
+
+
 def archive_strings(canonical: Any) -> dict[str, str]:
     """The four einsum columns of an archive row, rendered by feinsum itself."""
     from feinsum import sql_utils
@@ -89,13 +94,8 @@ def archive_strings(canonical: Any) -> dict[str, str]:
 
 def canonical_archive_key(spec: EinsumSpec) -> tuple[str, str, str, str]:
     """``(subscripts, index_to_length, args, arg_to_dtype)`` of the canonical form."""
-    strings = archive_strings(canonical_einsum(spec))
-    return (
-        strings["subscripts"],
-        strings["index_to_length"],
-        strings["args"],
-        strings["arg_to_dtype"],
-    )
+    s = archive_strings(canonical_einsum(spec))
+    return (s["subscripts"], s["index_to_length"], s["args"], s["arg_to_dtype"])
 
 
 @functools.lru_cache(maxsize=16)
@@ -105,11 +105,57 @@ def _op_info(einsum_json: str, long_dim_length: int) -> str:
     return str(sql_utils.dump_op_info(_canonical(einsum_json), long_dim_length=long_dim_length))
 
 
+def op_info(args: Mapping[str, Any]) -> str:
+    """feinsum's ``giga_op_info`` string at ``args['long_dim_length']``."""
+    spec = EinsumSpec.from_json(args["einsum"])
+    return _op_info(canonical_json(spec.to_json()), int(args["long_dim_length"]))
+
+
+def flop_count(args: Mapping[str, Any]) -> float:
+    """Operations of one launch, as feinsum counts them (all dtypes together)."""
+    return float(sum(json.loads(op_info(args)).values())) * 1e9
+
+
+def byte_count(args: Mapping[str, Any]) -> float:
+    """Every operand read once and every output written once, at ``long_dim_length``."""
+    import numpy as np
+
+    spec = EinsumSpec.from_json(args["einsum"])
+    long = int(args["long_dim_length"])
+
+    def size(shape: tuple[int | str, ...]) -> int:
+        return math.prod(d if isinstance(d, int) else long for d in shape)
+
+    dtypes = spec.arg_to_dtype
+    total = sum(
+        size(spec.arg_shape(name)) * np.dtype(dtypes[name]).itemsize
+        for name in {a for row in spec.args for a in row}
+    )
+    out_shape = tuple(spec.index_to_length.get(i, i.upper()) for i in spec.output)
+    out_item = np.dtype(archive.output_dtype(spec)).itemsize
+    return float(total + spec.b * size(out_shape) * out_item)
+
+
+def fact(args: Mapping[str, Any], device: DeviceInfo) -> dict[str, str]:
+    """The feinsum-side identity of a measurement (see the module docstring)."""
+    out = archive_strings(_canonical_of(args))
+    out.update(
+        giga_op_info=op_info(args),
+        device_name=archive.archive_device_name(device.name),
+        compiler_version=f"{device.vendor}-{device.driver_version}",
+    )
+    return out
+
+
 def _to_transform_value(value: Any) -> Any:
     # feinsum passes tuples where our configurations carry JSON lists.
     if isinstance(value, list):
         return tuple(_to_transform_value(v) for v in value)
     return value
+
+
+def transform_params(config: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _to_transform_value(v) for k, v in config.items()}
 
 
 def _inside(value: Any, tuning_param: Any) -> bool:
@@ -146,11 +192,12 @@ def load_transform(space: str) -> Any:
         raise ProblemError(f"transform space {space} failed to import: {exc!r}") from None
 
 
-def bound_transform(args: Mapping[str, Any], params: Mapping[str, Any]) -> Any:
-    """The transform of ``args['space']`` bound to the canonical einsum and ``params``,
-    after checking ``params`` against the space feinsum derives."""
+def bound_transform(args: Mapping[str, Any], config: Mapping[str, Any]) -> Any:
+    """The transform of ``args['space']`` bound to the canonical einsum and ``config``, after
+    checking ``config`` against the space feinsum itself derives."""
+    params = transform_params(config)
     parametrized = load_transform(str(args["space"]))
-    canonical = canonical_einsum(EinsumSpec.from_json(args["einsum"]))
+    canonical = _canonical_of(args)
     declared = {p.var_name: p for p in parametrized.transform_params}
     if set(declared) != set(params):
         raise InvalidConfiguration(
@@ -166,221 +213,130 @@ def bound_transform(args: Mapping[str, Any], params: Mapping[str, Any]) -> Any:
     return parametrized.bind_args(canonical, **params)
 
 
-@dataclass
-class Prepared:
-    """What :func:`prepare` hands to :func:`measure` (picklable)."""
-
-    args: dict[str, Any]
-    config: dict[str, Any]
-    params: dict[str, Any]
-    t_unit: Any
-    code: str | None
-    codegen_s: float
-    fact: dict[str, Any]
-    flop_count: float
-    byte_count: float
-    device: DeviceInfo
-    versions: dict[str, Any] = field(default_factory=dict)
-
-
-def _byte_count(spec: EinsumSpec, long_dim_length: int) -> float:
-    import numpy as np
-
-    def size(shape: tuple[int | str, ...]) -> int:
-        return math.prod(d if isinstance(d, int) else long_dim_length for d in shape)
-
-    dtypes = spec.arg_to_dtype
-    total = sum(
-        size(spec.arg_shape(name)) * np.dtype(dtypes[name]).itemsize
-        for name in {a for row in spec.args for a in row}
-    )
-    out_shape = tuple(spec.index_to_length.get(i, i.upper()) for i in spec.output)
-    out_item = np.dtype(archive.output_dtype(spec)).itemsize
-    return float(total + spec.b * size(out_shape) * out_item)
-
-
-def _versions() -> dict[str, Any]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out: dict[str, Any] = {}
-    for dist in ("feinsum", "loopy", "pyopencl", "islpy", "pymbolic"):
-        try:
-            out[dist] = version(dist)
-        except PackageNotFoundError:
-            out[dist] = "unknown"
-    return out
-
-
-def prepare(args: Mapping[str, Any], config: Mapping[str, Any], device: DeviceInfo) -> Prepared:
+def build_kernel(args: Mapping[str, Any], config: Mapping[str, Any]) -> Any:
+    """The transformed loopy translation unit with every long dimension fixed."""
     fe = require_feinsum()
     import loopy as lp
 
-    spec = EinsumSpec.from_json(args["einsum"])
-    long_dim = int(args["long_dim_length"])
-    params = {k: _to_transform_value(v) for k, v in config.items()}
-    transform = bound_transform(args, params)
-    canonical = canonical_einsum(spec)
-    started = time.perf_counter()
-    t_unit = fe.generate_loopy(canonical)
+    transform = bound_transform(args, config)
+    t_unit = fe.generate_loopy(_canonical_of(args))
     try:
         t_unit = transform(t_unit, insn_match=None, kernel_name=None)
     except fe.InvalidParameterError as exc:
         raise InvalidConfiguration(f"feinsum rejected the parameters: {exc}") from None
-    except Exception as exc:  # a transform that cannot apply is an illegal point
-        raise InvalidConfiguration(f"transform failed: {type(exc).__name__}: {exc}") from None
-    t_unit = lp.set_options(
-        t_unit, no_numpy=True, return_dict=True, build_options=list(BUILD_OPTIONS)
-    )
-    t_unit = lp.fix_parameters(
+    except Exception as exc:  # a transform that cannot apply makes this point illegal
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise InvalidConfiguration(f"the transform failed: {type(exc).__name__}: {first}") from None
+    t_unit = lp.set_options(t_unit, build_options=list(BUILD_OPTIONS))
+    return lp.fix_parameters(
         t_unit,
         within=None,
-        **dict.fromkeys(t_unit.default_entrypoint.all_params(), long_dim),
+        **dict.fromkeys(t_unit.default_entrypoint.all_params(), int(args["long_dim_length"])),
     )
+
+
+def _shape(shape: tuple[Any, ...], long: int) -> tuple[int, ...]:
+    return tuple(int(d) if isinstance(d, int) else long for d in shape)
+
+
+def make_inputs(args: Mapping[str, Any], rng: Any) -> dict[str, Any]:
+    """Operands by their canonical names (the kernel's argument names), in name order."""
+    import numpy as np
+
+    canonical = _canonical_of(args)
+    long = int(args["long_dim_length"])
+    out: dict[str, Any] = {}
+    for name in sorted(canonical.arg_to_dtype):
+        dtype = np.dtype(canonical.arg_to_dtype[name])
+        shape = _shape(tuple(canonical.arg_to_shape[name]), long)
+        if dtype.kind == "c":
+            real = np.empty(0, dtype).real.dtype
+            out[name] = rng.random(shape, dtype=real) + 1j * rng.random(shape, dtype=real)
+            out[name] = out[name].astype(dtype)
+        elif dtype.kind in "iu":
+            out[name] = rng.integers(-100, 100, size=shape).astype(dtype)
+        else:
+            out[name] = rng.random(shape, dtype=dtype)
+    return out
+
+
+def output_names(b: int) -> list[str]:
+    """feinsum's names of the outputs of a batch of ``b`` einsums."""
+    return ["_fe_out", *[f"_fe_out_{i}" for i in range(b - 1)]]
+
+
+def reference(args: Mapping[str, Any], inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """Each einsum of the batch with ``numpy.einsum`` in double precision."""
+    import numpy as np
+
+    canonical = _canonical_of(args)
+    subscripts = canonical.get_subscripts().replace(" ", "")
+    out = {}
+    for name, row in zip(output_names(canonical.b), canonical.args, strict=True):
+        operands = []
+        for arr in row:
+            value = np.asarray(inputs[arr.name])
+            operands.append(value.astype(np.complex128 if value.dtype.kind == "c" else np.float64))
+        out[name] = np.einsum(subscripts, *operands, optimize="optimal")
+    return out
+
+
+def feinsum_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
-        code = lp.generate_code_v2(t_unit).device_code()
-    except Exception as exc:
-        raise InvalidConfiguration(f"code generation failed: {type(exc).__name__}: {exc}") from None
-    codegen_s = time.perf_counter() - started
-    key = canonical_json(spec.to_json())
-    op_info = _op_info(key, long_dim)
-    fact = archive_strings(canonical)
-    fact.update(
-        giga_op_info=op_info,
-        device_name=archive.archive_device_name(device.name),
-        compiler_version=f"{device.vendor}-{device.driver_version}",
-    )
-    return Prepared(
-        args=dict(args),
-        config=dict(config),
-        params=params,
-        t_unit=t_unit,
-        code=code,
-        codegen_s=codegen_s,
-        fact=fact,
-        flop_count=float(sum(json.loads(op_info).values())) * 1e9,
-        byte_count=_byte_count(spec, long_dim),
-        device=device,
-        versions=_versions(),
-    )
-
-
-def _validate(prepared: Prepared, queue: Any) -> dict[str, Any]:
-    from feinsum.diagnostics import TransformValidationError
-    from feinsum.measure import validate_batched_einsum_transform
-
-    canonical = canonical_einsum(EinsumSpec.from_json(prepared.args["einsum"]))
-    transform = bound_transform(prepared.args, prepared.params)
-    try:
-        validate_batched_einsum_transform(
-            canonical,
-            transform=transform,
-            **_device_kwarg(validate_batched_einsum_transform, queue),
-        )
-    except TransformValidationError as exc:
-        first = str(exc).strip().splitlines()
-        raise _Mismatch(first[0] if first else "results differ from NumPy") from None
-    return {
-        "passed": True,
-        "method": "feinsum.validate_batched_einsum_transform",
-        "long_dim_length": VALIDATION_LONG_DIM,
-        "tolerance": "atol=rtol=1e-10 (float64), 1e-6 (float32)",
-    }
-
-
-class _Mismatch(Exception):
-    pass
+        return {"feinsum": version("feinsum")}
+    except PackageNotFoundError:
+        return {"feinsum": "unknown"}
 
 
 def _device_kwarg(func: Any, queue: Any) -> dict[str, Any]:
-    """feinsum's measurement functions take ``cq`` (a queue) since 2026 and ``cl_ctx`` (a
-    context) in the 2025.3 release; pass what this feinsum expects."""
-    import inspect
-
-    params = inspect.signature(func).parameters
-    if "cq" in params:
+    """feinsum's measurement functions take ``cq`` (a queue) on its main branch and
+    ``cl_ctx`` (a context) in the 2025.3 release; pass what this feinsum expects."""
+    if "cq" in inspect.signature(func).parameters:
         return {"cq": queue}
     return {"cl_ctx": queue.context}
 
 
-def _time_ours(prepared: Prepared, queue: Any, protocol: Protocol) -> tuple[list[float], float]:
-    import pyopencl as cl
-    from feinsum.measure import generate_input_arrays, generate_out_arrays
+def measure_with_feinsum(
+    args: Mapping[str, Any], config: Mapping[str, Any], session: Any, base: Mapping[str, Any]
+) -> Outcome:
+    """Validate and time with ``feinsum.measure.timeit``; ``base`` holds the Outcome fields
+    shared with the default path (protocol, versions, device, code, counts)."""
+    from feinsum.diagnostics import TransformValidationError
+    from feinsum.measure import timeit
 
-    canonical = canonical_einsum(EinsumSpec.from_json(prepared.args["einsum"]))
-    long_dim = int(prepared.args["long_dim_length"])
-    inputs = generate_input_arrays(queue, canonical, long_dim, np_seed=protocol.seed)
-    outputs = generate_out_arrays(queue, prepared.t_unit)
-    arrays = {**dict(inputs), **dict(outputs)}
-    built = time.perf_counter()
-    executor = prepared.t_unit.executor(queue)
-
-    def launch() -> float:
-        before = cl.enqueue_marker(queue)
-        evt, _ = executor(queue, **arrays)
-        after = cl.enqueue_marker(queue)
-        after.wait()
-        span = (after.profile.end - before.profile.end) * 1e-9
-        if span <= 0:  # a driver without marker timestamps: the (last) kernel's own event
-            span = (evt.profile.end - evt.profile.start) * 1e-9
-        return float(span)
-
-    launch()
-    compile_s = time.perf_counter() - built
-    for _ in range(max(protocol.warmup - 1, 0)):
-        launch()
-    samples: list[float] = []
-    while len(samples) < protocol.max_launches and (
-        len(samples) < protocol.min_launches or sum(samples) < protocol.min_seconds
-    ):
-        samples.append(launch())
-    return samples, compile_s
-
-
-def measure(prepared: Prepared, session: Any, protocol: Protocol) -> Outcome:
-    queue = session.queue
-    versions = {**prepared.versions, archive.FACT_KEY: dict(prepared.fact)}
-    common: dict[str, Any] = {
-        "flop_count": prepared.flop_count,
-        "byte_count": prepared.byte_count,
-        "protocol": protocol.to_json(),
-        "versions": versions,
-        "code": prepared.code,
-    }
+    canonical = _canonical_of(args)
+    transform = bound_transform(args, config)
+    started = time.perf_counter()
     try:
-        validation = _validate(prepared, queue)
-    except _Mismatch as exc:
-        return Outcome(
-            state="invalid",
-            validation={"passed": False, "method": "feinsum", "error": str(exc)},
-            error=f"wrong results: {exc}",
-            **common,
-        )
-    if protocol.statistic == FEINSUM_STATISTIC:
-        from feinsum.measure import timeit
-
-        canonical = canonical_einsum(EinsumSpec.from_json(prepared.args["einsum"]))
-        started = time.perf_counter()
         runtime = float(
             timeit(
                 canonical,
-                transform=bound_transform(prepared.args, prepared.params),
-                long_dim_length=int(prepared.args["long_dim_length"]),
-                **_device_kwarg(timeit, queue),
+                transform=transform,
+                long_dim_length=int(args["long_dim_length"]),
+                **_device_kwarg(timeit, session.queue),
             )
         )
-        samples = [runtime]
-        compile_s = time.perf_counter() - started
-    else:
-        samples, compile_s = _time_ours(prepared, queue, protocol)
-    median = float(statistics.median(samples))
+    except TransformValidationError as exc:
+        first = (str(exc).strip().splitlines() or ["results differ from NumPy"])[0]
+        return Outcome(
+            state="invalid",
+            error=f"wrong results (feinsum's validation): {first}"[:4000],
+            validation={"ok": False, "by": "feinsum", "reason": first},
+            **base,
+        )
+    flops = float(base.get("flop_count") or 0.0)
+    nbytes = float(base.get("byte_count") or 0.0)
     return Outcome(
         state="done",
-        median_s=median,
-        min_s=float(min(samples)),
-        samples_s=tuple(samples),
-        gflops=prepared.flop_count / median * 1e-9,
-        gbps=prepared.byte_count / median * 1e-9,
-        compile_s=prepared.codegen_s + compile_s,
-        validation=validation,
-        **common,
+        median_s=runtime,
+        min_s=runtime,
+        samples_s=(runtime,),
+        gflops=flops / runtime / 1e9 if flops > 0 else None,
+        gbps=nbytes / runtime / 1e9 if nbytes > 0 else None,
+        compile_s=None,
+        validation={"ok": True, "by": "feinsum", "long_dim_length": VALIDATION_LONG_DIM},
+        details={"feinsum_timeit_s": time.perf_counter() - started},
+        **base,
     )
