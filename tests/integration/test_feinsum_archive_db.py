@@ -357,3 +357,66 @@ def test_export_refuses_other_problems_and_unknown_runs(db, db_url, cli_env, tmp
         cli_env, "export-feinsum", str(other), str(tmp_path / "z.sqlite"), "--db", db_url
     )
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1
+
+
+# --- imported rows in the coordinator: warm starts and the cache ------------------------------
+
+# A stand-in for feinsum's shipped ifj_fe_fej_to_ei_v3.py: the same parameters, read statically.
+SPACE_V3 = """
+import math
+import feinsum as fnsm
+from feinsum.tuning import IntParameter
+
+
+@fnsm.tuning.transform_param("n_e_per_wg_log2", lambda e: IntParameter(1, 5))
+@fnsm.tuning.transform_param("nwork_items_per_e", lambda e: IntParameter(1, e.args[0][2].shape[2]))
+@fnsm.tuning.transform_param("n_i_tile", lambda e: IntParameter(1, math.ceil(e.shape[1] / 2)))
+@fnsm.tuning.transform_param(
+    "n_j_tile", lambda e: IntParameter(1, math.ceil(e.args[0][2].shape[2] / 2))
+)
+def transform(t_unit, n_e_per_wg_log2, nwork_items_per_e, n_i_tile, n_j_tile, insn_match=None,
+              kernel_name=None):
+    return t_unit
+"""
+
+
+@pytest.mark.parametrize(
+    ("protocol", "expected"),
+    [
+        # feinsum's own timing: the same cache key as the archive rows, answered at once
+        ({"statistic": "feinsum-wall-mean"}, {("done", "cache"): 3}),
+        # tunefleet's protocol: different numbers, so the archive only seeds the search
+        ({}, {("pending", "seed"): 3}),
+    ],
+)
+def test_imported_rows_warm_start_and_answer_runs_with_feinsums_timing(
+    db, db_url, tmp_path, monkeypatch, protocol, expected
+):
+    from coordinator.engine import create_run
+    from coordinator.settings import CoordinatorSettings
+
+    impls = tmp_path / "impls"
+    impls.mkdir()
+    (impls / "ifj_fe_fej_to_ei_v3.py").write_text(SPACE_V3)
+    monkeypatch.setenv("TUNEFLEET_FEINSUM_IMPLS", str(impls))
+    import_archive(db, make_archive(tmp_path / "a.sqlite", ROWS))
+    settings = CoordinatorSettings.build(
+        problem="feinsum",
+        problem_args={"space": "feinsum:ifj_fe_fej_to_ei_v3.py", "einsum": json.dumps(EINSUM)},
+        device_class="nvidia-titan-v",
+        protocol=protocol,
+        warm_start_from="nvidia-titan-v",
+        max_trials=10,
+    )
+    run_id = create_run(settings, db_url)
+    rows = db.execute(
+        "SELECT state, source, count(*) AS n FROM tunefleet.trial WHERE run_id = %s"
+        " GROUP BY state, source",
+        (run_id,),
+    ).fetchall()
+    assert {(r["state"], r["source"]): r["n"] for r in rows} == expected
+    if protocol:
+        best = db.execute(
+            "SELECT median_s, config FROM tunefleet.best_per_run WHERE run_id = %s", (run_id,)
+        ).fetchone()
+        assert best["median_s"] == 1e-4 and best["config"]["n_e_per_wg_log2"] == 3
