@@ -28,6 +28,7 @@ BUILTINS: dict[str, str] = {
     "dg_diff": "tunefleet.problems.dg:DGDiff",
     "face_mass": "tunefleet.problems.dg:FaceMass",
     "transpose": "tunefleet.problems.transpose:Transpose",
+    "feinsum": "tunefleet.problems.feinsum_problem:FeinsumProblem",
 }
 
 
