@@ -276,8 +276,14 @@ def machine() -> dict[str, Any]:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemTotal:"):
                 mem_total = int(line.split()[1]) / 1024**2
+    meter = CpuMeter()
+    meter.start()
+    time.sleep(1.0)
+    background = meter.stop()
     return {
         "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        # CPU already busy before the benchmark started (other users of a shared machine).
+        "background_cpu_busy": background,
         "host_cpus": os.cpu_count(),
         "memory_gib": round(mem_total, 1),
         "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,

@@ -10,7 +10,10 @@ growth and machine noise hit both alike.
 
 A cycle = one trial claimed and completed as ``done`` (with its measurement row). Clients are
 separate processes, each with its own connection and worker row; ``--batch k`` claims up to k
-trials per claim statement (then completes them one by one, as the worker does).
+trials per claim statement (then completes them one by one, as the worker does). A feeder
+thread plays the coordinator: it keeps between ``--backlog`` and twice that many trials
+pending, inserting in batches. For scale, the clients also time ``SELECT 1`` round trips (the
+floor under any statement here), and one client times claims against growing backlogs.
 
     python benchmarks/raw_queue.py                     # 1-32 clients, batch 1 and 8
     python benchmarks/raw_queue.py --clients 1,4 --batch 1 --seconds 1 --repeat 1
@@ -26,6 +29,7 @@ import multiprocessing.connection
 import os
 import socket
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -51,6 +55,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--clients", default="1,2,4,8,16,32", help="concurrent clients (comma list)")
     p.add_argument("--batch", default="1,8", help="claim limits k (comma list)")
     p.add_argument("--seconds", type=float, default=3.0, help="length of each measurement")
+    p.add_argument(
+        "--backlog", type=int, default=500, help="pending trials kept (default 500: 500-1000)"
+    )
+    p.add_argument(
+        "--backlogs",
+        default="100,1000,10000",
+        help="backlogs of the one-client claim sweep (comma list; empty: skip it)",
+    )
     p.add_argument(
         "--repeat", type=int, default=2, help="ABBA pairs per cell (tunefleet, raw, raw, ...)"
     )
@@ -179,6 +191,11 @@ def client_main(url: str, pipe: multiprocessing.connection.Connection) -> None:
                     complete_ms.append((t2 - t1) * 1e3)
                     t1 = t2
                 got = len(claims)
+            elif mode == "ping":
+                bq.ping(raw)
+                claim_ms.append((time.perf_counter() - t0) * 1e3)
+                cycles += 1
+                continue
             else:
                 rows = raw.execute(claim_sql, claim_params, prepare=True).fetchall()
                 t1 = time.perf_counter()
@@ -240,25 +257,49 @@ class Clients:
                 proc.join(5)
 
 
-class Supply:
-    """Keeps enough pending trials of the benchmark's class in one run."""
+class Feeder(threading.Thread):
+    """Plays the coordinator: keeps between ``level`` and ``2 * level`` trials of one run
+    pending, checking every 20 ms on its own connection."""
 
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
-        self.run_id = h.create_synthetic_run(conn, {}, "raw queue", device_class=DEVICE_CLASS)
+    def __init__(self, url: str, level: int) -> None:
+        super().__init__(name="feeder", daemon=True)
+        self.conn = connect(url)
+        self.run_id = h.create_synthetic_run(self.conn, {}, "raw queue", DEVICE_CLASS)
+        self.level = level
         self.next = 0
+        self.inserted_batches = 0
+        self._stop_event = threading.Event()
+        self._lock = threading.Lock()
+        self.fill()
 
-    def ensure(self, pending: int) -> None:
-        missing = pending - bq.open_trials(self.conn, [self.run_id])
-        while missing > 0:
-            chunk = min(missing, 20000)
-            batch = [
-                {"config": {"i": i}, "config_hash": f"raw-{i}"}
-                for i in range(self.next, self.next + chunk)
-            ]
-            search.insert_trials(self.conn, self.run_id, DEVICE_CLASS, batch)
-            self.next += chunk
-            missing -= chunk
+    def fill(self) -> None:
+        with self._lock:
+            missing = 2 * self.level - bq.open_trials(self.conn, [self.run_id])
+            if missing <= self.level:
+                return
+            while missing > 0:
+                chunk = min(missing, 20000)
+                batch = [
+                    {"config": {"i": i}, "config_hash": f"raw-{i}"}
+                    for i in range(self.next, self.next + chunk)
+                ]
+                search.insert_trials(self.conn, self.run_id, DEVICE_CLASS, batch)
+                self.next += chunk
+                self.inserted_batches += 1
+                missing -= chunk
+
+    def set_level(self, level: int) -> None:
+        self.level = level
+        self.fill()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(0.02):
+            self.fill()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(5)
+        self.conn.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -271,43 +312,43 @@ def main(argv: list[str] | None = None) -> int:
         "machine": h.machine(),
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
         "cells": [],
+        "ping": [],
+        "backlog_sweep": [],
     }
     started = time.monotonic()
-    with h.database(args.db) as url, connect(url) as conn:
+    with h.database(args.db) as url:
         out["postgresql"] = h.server_version(url)
-        supply = Supply(conn)
-        supply.ensure(5000)
+        feeder = Feeder(url, args.backlog)
+        feeder.start()
         clients = Clients(url, max(counts))
         try:
-            best_rate = 500.0
             for k in batches:
                 for n in counts:
                     cell: dict[str, Any] = {"clients": n, "batch": k}
                     samples: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+                    latency: dict[str, dict[str, list[float]]] = {
+                        m: {"claim_ms": [], "complete_ms": []} for m in MODES
+                    }
                     order = [  # ABBA...: tunefleet, raw, raw, tunefleet, ...
                         mode
                         for pair in range(args.repeat)
                         for mode in (MODES if pair % 2 == 0 else MODES[::-1])
                     ]
                     for mode in order:
-                        supply.ensure(int(best_rate * args.seconds * 2) + 20 * k * n + 1000)
                         cpu = h.CpuMeter()
                         cpu.start()
                         replies = clients.run(n, mode, k, args.seconds)
                         busy = cpu.stop()
                         cycles = sum(r["cycles"] for r in replies)
                         rate = cycles / args.seconds
-                        best_rate = max(best_rate, rate)
+                        for key in ("claim_ms", "complete_ms"):
+                            latency[mode][key] += [x for r in replies for x in r[key]]
                         samples[mode].append(
                             {
                                 "rate": rate,
                                 "cycles": cycles,
                                 "empty_claims": sum(r["empty"] for r in replies),
                                 "cpu_busy": busy,
-                                "claim_ms": h.summary([x for r in replies for x in r["claim_ms"]]),
-                                "complete_ms": h.summary(
-                                    [x for r in replies for x in r["complete_ms"]]
-                                ),
                             }
                         )
                         print(
@@ -321,11 +362,42 @@ def main(argv: list[str] | None = None) -> int:
                             "rate": sum(rates) / len(rates),
                             "rates": rates,
                             "runs": samples[mode],
+                            "claim_ms": h.summary(latency[mode]["claim_ms"]),
+                            "complete_ms": h.summary(latency[mode]["complete_ms"]),
                         }
                     cell["ratio"] = cell["tunefleet"]["rate"] / max(cell["raw"]["rate"], 1e-9)
                     out["cells"].append(cell)
+            for n in counts:
+                replies = clients.run(n, "ping", 1, args.seconds)
+                trips = sum(r["cycles"] for r in replies)
+                out["ping"].append(
+                    {
+                        "clients": n,
+                        "rate": trips / args.seconds,
+                        "latency_ms": h.summary([x for r in replies for x in r["claim_ms"]]),
+                    }
+                )
+                print(
+                    f"[{h.elapsed(started)}] clients {n:2d}: SELECT 1 {trips / args.seconds:8.0f}"
+                    "/s",
+                    flush=True,
+                )
+            for level in [int(x) for x in args.backlogs.split(",") if x.strip()]:
+                feeder.set_level(level)
+                (reply,) = clients.run(1, "tunefleet", 1, args.seconds)
+                claim = h.summary(reply["claim_ms"])
+                out["backlog_sweep"].append(
+                    {"backlog": level, "rate": reply["cycles"] / args.seconds, "claim_ms": claim}
+                )
+                print(
+                    f"[{h.elapsed(started)}] backlog {level:6d}: claim median "
+                    f"{claim.get('median', float('nan')):.2f} ms",
+                    flush=True,
+                )
         finally:
             clients.close()
+            feeder.stop()
+    floor = {p["clients"]: p["latency_ms"].get("median") for p in out["ping"]}
     rows = [
         [
             c["batch"],
@@ -333,10 +405,11 @@ def main(argv: list[str] | None = None) -> int:
             h.fmt(c["tunefleet"]["rate"], 0),
             h.fmt(c["raw"]["rate"], 0),
             h.fmt(c["ratio"], 2),
-            h.fmt(c["tunefleet"]["runs"][0]["claim_ms"].get("median"), 2),
-            h.fmt(c["tunefleet"]["runs"][0]["complete_ms"].get("median"), 2),
-            h.fmt(c["raw"]["runs"][0]["claim_ms"].get("median"), 2),
-            h.fmt(c["raw"]["runs"][0]["complete_ms"].get("median"), 2),
+            h.fmt(c["tunefleet"]["claim_ms"].get("median"), 2),
+            h.fmt(c["tunefleet"]["complete_ms"].get("median"), 2),
+            h.fmt(c["raw"]["claim_ms"].get("median"), 2),
+            h.fmt(c["raw"]["complete_ms"].get("median"), 2),
+            h.fmt(floor.get(c["clients"]), 2),
         ]
         for c in out["cells"]
     ]
@@ -353,10 +426,27 @@ def main(argv: list[str] | None = None) -> int:
                 "tf complete ms",
                 "raw claim ms",
                 "raw complete ms",
+                "SELECT 1 ms",
             ],
             rows,
         )
     )
+    if out["backlog_sweep"]:
+        print()
+        print(
+            h.table(
+                ["pending backlog", "claim median ms", "claim p99 ms", "cycles/s (1 client)"],
+                [
+                    [
+                        f"{b['backlog']}-{2 * b['backlog']}",
+                        h.fmt(b["claim_ms"].get("median"), 2),
+                        h.fmt(b["claim_ms"].get("p99"), 2),
+                        h.fmt(b["rate"], 0),
+                    ]
+                    for b in out["backlog_sweep"]
+                ],
+            )
+        )
     h.write_json(NAME, out, args.out)
     return 0
 

@@ -83,3 +83,23 @@ def test_worker_memory_smoke(db_url: str, tmp_path: Path) -> None:
     roles = {p["role"] for p in data["samples"][-1]["processes"]}
     assert {"worker", "device process"} <= roles
     assert data["verdict"] in ("flat", "grows")
+
+
+def test_coordinator_rate_smoke(db_url: str, tmp_path: Path) -> None:
+    data = run_script(
+        "coordinator_rate.py",
+        db_url,
+        tmp_path / "coord.json",
+        "--clients", "2", "--trials", "30", "--tuner-batches", "4",
+        "--latency-trials", "8", "--latency-clients", "1", "--latency-delay", "0.02",
+    )  # fmt: skip
+    (alone,) = data["tuner_alone"]
+    assert alone["suggestions"] == 30 and alone["suggestions_per_s"] > 0
+    (rate,) = data["rate"]
+    assert rate["evaluations"] >= 30 and rate["stop_reason"]
+    assert rate["ask"]["suggestions"] >= 30
+    latency = data["latency"]
+    assert latency["evaluations"] >= 8
+    # Every completion but the last few is followed by a newly enqueued trial.
+    assert latency["latency_ms"]["n"] >= 4
+    assert latency["latency_ms"]["median"] >= 0

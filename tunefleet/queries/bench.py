@@ -71,3 +71,23 @@ def trial_ids(conn: psycopg.Connection[Any], run_ids: Sequence[int]) -> list[int
         {"runs": list(run_ids)},
     ).fetchall()
     return [int(r["id"]) for r in rows]
+
+
+def ping(conn: psycopg.Connection[Any]) -> None:
+    """The cheapest round trip (``SELECT 1``): the floor under every statement's latency on
+    this machine and connection. Locks: none."""
+    conn.execute("SELECT 1").fetchone()
+
+
+def trial_times(conn: psycopg.Connection[Any], run_ids: Sequence[int]) -> list[Row]:
+    """Every trial of these runs with its state and database-clock timestamps
+    (``created_at``, ``started_at``, ``finished_at``), in id order. Locks: none."""
+    rows = conn.execute(
+        """
+        SELECT id, state, created_at, started_at, finished_at FROM tunefleet.trial
+         WHERE run_id = ANY(%(runs)s)
+         ORDER BY id
+        """,
+        {"runs": list(run_ids)},
+    ).fetchall()
+    return [dict(r) for r in rows]
