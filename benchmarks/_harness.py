@@ -171,7 +171,7 @@ def process_memory(pid: int) -> dict[str, float]:
 
 def tree_memory(pid: int) -> dict[str, Any]:
     """Memory of a process and its descendants: per process and summed."""
-    procs = []
+    procs: list[dict[str, Any]] = []
     for p in descendants(pid):
         mem = process_memory(p)
         try:
@@ -180,7 +180,7 @@ def tree_memory(pid: int) -> dict[str, Any]:
         except OSError:
             continue
         procs.append({"pid": p, "name": name, "cmd": cmd.strip(), **mem})
-    total = {k: sum(p[k] for p in procs) for k in ("rss", "pss", "hwm")}
+    total = {k: sum(float(p[k]) for p in procs) for k in ("rss", "pss", "hwm")}
     return {"processes": procs, "count": len(procs), **total}
 
 

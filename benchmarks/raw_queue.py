@@ -131,7 +131,7 @@ def client_main(url: str, pipe: multiprocessing.connection.Connection) -> None:
 
     def record(k: int) -> tuple[Any, Any, Any, Any]:
         """One real cycle through tunefleet's functions, recording both statements."""
-        rec = _Recorder(tf)
+        rec: Any = _Recorder(tf)  # stands in for the connection
         claims = queue.claim_trials(
             rec, worker_id=worker_id, device_classes=[DEVICE_CLASS], limit=k, lease_s=LEASE_S
         )

@@ -91,3 +91,32 @@ def trial_times(conn: psycopg.Connection[Any], run_ids: Sequence[int]) -> list[R
         {"runs": list(run_ids)},
     ).fetchall()
     return [dict(r) for r in rows]
+
+
+def state_counts(conn: psycopg.Connection[Any], run_ids: Sequence[int]) -> dict[str, int]:
+    """How many trials of these runs are in each state. Locks: none."""
+    rows = conn.execute(
+        """
+        SELECT state, count(*) AS n FROM tunefleet.trial
+         WHERE run_id = ANY(%(runs)s)
+         GROUP BY state
+        """,
+        {"runs": list(run_ids)},
+    ).fetchall()
+    return {str(r["state"]): int(r["n"]) for r in rows}
+
+
+def measurements(conn: psycopg.Connection[Any], run_ids: Sequence[int]) -> list[Row]:
+    """The measured numbers of these runs' trials (``median_s``, ``gflops``, ``gbps``,
+    ``compile_s``, ``byte_count``, ``config``), fastest first. Locks: none."""
+    rows = conn.execute(
+        """
+        SELECT trial_id, config, median_s, min_s, gflops, gbps, compile_s, byte_count,
+               flop_count
+          FROM tunefleet.measurement
+         WHERE run_id = ANY(%(runs)s)
+         ORDER BY median_s, trial_id
+        """,
+        {"runs": list(run_ids)},
+    ).fetchall()
+    return [dict(r) for r in rows]
