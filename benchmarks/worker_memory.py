@@ -69,7 +69,7 @@ def label(processes: list[dict[str, Any]], worker_pid: int) -> list[dict[str, An
         elif "resource_tracker" in proc["cmd"]:
             name = "resource tracker"
         elif "spawn_main" in proc["cmd"]:
-            name = "device process" if spawned == 0 else f"codegen process {spawned}"
+            name = "device process" if spawned == 0 else f"code-generation process {spawned}"
             spawned += 1
         else:
             name = proc["name"]
