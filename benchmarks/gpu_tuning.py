@@ -222,6 +222,7 @@ def tune(
                 states = bq.state_counts(conn, [run_id])
                 rows = bq.measurements(conn, [run_id])
                 best = search.best_of_run(conn, run_id)
+                failures = bq.failure_reasons(conn, [run_id])
             compile_s = [float(r["compile_s"]) for r in rows if r["compile_s"] is not None]
             out.update(
                 {
@@ -237,6 +238,7 @@ def tune(
                     "best_gbps": best["gbps"] if best else None,
                     "byte_count": rows[0]["byte_count"] if rows else None,
                     "compile_s": h.summary(compile_s),
+                    "failures": [{**f, "error": f["error"][:300]} for f in failures[:10]],
                     "top5": [
                         {k: r[k] for k in ("config", "median_s", "gflops", "gbps")}
                         for r in rows[:5]
@@ -403,11 +405,14 @@ def part_gemm(clock: Clock, args: argparse.Namespace, devices: list[Any]) -> dic
     loopy = outcome.gflops
     cublas = out["cublas"].get("cublas_gflops")
     out["ratio_to_cublas"] = loopy / cublas if loopy and cublas else None
-    say(
-        clock,
-        f"gemm: best {loopy or 0:.0f} GFLOP/s, cuBLAS {cublas or 0:.0f} GFLOP/s, ratio "
-        f"{out['ratio_to_cublas'] or 0:.3f}",
-    )
+    if cublas:
+        say(
+            clock,
+            f"gemm: best {loopy or 0:.0f} GFLOP/s, cuBLAS {cublas:.0f} GFLOP/s, ratio "
+            f"{out['ratio_to_cublas'] or 0:.3f}",
+        )
+    else:
+        say(clock, f"gemm: best {loopy or 0:.0f} GFLOP/s; cuBLAS unavailable ({out['cublas']})")
     return out
 
 

@@ -120,3 +120,19 @@ def measurements(conn: psycopg.Connection[Any], run_ids: Sequence[int]) -> list[
         {"runs": list(run_ids)},
     ).fetchall()
     return [dict(r) for r in rows]
+
+
+def failure_reasons(conn: psycopg.Connection[Any], run_ids: Sequence[int]) -> list[Row]:
+    """Unsuccessful trials of these runs by state and error text (``state``, ``error``,
+    ``trials``), most frequent first. Locks: none."""
+    rows = conn.execute(
+        """
+        SELECT state, coalesce(error, '') AS error, count(*) AS trials
+          FROM tunefleet.trial
+         WHERE run_id = ANY(%(runs)s) AND state IN ('invalid', 'failed', 'timed_out')
+         GROUP BY state, error
+         ORDER BY count(*) DESC, state
+        """,
+        {"runs": list(run_ids)},
+    ).fetchall()
+    return [dict(r) for r in rows]
