@@ -21,7 +21,8 @@ Parts (``--parts``, comma list):
                GPUs.
 
 Every tuning run gets a fresh embedded server (so no run answers another's configurations from
-the cache). One JSON per part (``gpu_gemm.json``, ``gpu_face_mass.json``, ``gpu_workers.json``)
+the cache) and starts from the problem's default configuration as its first trial, as a user
+seeds a run with ``--seed-config`` (``--no-seed``: from nothing). One JSON per part (``gpu_gemm.json``, ``gpu_face_mass.json``, ``gpu_workers.json``)
 is written as soon as the part ends, to ``--out``, else ``$OUT``, else ``benchmarks/results``.
 A part that fails records its error and the next one runs. Each tuning run costs about
 ``--budget`` plus a minute (start-up, shutdown); ``--deadline`` skips what would not finish in
@@ -92,6 +93,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="OpenCL device type to use: gpu (default) or any (e.g. a CPU device, for trying "
         "the script without a GPU)",
     )
+    p.add_argument(
+        "--no-seed",
+        action="store_true",
+        help="start the search from nothing (default: the problem's default configuration is "
+        "the first trial, as a user seeds it with --seed-config)",
+    )
     p.add_argument("--out", default=None, help="folder for the JSON files")
     return p.parse_args(argv)
 
@@ -153,11 +160,13 @@ def tune(
     *,
     prefetch: int | None = None,
     prepare_workers: int | None = None,
+    seed_default: bool = True,
 ) -> dict[str, Any]:
     """Tune ``problem`` for ``budget`` seconds with one worker per device, each run on a
     fresh embedded server. Returns the numbers, or what is known and ``error``."""
     from coordinator.engine import Coordinator, create_run
     from coordinator.settings import CoordinatorSettings
+    from tunefleet.problems.registry import get_problem
 
     log_dir = Path(tempfile.mkdtemp(prefix=f"tunefleet-gpu-{label}-"))
     out: dict[str, Any] = {
@@ -170,6 +179,11 @@ def tune(
         "prefetch": prefetch,
         "prepare_workers": prepare_workers,
     }
+    seeds = []
+    if seed_default:
+        prob = get_problem(problem)
+        seeds = [prob.default_config(prob.normalise_args(problem_args))]
+        out["seed"] = seeds[0]
     fleet: list[WorkerProcess] = []
     try:
         with h.database(None) as url:
@@ -200,6 +214,7 @@ def tune(
                 name=label,
                 max_seconds=budget,
                 depth_factor=depth,
+                seed_configs=seeds,
             )
             last = [0.0]
 
@@ -237,6 +252,9 @@ def tune(
                     "best_gflops": best["gflops"] if best else None,
                     "best_gbps": best["gbps"] if best else None,
                     "byte_count": rows[0]["byte_count"] if rows else None,
+                    "seed_gflops": next(
+                        (r["gflops"] for r in rows if seeds and r["config"] == seeds[0]), None
+                    ),
                     "compile_s": h.summary(compile_s),
                     "failures": [{**f, "error": f["error"][:300]} for f in failures[:10]],
                     "top5": [
@@ -384,7 +402,9 @@ def opencl_copy_gbps(device: Any, nbytes: int) -> float:
 def part_gemm(clock: Clock, args: argparse.Namespace, devices: list[Any]) -> dict[str, Any]:
     gemm_args = parse_kv(args.gemm_args, GEMM_ARGS)
     out: dict[str, Any] = {"part": "gemm"}
-    out["tuning"] = tune(clock, "gemm", "gemm", gemm_args, devices[:1], args.budget)
+    out["tuning"] = tune(
+        clock, "gemm", "gemm", gemm_args, devices[:1], args.budget, seed_default=not args.no_seed
+    )
     config = out["tuning"].get("best_config")
     if config is None:
         out["error"] = out["tuning"].get("error") or "no configuration was measured"
@@ -428,6 +448,7 @@ def part_face_mass(clock: Clock, args: argparse.Namespace, devices: list[Any]) -
         args.budget,
         prefetch=args.prefetch,
         prepare_workers=args.prepare_workers,
+        seed_default=not args.no_seed,
     )
     if clock.fits(args.budget + RUN_OVERHEAD_S):
         out["one_at_a_time"] = tune(
@@ -439,6 +460,7 @@ def part_face_mass(clock: Clock, args: argparse.Namespace, devices: list[Any]) -
             args.budget,
             prefetch=0,
             prepare_workers=0,
+            seed_default=not args.no_seed,
         )
     else:
         out["one_at_a_time"] = {"skipped": "deadline"}
@@ -487,7 +509,15 @@ def part_workers(clock: Clock, args: argparse.Namespace, devices: list[Any]) -> 
                 out["runs"].append({"problem": problem, "workers": n, "skipped": "deadline"})
                 continue
             out["runs"].append(
-                tune(clock, f"{problem}-x{n}", problem, problem_args, devices[:n], args.budget)
+                tune(
+                    clock,
+                    f"{problem}-x{n}",
+                    problem,
+                    problem_args,
+                    devices[:n],
+                    args.budget,
+                    seed_default=not args.no_seed,
+                )
             )
         one = next(
             (r for r in out["runs"] if r.get("problem") == problem and r.get("workers") == 1),
