@@ -22,8 +22,9 @@ Parts (``--parts``, comma list):
 
 Every tuning run gets a fresh embedded server (so no run answers another's configurations from
 the cache) and starts from the problem's default configuration as its first trial, as a user
-seeds a run with ``--seed-config`` (``--no-seed``: from nothing). One JSON per part (``gpu_gemm.json``, ``gpu_face_mass.json``, ``gpu_workers.json``)
-is written as soon as the part ends, to ``--out``, else ``$OUT``, else ``benchmarks/results``.
+seeds a run with ``--seed-config`` (``--no-seed``: from nothing). One JSON per part
+(``gpu_gemm.json``, ``gpu_face_mass.json``, ``gpu_workers.json``) is written as soon as the
+part ends, to ``--out``, else ``$OUT``, else ``benchmarks/results``.
 A part that fails records its error and the next one runs. Each tuning run costs about
 ``--budget`` plus a minute (start-up, shutdown); ``--deadline`` skips what would not finish in
 time.
