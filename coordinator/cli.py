@@ -1,9 +1,177 @@
-"""Subcommands of ``tunefleet`` that belong to the coordinator."""
+"""``tunefleet coordinator``: create (or resume) a run and drive its search until it stops.
+
+Progress goes to stderr, one line every few seconds; the outcome goes to stdout: the run id,
+why it stopped, and the best configuration as JSON. The engine is imported only when the
+command runs, so ``tunefleet --help`` stays fast and OpenTuner-free.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import signal
+import sys
+import time
+from types import FrameType
+from typing import Any
+
+from tunefleet.cli.db import add_db_flag
+from tunefleet.errors import UsageError
+
+#: Flags that describe a new run, refused together with --resume.
+_NEW_RUN_FLAGS = {
+    "problem": "PROBLEM",
+    "size": "--size",
+    "dtype": "--dtype",
+    "device_class": "--device-class",
+    "seed_config": "--seed-config",
+    "warm_start_from": "--warm-start-from",
+}
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add the coordinator's subcommands (none yet)."""
+    """Add ``tunefleet coordinator``."""
+    p = sub.add_parser(
+        "coordinator",
+        help="run the search of a tuning run (create it, or --resume one)",
+        description="Create a tuning run and drive its OpenTuner search through the queue "
+        "until a stop rule holds; workers started anywhere measure the trials.",
+    )
+    p.add_argument(
+        "problem",
+        nargs="?",
+        metavar="PROBLEM",
+        help="built-in problem name, path/to/problem.py[:Class] or module:attr",
+    )
+    p.add_argument(
+        "--size",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="problem argument, repeatable (e.g. --size n=1024 --size m=512)",
+    )
+    p.add_argument("--dtype", help="element type, e.g. float32")
+    p.add_argument(
+        "--device-class",
+        metavar="CLASS",
+        help="device class the run targets (default: 'any' for problems without OpenCL, "
+        "else the class of the live workers when they agree)",
+    )
+    p.add_argument("--name", help="a label for the run")
+    p.add_argument("--max-trials", type=int, metavar="N", help="stop after N finished trials")
+    p.add_argument(
+        "--max-time", type=float, metavar="S", help="stop S seconds after the run was created"
+    )
+    p.add_argument(
+        "--target", type=float, metavar="GFLOPS", help="stop once a trial reaches this GFLOP/s"
+    )
+    p.add_argument(
+        "--patience", type=int, metavar="K", help="stop after K trials without improvement"
+    )
+    p.add_argument(
+        "--seed-config",
+        action="append",
+        default=[],
+        metavar="JSON|FILE",
+        help="start from this configuration (a JSON object or list, or a .json file); repeatable",
+    )
+    p.add_argument(
+        "--warm-start-from",
+        metavar="CLASS",
+        help="seed with the best configurations of the same problem on another device class",
+    )
+    p.add_argument(
+        "--technique",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="OpenTuner search technique (default AUCBanditMetaTechniqueA); repeatable",
+    )
+    p.add_argument("--resume", type=int, metavar="RUN", help="continue run RUN")
+    add_db_flag(p)
+    p.set_defaults(func=_coordinator)
+
+
+def _coordinator(args: argparse.Namespace) -> int:
+    from coordinator.settings import CoordinatorSettings, parse_seed_configs, parse_size
+
+    if args.resume is not None:
+        given = [flag for dest, flag in _NEW_RUN_FLAGS.items() if getattr(args, dest)]
+        if given:
+            raise UsageError(
+                f"--resume continues run {args.resume} as it was created; drop {given[0]} "
+                "(budget flags may change)"
+            )
+    problem_args: dict[str, Any] = dict(parse_size(s) for s in args.size)
+    if args.dtype:
+        problem_args["dtype"] = args.dtype
+    seeds = [c for text in args.seed_config for c in parse_seed_configs(text)]
+    settings = CoordinatorSettings.build(
+        problem=args.problem,
+        problem_args=problem_args,
+        device_class=args.device_class,
+        name=args.name,
+        seed_configs=seeds,
+        warm_start_from=args.warm_start_from,
+        techniques=args.technique,
+        resume=args.resume,
+        max_trials=args.max_trials,
+        max_seconds=args.max_time,
+        target_gflops=args.target,
+        patience=args.patience,
+    )
+
+    from tunefleet.db.engine import database_url
+    from tunefleet.settings import DatabaseSettings
+
+    url = database_url(DatabaseSettings.build(args.db, application_name="tunefleet-coordinator"))
+
+    from coordinator.engine import Coordinator, Progress, create_run
+
+    coordinator = Coordinator(settings, url)
+    run_id = settings.resume if settings.resume is not None else create_run(settings, url)
+    if settings.resume is None:
+        print(f"created run {run_id}", file=sys.stderr, flush=True)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        # First signal: stop cleanly (cancel pending, mark stopped). Second: the default.
+        signal.signal(signum, signal.SIG_DFL)
+        coordinator.request_stop()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+
+    last = [0.0]
+
+    def progress(p: Progress) -> None:
+        now = time.monotonic()
+        if now - last[0] < 2.0:
+            return
+        last[0] = now
+        best = "-" if p.best_seconds is None else f"{p.best_seconds * 1e3:.4g} ms"
+        if p.best_gflops is not None:
+            best += f" ({p.best_gflops:.4g} GFLOP/s)"
+        print(
+            f"run {p.run_id}: {p.finished} trials ({p.cached} cached, {p.failed} failed), "
+            f"{p.in_flight} in flight for {p.live_workers} workers, best {best}, "
+            f"{p.elapsed_s:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    result = coordinator.run(run_id, progress_callback=progress)
+    from coordinator.rules import STOP_REASONS
+
+    why = STOP_REASONS.get(result.stop_reason, result.stop_reason)
+    print(f"run {result.run_id} {result.state}: {why} ({result.stop_reason})")
+    print(
+        f"trials: {result.trials} ({result.cached} cached, {result.failed} failed), "
+        f"{result.cancelled} pending cancelled"
+    )
+    if result.best_config is None:
+        print("best: none measured")
+    else:
+        gflops = "" if result.best_gflops is None else f", {result.best_gflops:.4g} GFLOP/s"
+        print(f"best: {result.best_median_s:.6g} s{gflops} (trial {result.best_trial_id})")
+        print(json.dumps(result.best_config, sort_keys=True))
+    return 0

@@ -1,0 +1,584 @@
+"""Owns the coordinator loop: create or resume a run, keep its queue filled with OpenTuner's
+suggestions, feed outcomes back, apply the stop rules, report the best configuration.
+
+Public API (what ``tunefleet coordinator`` and ``tunefleet tune`` call)::
+
+    run_id = create_run(settings, db_url)                  # validate, store, enqueue seeds
+    result = Coordinator(settings, db_url).run(run_id, progress_callback=print)
+    result.best_config, result.stop_reason
+
+One loop iteration, with a handful of statements however many trials move:
+
+1. read finished-but-unreported trials (one UPDATE ... RETURNING) and tell OpenTuner;
+   ``invalid``, ``failed`` and ``timed_out`` are told as infinitely slow;
+2. check the stop rules (:mod:`coordinator.rules`);
+3. top the queue up to its target depth: ask OpenTuner for the missing number of
+   configurations (no database work per suggestion), answer repeats from the run's own
+   outcomes, answer cache hits from the database in one statement, insert the rest in one
+   statement with one NOTIFY;
+4. sleep ``poll_s`` when nothing happened.
+
+Only the coordinator holding the run's advisory lock drives it; a second one gets
+:class:`~tunefleet.errors.RunError`. After a crash, :meth:`Coordinator.run` on the same run
+re-learns every finished trial, adopts pending and running ones, and enqueues nothing the run
+already has.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from coordinator.mapping import SpaceMapping
+from coordinator.rules import Budget, RunStats, queue_target, stop_reason, trial_timeout
+from coordinator.settings import CoordinatorSettings
+from tunefleet.db.engine import connect
+from tunefleet.devices import ANY_DEVICE_CLASS
+from tunefleet.errors import InvalidConfiguration, ProblemError, RunError, UsageError
+from tunefleet.problems.base import Protocol, cache_key
+from tunefleet.queries import search as q
+from tunefleet.settings import DatabaseSettings
+from tunefleet.space import Config, Space, config_hash
+
+_log = logging.getLogger(__name__)
+
+#: Spaces up to this size are enumerated when the search stalls; larger ones are sampled.
+_ENUMERATE_LIMIT = 50_000
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A snapshot handed to ``progress_callback`` whenever the run moved."""
+
+    run_id: int
+    finished: int
+    cached: int
+    failed: int
+    in_flight: int
+    live_workers: int
+    queue_target: int
+    elapsed_s: float
+    best_seconds: float | None
+    best_gflops: float | None
+    best_config: Config | None
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """How a run ended. ``state`` is ``finished`` (a stop rule) or ``stopped`` (the user)."""
+
+    run_id: int
+    state: str
+    stop_reason: str
+    trials: int
+    cached: int
+    failed: int
+    cancelled: int
+    best_config: Config | None
+    best_median_s: float | None
+    best_gflops: float | None
+    best_trial_id: int | None
+
+
+# --- run creation ---------------------------------------------------------------------------
+def create_run(
+    settings: CoordinatorSettings, db_url: str, db_settings: DatabaseSettings | None = None
+) -> int:
+    """Validate the problem, arguments, protocol and seeds, store a new run and enqueue its
+    seed configurations (answering cached ones from the database). Returns the run id.
+
+    Every check happens before anything is written: bad input raises a
+    :class:`~tunefleet.errors.TunefleetError` naming the bad thing and leaves no run behind.
+    Does not import pyopencl or loopy (problem modules keep those inside their builders)."""
+    from tunefleet.problems.registry import get_problem
+
+    if not settings.problem:
+        raise UsageError("name a PROBLEM to create a run for")
+    problem = get_problem(settings.problem)
+    args = problem.normalise_args(settings.problem_args)
+    space = problem.space(args)
+    SpaceMapping(space)  # a space the search cannot represent fails here, not mid-run
+    protocol = _protocol(settings.protocol)
+    seeds = [_checked_seed(space, config, i) for i, config in enumerate(settings.seed_configs)]
+
+    with connect(db_url, db_settings or _db_settings(db_url)) as conn:
+        device_class = settings.device_class or _default_device_class(
+            conn, problem.needs_opencl, settings
+        )
+        if settings.warm_start_from:
+            seeds += _warm_start_seeds(conn, settings, settings.problem, args, space)
+        key = cache_key(settings.problem, args, device_class, protocol)
+        search = {
+            "techniques": list(settings.techniques),
+            "depth_factor": settings.depth_factor,
+            "min_depth": settings.min_depth,
+            "seeds": len(seeds),
+            "warm_start_from": settings.warm_start_from,
+        }
+        with conn.transaction():
+            run_id = q.insert_run(
+                conn,
+                name=settings.name,
+                problem=settings.problem,
+                problem_args=args,
+                space=space.to_json(),
+                device_class=device_class,
+                protocol=protocol,
+                cache_key=key,
+                search=search,
+                max_trials=settings.max_trials,
+                max_seconds=settings.max_seconds,
+                target_gflops=settings.target_gflops,
+                patience=settings.patience,
+            )
+            unique = {config_hash(c): c for c in seeds}
+            hits = q.insert_cached_trials(conn, run_id, device_class, key, list(unique))
+            for hit in hits:
+                unique.pop(hit["config_hash"], None)
+            q.insert_trials(
+                conn,
+                run_id,
+                device_class,
+                [{"config": c, "config_hash": h, "source": "seed"} for h, c in unique.items()],
+                max_attempts=settings.max_attempts,
+            )
+    _log.info("created run %d (%s, class %s, %d seeds)", run_id, key, device_class, len(seeds))
+    return run_id
+
+
+def _db_settings(db_url: str) -> DatabaseSettings:
+    return DatabaseSettings(url=db_url, application_name="tunefleet-coordinator")
+
+
+def _protocol(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    base = Protocol().to_json()
+    unknown = sorted(set(overrides) - set(base))
+    if unknown:
+        raise UsageError(
+            f"unknown measurement protocol setting {unknown[0]!r}; use one of {sorted(base)}"
+        )
+    return Protocol.from_json({**base, **overrides}).to_json()
+
+
+def _checked_seed(space: Space, config: Mapping[str, Any], index: int) -> Config:
+    try:
+        return space.check(config)
+    except InvalidConfiguration as exc:
+        raise UsageError(f"seed configuration {index + 1}: {exc}") from None
+
+
+def _default_device_class(
+    conn: psycopg.Connection[Any], needs_opencl: bool, settings: CoordinatorSettings
+) -> str:
+    if not needs_opencl:
+        return ANY_DEVICE_CLASS
+    classes = q.live_worker_classes(conn, settings.worker_alive_s)
+    if len(classes) == 1:
+        return classes[0]
+    serving = f"live workers serve {', '.join(classes)}" if classes else "no live workers yet"
+    raise UsageError(
+        f"problem {settings.problem!r} is timed on OpenCL devices: name the device class with "
+        f"--device-class ({serving}; a class is the device name as a slug, e.g. nvidia-h200)"
+    )
+
+
+def _warm_start_seeds(
+    conn: psycopg.Connection[Any],
+    settings: CoordinatorSettings,
+    problem: str,
+    args: Mapping[str, Any],
+    space: Space,
+) -> list[Config]:
+    source = settings.warm_start_from or ""
+    rows = q.warm_start_configs(conn, problem, args, source, settings.warm_start_count)
+    seeds = []
+    for row in rows:
+        try:
+            seeds.append(space.check(row["config"]))
+        except InvalidConfiguration:
+            continue  # measured under an older space definition
+    if not seeds:
+        known = q.measured_device_classes(conn, problem, args)
+        choices = f"classes with results: {', '.join(known)}" if known else "none has results"
+        raise UsageError(
+            f"--warm-start-from {source!r}: no measurements of {problem!r} with these "
+            f"arguments on that device class ({choices})"
+        )
+    return seeds
+
+
+# --- the loop -------------------------------------------------------------------------------
+@dataclass
+class _Flight:
+    """A trial of the run that is pending or running, and who in OpenTuner awaits it."""
+
+    trial_id: int
+    config: Config
+    suggestions: list[Any] = field(default_factory=list)
+
+
+class Coordinator:
+    """Drives one run at a time. ``request_stop()`` may be called from any thread (or a
+    signal handler): the loop then cancels pending trials and marks the run ``stopped``."""
+
+    def __init__(
+        self,
+        settings: CoordinatorSettings,
+        db_url: str,
+        db_settings: DatabaseSettings | None = None,
+    ) -> None:
+        self.settings = settings
+        self.db_url = db_url
+        self.db_settings = db_settings or _db_settings(db_url)
+        self.coordinator_id = uuid.uuid4()
+        self._stop = threading.Event()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def run(
+        self,
+        run_id: int | None = None,
+        progress_callback: Callable[[Progress], None] | None = None,
+    ) -> RunResult:
+        """Drive ``run_id`` (default: ``settings.resume``, else a run created from the
+        settings) until a stop rule holds or a stop is requested."""
+        if run_id is None:
+            run_id = self.settings.resume
+        if run_id is None:
+            run_id = create_run(self.settings, self.db_url, self.db_settings)
+        with connect(self.db_url, self.db_settings) as conn:
+            self._own(conn, run_id)
+            try:
+                return _Session(self, conn, run_id, progress_callback).drive()
+            finally:
+                try:
+                    q.unlock_run(conn, run_id)
+                except psycopg.Error:
+                    pass  # the connection is gone, and the lock with it
+
+    def _own(self, conn: psycopg.Connection[Any], run_id: int) -> None:
+        run = q.get_run(conn, run_id)
+        if run is None:
+            raise RunError(f"run {run_id} does not exist; check the id with `tunefleet status`")
+        if not q.try_lock_run(conn, run_id):
+            beat = run["coordinator_heartbeat_at"]
+            raise RunError(
+                f"run {run_id} is already driven by coordinator {run['coordinator_id']} "
+                f"(last heartbeat {beat:%Y-%m-%d %H:%M:%S %Z}); stop that one first"
+                if beat is not None
+                else f"run {run_id} is already driven by another coordinator; stop that one first"
+            )
+
+
+class _Session:
+    """The state of one coordinator driving one run (lives for one :meth:`Coordinator.run`)."""
+
+    def __init__(
+        self,
+        owner: Coordinator,
+        conn: psycopg.Connection[Any],
+        run_id: int,
+        progress_callback: Callable[[Progress], None] | None,
+    ) -> None:
+        s = owner.settings
+        self.owner = owner
+        self.settings = s
+        self.conn = conn
+        self.run_id = run_id
+        self.progress_callback = progress_callback
+        row = q.take_run(
+            conn,
+            run_id,
+            owner.coordinator_id,
+            max_trials=s.max_trials,
+            max_seconds=s.max_seconds,
+            target_gflops=s.target_gflops,
+            patience=s.patience,
+        )
+        if row is None:
+            raise RunError(f"run {run_id} disappeared while it was being taken over")
+        self.device_class: str = row["device_class"]
+        self.cache_key: str = row["cache_key"]
+        self.protocol: dict[str, Any] = dict(row["protocol"] or {})
+        self.budget = Budget(
+            max_trials=row["max_trials"],
+            max_seconds=row["max_seconds"],
+            target_gflops=row["target_gflops"],
+            patience=row["patience"],
+        )
+        try:
+            self.space = Space.from_json(row["space"])
+        except ProblemError as exc:
+            raise RunError(f"run {run_id} has an unreadable space: {exc}") from None
+        self.space_size = self.space.size()
+        techniques = s.techniques or tuple((row["search"] or {}).get("techniques") or ())
+        from coordinator.tuner import Tuner
+
+        self.tuner = Tuner(self.space, techniques)
+        self.stats = RunStats()
+        self.flights: dict[str, _Flight] = {}
+        self.live_workers = 0
+        self.target = 0
+        self._elapsed_at = (float(row["elapsed_s"]), time.monotonic())
+        self._rng = random.Random(run_id)
+
+    # --- life cycle ---------------------------------------------------------------------
+    def drive(self) -> RunResult:
+        try:
+            self._resume()
+            return self._loop()
+        finally:
+            self.tuner.close()
+
+    def _resume(self) -> None:
+        """Adopt the run's queue and re-learn its outcomes (a fresh run has only seeds)."""
+        for row in q.in_flight_trials(self.conn, self.run_id):
+            self.flights[row["config_hash"]] = _Flight(row["id"], row["config"])
+        self._absorb(q.reported_outcomes(self.conn, self.run_id))
+        self._absorb(q.fetch_unreported(self.conn, self.run_id))
+        if self.stats.finished or self.flights:
+            _log.info(
+                "run %d: resumed with %d outcomes and %d trials in flight",
+                self.run_id,
+                self.stats.finished,
+                len(self.flights),
+            )
+
+    def _loop(self) -> RunResult:
+        s = self.settings
+        last_beat = last_live = last_progress = -1e9
+        reason: str | None = None
+        state = "finished"
+        while True:
+            now = time.monotonic()
+            if now - last_beat >= s.heartbeat_s:
+                last_beat = now
+                external = self._heartbeat()
+                if external is not None:
+                    return external
+            if now - last_live >= s.heartbeat_s:
+                last_live = now
+                self.live_workers = q.count_live_workers(
+                    self.conn, self.device_class, s.worker_alive_s
+                )
+            outcomes = q.fetch_unreported(self.conn, self.run_id)
+            self._absorb(outcomes)
+            if self.owner._stop.is_set():
+                reason, state = "user", "stopped"
+                break
+            reason = stop_reason(
+                self.budget, self.stats, self._elapsed(), self.space_size, len(self.flights)
+            )
+            if reason:
+                break
+            moved = self._dispatch()
+            if self.progress_callback and (outcomes or moved or now - last_progress > 1.0):
+                last_progress = now
+                self.progress_callback(self._progress())
+            if not outcomes and not moved:
+                self.owner._stop.wait(s.poll_s)
+        return self._finish(reason, state)
+
+    def _heartbeat(self) -> RunResult | None:
+        """Refresh our heartbeat; a RunResult when someone else ended the run meanwhile."""
+        row = q.heartbeat_run(self.conn, self.run_id, self.owner.coordinator_id)
+        if row is not None and row["state"] == "running":
+            self._elapsed_at = (float(row["elapsed_s"]), time.monotonic())
+            return None
+        run = q.get_run(self.conn, self.run_id)
+        if run is None:
+            raise RunError(f"run {self.run_id} was deleted while it was being driven")
+        _log.warning("run %d was ended from outside (%s)", self.run_id, run["state"])
+        return self._result(run["state"], run["stop_reason"] or "user", cancelled=0)
+
+    def _elapsed(self) -> float:
+        base, at = self._elapsed_at
+        return base + time.monotonic() - at
+
+    def _finish(self, reason: str, state: str) -> RunResult:
+        cancelled = q.cancel_pending(self.conn, self.run_id)
+        q.finish_run(self.conn, self.run_id, self.owner.coordinator_id, reason, state)
+        if self.progress_callback:
+            self.progress_callback(self._progress())
+        _log.info("run %d %s: %s (%d pending cancelled)", self.run_id, state, reason, cancelled)
+        return self._result(state, reason, cancelled)
+
+    def _result(self, state: str, reason: str, cancelled: int) -> RunResult:
+        best = q.best_of_run(self.conn, self.run_id)
+        return RunResult(
+            run_id=self.run_id,
+            state=state,
+            stop_reason=reason,
+            trials=self.stats.finished,
+            cached=self.stats.cached,
+            failed=self.stats.failed,
+            cancelled=cancelled,
+            best_config=best["config"] if best else None,
+            best_median_s=best["median_s"] if best else None,
+            best_gflops=best["gflops"] if best else None,
+            best_trial_id=best["trial_id"] if best else None,
+        )
+
+    def _progress(self) -> Progress:
+        st = self.stats
+        return Progress(
+            run_id=self.run_id,
+            finished=st.finished,
+            cached=st.cached,
+            failed=st.failed,
+            in_flight=len(self.flights),
+            live_workers=self.live_workers,
+            queue_target=self.target,
+            elapsed_s=self._elapsed(),
+            best_seconds=st.best_seconds,
+            best_gflops=st.best_gflops,
+            best_config=st.best_config,
+        )
+
+    # --- outcomes -----------------------------------------------------------------------
+    def _absorb(self, rows: list[dict[str, Any]]) -> None:
+        """Count finished trials and tell the search, in one batch."""
+        told: list[tuple[Any, float | None]] = []
+        learned: list[tuple[Config, float | None]] = []
+        for row in rows:
+            h = row["config_hash"]
+            seconds = row["median_s"] if row["state"] == "done" else None
+            flight = self.flights.pop(h, None)
+            self.stats.record(
+                h,
+                row["config"],
+                seconds,
+                trial_id=row["id"],
+                gflops=row["gflops"],
+                compile_s=row["compile_s"],
+                cached=row.get("source") == "cache",
+            )
+            if flight is not None and flight.suggestions:
+                told += [(sug, seconds) for sug in flight.suggestions]
+            else:
+                learned.append((row["config"], seconds))
+        if told:
+            self.tuner.tell_many(told)
+        if learned:
+            try:
+                self.tuner.learn(learned)
+            except InvalidConfiguration as exc:
+                _log.warning(
+                    "run %d: an outcome outside the space was ignored: %s", self.run_id, exc
+                )
+
+    # --- dispatch -----------------------------------------------------------------------
+    def _dispatch(self) -> int:
+        """Top the queue up; returns how many trials were added (queued or cache hits)."""
+        s = self.settings
+        left = None
+        if self.budget.max_trials is not None:
+            left = self.budget.max_trials - self.stats.finished
+        self.target = queue_target(self.live_workers, s.depth_factor, s.min_depth, left)
+        need = self.target - len(self.flights)
+        if need <= 0:
+            return 0
+        batch: dict[str, _Flight] = {}
+        answered: list[tuple[Any, float | None]] = []
+        for _ in range(3):  # a few asks: repeats answered from memory free up room
+            suggestions = self.tuner.ask(need - len(batch))
+            if not suggestions:
+                break
+            for sug in suggestions:
+                h = sug.config_hash
+                if h in self.stats.outcomes:
+                    answered.append((sug, self.stats.outcomes[h]))
+                elif h in self.flights:
+                    self.flights[h].suggestions.append(sug)
+                elif h in batch:
+                    batch[h].suggestions.append(sug)
+                else:
+                    batch[h] = _Flight(0, sug.config, [sug])
+            if len(batch) >= need:
+                break
+        if answered:
+            self.tuner.tell_many(answered)
+        if not batch and not self.flights:
+            batch = self._unexplored(need)
+        return self._enqueue(batch) if batch else 0
+
+    def _enqueue(self, batch: dict[str, _Flight]) -> int:
+        moved = 0
+        hits = q.insert_cached_trials(
+            self.conn, self.run_id, self.device_class, self.cache_key, list(batch)
+        )
+        if hits:
+            for hit in hits:
+                hit["state"], hit["source"] = "done", "cache"
+                # Route the answer to the suggestions waiting for it.
+                self.flights[hit["config_hash"]] = batch.pop(hit["config_hash"])
+            self._absorb(hits)
+            moved += len(hits)
+        if not batch:
+            return moved
+        timeout = trial_timeout(
+            self.stats.best_seconds,
+            self.stats.max_compile_s,
+            self.protocol,
+            self.settings.trial_timeout_min_s,
+            self.settings.trial_timeout_max_s,
+        )
+        rows = q.insert_trials(
+            self.conn,
+            self.run_id,
+            self.device_class,
+            [
+                {"config": f.config, "config_hash": h, "source": _source(f)}
+                for h, f in batch.items()
+            ],
+            timeout_s=timeout,
+            max_attempts=self.settings.max_attempts,
+        )
+        for row in rows:
+            flight = batch.pop(row["config_hash"])
+            flight.trial_id = row["id"]
+            self.flights[row["config_hash"]] = flight
+        for h, flight in batch.items():
+            # The run already holds this configuration in a state we did not expect (someone
+            # else wrote to it): never wait for it, never measure it twice.
+            _log.warning("run %d: configuration %s is already in the run; skipped", self.run_id, h)
+            self.tuner.tell_many([(sug, None) for sug in flight.suggestions])
+        return moved + len(rows)
+
+    def _unexplored(self, need: int) -> dict[str, _Flight]:
+        """When the search proposes nothing new and nothing is in flight, queue configurations
+        it has not tried (OpenTuner can stall on small spaces) so the run keeps moving."""
+        found: dict[str, _Flight] = {}
+        for config in self._candidates():
+            h = config_hash(config)
+            if h not in self.stats.outcomes and h not in found:
+                found[h] = _Flight(0, config)
+                if len(found) >= need:
+                    break
+        return found
+
+    def _candidates(self) -> Iterator[Config]:
+        params = self.space.params
+        if self.space_size <= _ENUMERATE_LIMIT:
+            values = [p.values() for p in params]
+            order = list(itertools.product(*values))
+            self._rng.shuffle(order)
+            for combo in order:
+                yield {p.name: v for p, v in zip(params, combo, strict=True)}
+        else:
+            for _ in range(1000):
+                yield {p.name: self._rng.choice(p.values()) for p in params}
+
+
+def _source(flight: _Flight) -> str:
+    return "seed" if any(s.requestor == "seed" for s in flight.suggestions) else "search"

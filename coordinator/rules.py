@@ -1,0 +1,158 @@
+"""Owns the coordinator's arithmetic: queue depth, trial timeouts, stop rules, run statistics.
+
+Pure functions and small classes, no database and no OpenTuner, so every rule is unit-tested.
+
+Queue depth
+    ``target = max(min_depth, ceil(depth_factor * live_workers))`` pending + running trials,
+    where ``live_workers`` are the workers able to serve the run (its device class; every
+    class for runs of class ``any``) whose heartbeat is recent. With the defaults
+    (factor 2, minimum 1) each worker finds a next trial waiting when it finishes one, and a
+    run without workers keeps one trial queued for the first worker that arrives. The target
+    never exceeds what is left of ``max_trials``.
+
+Trial timeout (``trial.timeout_s``)
+    ``None`` (the worker's default) until the run has a measured result; afterwards
+    ``clamp(min_s, max_s, compile_allowance + timing_allowance)`` where
+    ``compile_allowance = 3 * the slowest compile time seen`` (code generation varies little
+    between configurations) and
+    ``timing_allowance = SLOWDOWN * best_median_s * (warmup + max_launches)`` of the run's
+    protocol: a configuration more than SLOWDOWN (20) times slower than the best cannot win,
+    so cutting it short loses nothing. The floor keeps fast kernels from timing out on a busy
+    machine; the ceiling bounds what one hung kernel costs.
+
+Stop rules (checked after every batch of outcomes; first match wins)
+    ``max_trials``     finished trials (including cache answers) reached the budget
+    ``max_seconds``    wall time since the run was created reached the budget
+    ``target_gflops``  the best measured GFLOP/s reached the target
+    ``patience``       the last K finished trials did not improve the best time
+    ``space_exhausted`` every configuration of the space has an outcome
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tunefleet.space import Config
+
+#: A configuration this many times slower than the best is cut off by its timeout.
+SLOWDOWN = 20.0
+#: Multiple of the slowest compile time allowed per evaluation.
+COMPILE_FACTOR = 3.0
+
+
+def queue_target(
+    live_workers: int, depth_factor: float, min_depth: int, budget_left: int | None = None
+) -> int:
+    """How many trials of the run should be pending or running."""
+    target = max(min_depth, math.ceil(depth_factor * max(live_workers, 0)))
+    if budget_left is not None:
+        target = min(target, max(budget_left, 0))
+    return target
+
+
+def trial_timeout(
+    best_median_s: float | None,
+    max_compile_s: float | None,
+    protocol: Mapping[str, Any],
+    min_s: float,
+    max_s: float,
+) -> float | None:
+    """Seconds one evaluation may take (see the module docstring), or None before any result."""
+    if best_median_s is None:
+        return None
+    launches = int(protocol.get("warmup", 2)) + int(protocol.get("max_launches", 200))
+    allowance = SLOWDOWN * best_median_s * launches + COMPILE_FACTOR * (max_compile_s or 0.0)
+    return min(max_s, max(min_s, allowance))
+
+
+@dataclass(frozen=True)
+class Budget:
+    max_trials: int | None = None
+    max_seconds: float | None = None
+    target_gflops: float | None = None
+    patience: int | None = None
+
+
+@dataclass
+class RunStats:
+    """What the search has learned so far, in the order outcomes arrived."""
+
+    finished: int = 0
+    cached: int = 0
+    failed: int = 0  # invalid, failed and timed out
+    best_seconds: float | None = None
+    best_gflops: float | None = None
+    best_config: Config | None = None
+    best_trial_id: int | None = None
+    since_improvement: int = 0
+    max_compile_s: float | None = None
+    outcomes: dict[str, float | None] = field(default_factory=dict)
+
+    def record(
+        self,
+        config_hash: str,
+        config: Config,
+        seconds: float | None,
+        *,
+        trial_id: int | None = None,
+        gflops: float | None = None,
+        compile_s: float | None = None,
+        cached: bool = False,
+    ) -> bool:
+        """Count one finished trial; True when it is the new best."""
+        if config_hash in self.outcomes:
+            return False
+        self.outcomes[config_hash] = seconds
+        self.finished += 1
+        self.cached += cached
+        if compile_s is not None:
+            self.max_compile_s = max(self.max_compile_s or 0.0, compile_s)
+        if seconds is None:
+            self.failed += 1
+            self.since_improvement += 1
+            return False
+        if gflops is not None:
+            self.best_gflops = max(self.best_gflops or 0.0, gflops)
+        if self.best_seconds is None or seconds < self.best_seconds:
+            self.best_seconds = seconds
+            self.best_config = config
+            self.best_trial_id = trial_id
+            self.since_improvement = 0
+            return True
+        self.since_improvement += 1
+        return False
+
+
+def stop_reason(
+    budget: Budget, stats: RunStats, elapsed_s: float, space_size: int, in_flight: int
+) -> str | None:
+    """The first stop rule that holds, or None to keep searching."""
+    if budget.max_trials is not None and stats.finished >= budget.max_trials:
+        return "max_trials"
+    if budget.max_seconds is not None and elapsed_s >= budget.max_seconds:
+        return "max_seconds"
+    if (
+        budget.target_gflops is not None
+        and stats.best_gflops is not None
+        and stats.best_gflops >= budget.target_gflops
+    ):
+        return "target_gflops"
+    if budget.patience is not None and stats.since_improvement >= budget.patience:
+        return "patience"
+    if stats.finished >= space_size and in_flight == 0:
+        return "space_exhausted"
+    return None
+
+
+#: One line per stop reason, for people.
+STOP_REASONS = {
+    "max_trials": "the trial budget is spent",
+    "max_seconds": "the time budget is spent",
+    "target_gflops": "the GFLOP/s target is reached",
+    "patience": "no improvement within the patience window",
+    "space_exhausted": "every configuration of the space has been evaluated",
+    "user": "stopped by the user",
+}

@@ -1,0 +1,294 @@
+"""Owns the in-process OpenTuner search: ask for configurations, tell their outcomes.
+
+Nothing here touches tunefleet's database; one ask or tell costs no network round trip, so
+the engine can batch many of them per database statement. OpenTuner keeps its own bookkeeping
+in a private in-memory SQLite database (never a file in the working directory), its logging
+is silenced, and its global ``logging.Formatter`` patch is undone.
+
+OpenTuner is driven through :class:`opentuner.api.TuningRunManager`, with two lean
+replacements for hot paths that would otherwise cost a SQL query per suggestion inside
+OpenTuner (about 80 suggestions/s instead of several hundred):
+
+- ``get_configuration`` / ``has_results`` / duplicate detection use in-memory dictionaries
+  keyed by OpenTuner's configuration hash instead of querying its database;
+- :meth:`Tuner.ask` asks for a whole generation at once (``parallelism`` = the number the
+  engine needs) and skips OpenTuner's per-request time-limit query (the engine sets its own
+  trial timeouts).
+
+A :class:`Tuner` belongs to one thread: SQLite's in-memory database is per connection.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import warnings
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import text as sa_text
+
+from coordinator.mapping import SpaceMapping
+from tunefleet.errors import UsageError
+from tunefleet.space import Config, Space, config_hash
+
+_log = logging.getLogger(__name__)
+
+#: OpenTuner's default search: a multi-armed bandit over several techniques.
+DEFAULT_TECHNIQUE = "AUCBanditMetaTechniqueA"
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """OpenTuner and its SQLAlchemy usage warn about things that are not our users' concern."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+_formatter = logging.Formatter
+with _quiet():
+    import opentuner
+    from opentuner import tuningrunmain
+    from opentuner.api import TuningRunManager
+    from opentuner.measurement import MeasurementInterface
+    from opentuner.measurement.inputmanager import FixedInputManager
+    from opentuner.resultsdb.models import Configuration, DesiredResult, Result
+    from opentuner.search import technique as _technique
+    from opentuner.search.driver import SearchDriver
+    from opentuner.search.objective import MinimizeTime
+# Importing OpenTuner replaces logging.Formatter process-wide; put it back.
+logging.Formatter = _formatter  # type: ignore[misc]
+# Its logging setup writes ``opentuner.log`` into the working directory: never run it.
+tuningrunmain.init_logging = lambda: None
+logging.getLogger("opentuner").setLevel(logging.CRITICAL)
+
+
+def technique_names() -> list[str]:
+    """Every search technique OpenTuner knows (valid values for ``--technique``)."""
+    with _quiet():
+        techniques, _ = _technique.all_techniques()
+    return sorted(t.name for t in techniques)
+
+
+def check_techniques(names: Sequence[str]) -> tuple[str, ...]:
+    known = technique_names()
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UsageError(f"unknown search technique {unknown[0]!r}; use one of {', '.join(known)}")
+    return tuple(names)
+
+
+@dataclass(eq=False)
+class Suggestion:
+    """One configuration OpenTuner wants measured. Tell its outcome exactly once."""
+
+    config: Config
+    config_hash: str
+    requestor: str
+    handle: Any  # OpenTuner's DesiredResult
+
+
+class Interface(MeasurementInterface):  # type: ignore[misc]
+    """OpenTuner wants a measurement interface; measuring is the workers' job."""
+
+    def run(self, desired_result: Any, input: Any, limit: Any) -> Any:
+        raise NotImplementedError("tunefleet measures through its queue")
+
+    def save_final_config(self, configuration: Any) -> None:
+        pass
+
+
+class LeanSearchDriver(SearchDriver):  # type: ignore[misc]
+    """SearchDriver whose per-suggestion bookkeeping lives in dictionaries."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.configurations: dict[str, Any] = {}
+        self.first_request: dict[str, Any] = {}
+        # OpenTuner configuration hash -> fastest time told (inf for failures).
+        self.measured: dict[str, float] = {}
+        self.requested: deque[Any] = deque()
+
+    def get_configuration(self, cfg: dict[str, Any]) -> Any:
+        self.manipulator.normalize(cfg)
+        key = self.manipulator.hash_config(cfg)
+        configuration = self.configurations.get(key)
+        if configuration is None:
+            configuration = Configuration(program=self.program, hash=key, data=cfg)
+            self.session.add(configuration)
+            self.configurations[key] = configuration
+        return configuration
+
+    def has_results(self, configuration: Any) -> bool:
+        return configuration.hash in self.measured
+
+    def run_generation_techniques(self) -> int:
+        count = 0
+        self.plugin_proxy.before_techniques()
+        for _ in range(self.args.parallelism):
+            if self.seed_cfgs:
+                request = DesiredResult(
+                    configuration=self.get_configuration(self.seed_cfgs.pop()),
+                    requestor="seed",
+                    generation=self.generation,
+                    request_date=datetime.now(),
+                    tuning_run=self.tuning_run,
+                )
+            else:
+                request = self.root_technique.desired_result()
+            if request is None or request is False:
+                break  # every technique is waiting for results
+            self.session.add(request)
+            key = request.configuration.hash
+            earlier = self.first_request.get(key)
+            if earlier is None:
+                self.first_request[key] = request
+                request.state = "REQUESTED"
+                self.requested.append(request)
+            else:
+                # A repeat: answer it with the earlier request's result when that lands.
+                self.register_result_callback(earlier, _copy_result_to(request))
+            self.test_count += 1
+            count += 1
+        self.plugin_proxy.after_techniques()
+        return count
+
+
+class LeanMinimizeTime(MinimizeTime):  # type: ignore[misc]
+    """Minimise time, comparing configurations from the driver's dictionary."""
+
+    def config_compare(self, config1: Any, config2: Any) -> int:
+        t1 = self.driver.measured.get(config1.hash)
+        t2 = self.driver.measured.get(config2.hash)
+        if t1 is None or t2 is None:
+            return int(super().config_compare(config1, config2))
+        return (t1 > t2) - (t1 < t2)
+
+    def limit_from_config(self, config: Any) -> None:
+        return None  # the engine sets trial timeouts itself
+
+
+def _copy_result_to(request: Any) -> Any:
+    def callback(result: Any) -> None:
+        request.result = result
+        request.state = "COMPLETE"
+
+    return callback
+
+
+class Tuner:
+    """An OpenTuner search over one space. ``seconds=None`` means infinitely slow (invalid,
+    failed or timed out): the search learns to avoid it and never proposes it again."""
+
+    def __init__(self, space: Space, techniques: Sequence[str] = ()) -> None:
+
+        self.mapping = SpaceMapping(space)
+        argv = ["--database", "sqlite://", "--no-dups", "--quiet", "--parallelism", "1"]
+        for name in techniques or (DEFAULT_TECHNIQUE,):
+            argv += ["--technique", name]
+        args = argparse.ArgumentParser(parents=opentuner.argparsers()).parse_args(argv)
+        with _quiet():
+            interface = Interface(
+                args=args,
+                program_name="tunefleet",
+                manipulator=self.mapping.manipulator(),
+                objective=LeanMinimizeTime(),
+                input_manager=FixedInputManager(),
+            )
+            self._manager = TuningRunManager(interface, args, search_driver=LeanSearchDriver)
+            # OpenTuner's objective compares configurations through its result table.
+            self._manager.session.execute(
+                sa_text("CREATE INDEX IF NOT EXISTS tf_result_cfg ON result (configuration_id)")
+            )
+        self._driver = self._manager.search_driver
+        self._args = args
+        self.asked = 0
+        self.told = 0
+
+    # --- ask ------------------------------------------------------------------------------
+    def ask(self, n: int) -> list[Suggestion]:
+        """Up to ``n`` new suggestions (fewer, even none, while the search waits for
+        outcomes). OpenTuner never repeats a configuration it already asked for here."""
+        if n <= 0:
+            return []
+        driver = self._driver
+        if not driver.requested:
+            self._args.parallelism = n
+            with _quiet():
+                driver.external_main_generation()
+        out: list[Suggestion] = []
+        while driver.requested and len(out) < n:
+            request = driver.requested.popleft()
+            request.state = "RUNNING"
+            config = self.mapping.from_tuner(request.configuration.data)
+            out.append(Suggestion(config, config_hash(config), request.requestor, request))
+        self.asked += len(out)
+        return out
+
+    # --- tell -----------------------------------------------------------------------------
+    def tell(self, suggestion: Suggestion, seconds: float | None) -> None:
+        self.tell_many([(suggestion, seconds)])
+
+    def tell_many(self, outcomes: Iterable[tuple[Suggestion, float | None]]) -> None:
+        with _quiet():
+            for suggestion, seconds in outcomes:
+                self._report(suggestion.handle, seconds)
+            self._manager.session.flush()
+
+    def learn(self, outcomes: Iterable[tuple[Mapping[str, Any], float | None]]) -> None:
+        """Outcomes the search never asked for (earlier sessions, seeds, the cache).
+
+        A configuration that is still awaited from an earlier :meth:`ask` is answered
+        through that request; one that already has an outcome is ignored."""
+        driver = self._driver
+        with _quiet():
+            for config, seconds in outcomes:
+                configuration = driver.get_configuration(self.mapping.to_tuner(config))
+                if configuration.hash in driver.measured:
+                    continue
+                request = driver.first_request.get(configuration.hash)
+                if request is None:
+                    request = DesiredResult(
+                        configuration=configuration,
+                        requestor="known",
+                        generation=driver.generation,
+                        request_date=datetime.now(),
+                        tuning_run=self._manager.tuning_run,
+                        state="RUNNING",
+                    )
+                    self._manager.session.add(request)
+                    driver.first_request[configuration.hash] = request
+                elif request.state == "REQUESTED":
+                    # Asked by the search but not handed out yet: it is answered now.
+                    driver.requested.remove(request)
+                self._report(request, seconds)
+            self._manager.session.flush()
+
+    def _report(self, request: Any, seconds: float | None) -> None:
+        if request.result is not None:
+            return  # told twice: keep the first outcome
+        ok = seconds is not None and math.isfinite(seconds) and seconds > 0
+        result = Result(time=seconds if ok else math.inf, state="OK" if ok else "ERROR")
+        manager = self._manager
+        result.configuration = request.configuration
+        result.machine = manager.measurement_driver.machine
+        result.tuning_run = manager.tuning_run
+        result.collection_date = datetime.now()
+        manager.session.add(result)
+        request.result = result
+        request.state = "COMPLETE"
+        measured = self._driver.measured
+        key = request.configuration.hash
+        measured[key] = min(measured.get(key, math.inf), result.time)
+        self.told += 1
+
+    def close(self) -> None:
+        with _quiet():
+            self._manager.session.close()
+            self._manager.engine.dispose()

@@ -1,0 +1,177 @@
+"""``tunefleet coordinator`` as a process: killed and resumed, refused twice, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from coordinator_support import ANALYTIC, FakeWorker, wait_until
+
+from tunefleet.db.engine import connect
+from tunefleet.queries import search as q
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.acceptance
+
+
+def env_for(cli_env: dict[str, str]) -> dict[str, str]:
+    return {**cli_env, "PYTHONPATH": str(ROOT), "TUNEFLEET_POLL_S": "0.02"}
+
+
+def coordinator_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "tunefleet", "coordinator", *args]
+
+
+def cli(args: list[str], env: dict[str, str], cwd: Path | None = None) -> Any:
+    return subprocess.run(
+        coordinator_argv(*args), env=env, cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+
+
+def counts(db: Any, run_id: int) -> dict[str, int]:
+    rows = db.execute(
+        "SELECT state, count(*) AS n FROM tunefleet.trial WHERE run_id = %s GROUP BY state",
+        (run_id,),
+    ).fetchall()
+    return {r["state"]: r["n"] for r in rows}
+
+
+def test_sigkilled_coordinator_resumes_and_finishes_without_measuring_anything_twice(
+    db_url, db, cli_env, tmp_path
+):
+    env = env_for(cli_env)
+    evaluated: list[tuple[int, str]] = []
+    fleet = [FakeWorker(db_url, evaluated=evaluated, delay_s=0.02) for _ in range(3)]
+    for w in fleet:
+        w.start()
+    try:
+        proc = subprocess.Popen(
+            coordinator_argv(ANALYTIC, "--max-trials", "60", "--db", db_url),
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            run_id = wait_until(
+                lambda: (db.execute("SELECT max(id) AS id FROM tunefleet.run").fetchone())["id"],
+                what="the run to be created",
+            )
+            wait_until(lambda: counts(db, run_id).get("done", 0) >= 15, what="15 done trials")
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.communicate(timeout=30)
+        assert proc.returncode == -signal.SIGKILL
+        run = db.execute("SELECT * FROM tunefleet.run WHERE id = %s", (run_id,)).fetchone()
+        assert run["state"] == "running" and run["coordinator_id"] is not None
+        assert sum(counts(db, run_id).values()) < 60  # it really died mid-run
+
+        # The lock died with the process: a new coordinator takes over and finishes.
+        done = cli(["--resume", str(run_id), "--db", db_url], env, cwd=tmp_path)
+    finally:
+        for w in fleet:
+            w.shutdown()
+    assert done.returncode == 0, done.stderr
+    assert f"run {run_id} finished: the trial budget is spent (max_trials)" in done.stdout
+    best = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(best) == {"x", "y", "p", "flag", "mode", "wg"}
+    final = counts(db, run_id)
+    assert sum(final.get(s, 0) for s in ("done", "invalid", "failed", "timed_out")) == 60
+    assert final.get("pending", 0) == final.get("running", 0) == 0
+    assert len(evaluated) == len(set(evaluated)), "a configuration was measured twice"
+    measured = db.execute(
+        "SELECT count(*) AS n, count(DISTINCT config_hash) AS distinct_n "
+        "FROM tunefleet.measurement WHERE run_id = %s",
+        (run_id,),
+    ).fetchone()
+    assert measured["n"] == measured["distinct_n"] == final["done"]
+    assert list(tmp_path.iterdir()) == []  # OpenTuner left nothing in the working directory
+
+
+def test_a_second_coordinator_process_is_refused_with_one_line(db_url, db, cli_env):
+    env = env_for(cli_env)
+    proc = subprocess.Popen(
+        coordinator_argv(ANALYTIC, "--max-time", "60", "--db", db_url),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        run_id = wait_until(
+            lambda: db.execute(
+                "SELECT id FROM tunefleet.run WHERE coordinator_id IS NOT NULL"
+            ).fetchone(),
+            what="the first coordinator to drive its run",
+        )["id"]
+        second = cli(["--resume", str(run_id), "--db", db_url], env)
+        assert second.returncode == 1
+        lines = second.stderr.strip().splitlines()
+        assert len(lines) == 1, second.stderr
+        assert lines[0].startswith(f"tunefleet: error: run {run_id} is already driven by")
+    finally:
+        proc.send_signal(signal.SIGTERM)  # a clean stop: pending cancelled, run resumable
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert f"run {run_id} stopped: stopped by the user (user)" in out
+    assert counts(db, run_id).get("pending", 0) == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["nope"], 1, "unknown problem 'nope'; built-ins are"),
+        ([ANALYTIC, "--size", "n=-4"], 1, "analytic: n=-4 must be a positive integer"),
+        ([ANALYTIC, "--size", "n"], 2, "--size 'n' is not KEY=VALUE"),
+        ([ANALYTIC, "--seed-config", "{x: 1}"], 2, "--seed-config is not valid JSON"),
+        ([ANALYTIC, "--seed-config", '{"x": 1}'], 2, "seed configuration 1: configuration"),
+        ([ANALYTIC, "--resume", "3"], 2, "--resume continues run 3 as it was created; drop"),
+        (["--resume", "77"], 1, "run 77 does not exist"),
+        ([], 2, "name a PROBLEM to tune, or --resume RUN"),
+    ],
+)
+def test_bad_input_is_one_line_and_stores_nothing(db_url, db, cli_env, args, code, message):
+    done = cli([*args, "--db", db_url], env_for(cli_env))
+    assert done.returncode == code, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tunefleet: error: "), done.stderr
+    assert message in lines[0]
+    assert db.execute("SELECT count(*) AS n FROM tunefleet.run").fetchone()["n"] == 0
+
+
+def test_the_coordinator_imports_without_opencl(tmp_path):
+    code = (
+        "import sys\n"
+        "sys.modules['pyopencl'] = None\n"  # any import of it now fails
+        "sys.modules['loopy'] = None\n"
+        "import coordinator.engine, coordinator.cli, coordinator.tuner\n"
+        "import tunefleet.queries.search\n"
+        "from tunefleet.cli import build_parser\n"
+        "build_parser().parse_args(['coordinator', '--help'])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "--warm-start-from CLASS" in done.stdout
+
+
+def test_the_lock_of_a_finished_coordinator_is_released(db_url, db, cli_env):
+    with FakeWorker(db_url):
+        done = cli([ANALYTIC, "--max-trials", "5", "--db", db_url], env_for(cli_env))
+    assert done.returncode == 0, done.stderr
+    run_id = int(done.stderr.split("created run ")[1].split()[0])
+    other = connect(db_url)
+    assert q.try_lock_run(other, run_id)
+    other.close()

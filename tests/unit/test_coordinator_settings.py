@@ -1,0 +1,59 @@
+"""Coordinator settings: flags, then TUNEFLEET_* variables, then defaults; bad input named."""
+
+from __future__ import annotations
+
+import pytest
+
+from coordinator.settings import CoordinatorSettings, parse_seed_configs, parse_size
+from tunefleet.errors import UsageError
+
+
+def test_flags_beat_environment_beats_defaults(monkeypatch):
+    monkeypatch.setenv("TUNEFLEET_MAX_TRIALS", "50")
+    monkeypatch.setenv("TUNEFLEET_QUEUE_FACTOR", "3")
+    s = CoordinatorSettings.build(problem="synthetic", max_trials=7)
+    assert (s.max_trials, s.depth_factor, s.min_depth, s.patience) == (7, 3.0, 1, None)
+    assert CoordinatorSettings.build(problem="synthetic").max_trials == 50
+
+
+def test_bad_environment_values_name_the_variable(monkeypatch):
+    monkeypatch.setenv("TUNEFLEET_PATIENCE", "-2")
+    with pytest.raises(UsageError, match="TUNEFLEET_PATIENCE='-2' is not valid"):
+        CoordinatorSettings.build(problem="synthetic")
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({}, "name a PROBLEM to tune, or --resume RUN"),
+        ({"problem": "synthetic", "max_trials": 0}, "--max-trials 0 must be positive"),
+        ({"problem": "synthetic", "max_seconds": -1.0}, "--max-time -1.0 must be positive"),
+        ({"resume": -3}, "--resume -3 is not a run id"),
+        ({"problem": "synthetic", "techniques": ["Nope"]}, "unknown search technique 'Nope'"),
+    ],
+)
+def test_bad_settings_are_one_line_errors(kw, match):
+    with pytest.raises(UsageError, match=match):
+        CoordinatorSettings.build(**kw)
+
+
+def test_sizes_parse_as_json_when_they_can():
+    assert parse_size("n=1024") == ("n", 1024)
+    assert parse_size("shape=[2, 3]") == ("shape", [2, 3])
+    assert parse_size("dtype=float32") == ("dtype", "float32")
+    with pytest.raises(UsageError, match="--size 'n' is not KEY=VALUE"):
+        parse_size("n")
+
+
+def test_seed_configs_come_as_json_object_list_or_file(tmp_path):
+    assert parse_seed_configs('{"x": 1}') == [{"x": 1}]
+    assert parse_seed_configs('[{"x": 1}, {"x": 2}]') == [{"x": 1}, {"x": 2}]
+    path = tmp_path / "seeds.json"
+    path.write_text('[{"x": 3}]')
+    assert parse_seed_configs(str(path)) == [{"x": 3}]
+    with pytest.raises(UsageError, match="is not valid JSON"):
+        parse_seed_configs('{"x": }')
+    with pytest.raises(UsageError, match="item 2 is int, expected a JSON object"):
+        parse_seed_configs('[{"x": 1}, 5]')
+    with pytest.raises(UsageError, match="neither JSON nor a file"):
+        parse_seed_configs(str(tmp_path / "missing.json"))

@@ -1,0 +1,487 @@
+"""Every SQL statement of the coordinator: runs, ownership, trial insertion, outcomes, the
+cross-run cache, stop and resume reads, warm-start seeds.
+
+One function per statement; each takes an open autocommit psycopg connection with dict rows
+(``tunefleet.db.engine.connect``), so each statement is its own short transaction. Locking is
+stated per function. Only the coordinator that holds a run's advisory lock
+(:func:`try_lock_run`) writes that run's trials, which is why no statement here needs a row
+lock held across statements.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from tunefleet.db.schema import NOTIFY_CHANNEL
+
+Row = dict[str, Any]
+Conn = psycopg.Connection[Any]
+
+#: First key of the two-key advisory lock that marks a run as driven (second key: run id).
+#: The two-key form never collides with single-key advisory locks used elsewhere.
+RUN_LOCK_NAMESPACE = 0x7466  # "tf"
+
+#: Trial states that carry an outcome the search learns from.
+FINISHED = ["done", "invalid", "failed", "timed_out"]
+
+
+# --- runs -------------------------------------------------------------------------------------
+def insert_run(
+    conn: Conn,
+    *,
+    problem: str,
+    problem_args: Mapping[str, Any],
+    space: Mapping[str, Any],
+    device_class: str,
+    protocol: Mapping[str, Any],
+    cache_key: str,
+    search: Mapping[str, Any],
+    name: str | None = None,
+    max_trials: int | None = None,
+    max_seconds: float | None = None,
+    target_gflops: float | None = None,
+    patience: int | None = None,
+) -> int:
+    """Create a run in state ``running`` and return its id. Locks: the new row only."""
+    row = conn.execute(
+        """
+        INSERT INTO tunefleet.run (name, problem, problem_args, space, device_class, protocol,
+                                   cache_key, search, max_trials, max_seconds, target_gflops,
+                                   patience)
+        VALUES (%(name)s, %(problem)s, %(args)s, %(space)s, %(device_class)s, %(protocol)s,
+                %(cache_key)s, %(search)s, %(max_trials)s, %(max_seconds)s, %(target)s,
+                %(patience)s)
+        RETURNING id
+        """,
+        {
+            "name": name,
+            "problem": problem,
+            "args": Jsonb(dict(problem_args)),
+            "space": Jsonb(dict(space)),
+            "device_class": device_class,
+            "protocol": Jsonb(dict(protocol)),
+            "cache_key": cache_key,
+            "search": Jsonb(dict(search)),
+            "max_trials": max_trials,
+            "max_seconds": max_seconds,
+            "target": target_gflops,
+            "patience": patience,
+        },
+    ).fetchone()
+    assert row is not None
+    return int(row["id"])
+
+
+def get_run(conn: Conn, run_id: int) -> Row | None:
+    """The run row plus its age in seconds on the database clock. Locks: none."""
+    row: Row | None = conn.execute(
+        """
+        SELECT r.*, extract(epoch FROM now() - r.created_at)::float8 AS elapsed_s
+          FROM tunefleet.run r
+         WHERE r.id = %s
+        """,
+        (run_id,),
+    ).fetchone()
+    return row
+
+
+def try_lock_run(conn: Conn, run_id: int) -> bool:
+    """Take the session-level advisory lock that says "this run is driven".
+
+    Locks: advisory lock (RUN_LOCK_NAMESPACE, run_id) held by this *session* until
+    :func:`unlock_run` or the connection closes (a killed coordinator's lock goes with its
+    connection). Never waits: False when another session holds it."""
+    row = conn.execute(
+        "SELECT pg_try_advisory_lock(%s, %s) AS locked",
+        (RUN_LOCK_NAMESPACE, _lock_key(run_id)),
+    ).fetchone()
+    return bool(row and row["locked"])
+
+
+def unlock_run(conn: Conn, run_id: int) -> None:
+    """Release the run's advisory lock taken by this session. Locks: releases it."""
+    conn.execute("SELECT pg_advisory_unlock(%s, %s)", (RUN_LOCK_NAMESPACE, _lock_key(run_id)))
+
+
+def _lock_key(run_id: int) -> int:
+    # The two-key form takes int4 keys; ids beyond 2**31 wrap (collisions need 2**31 runs).
+    return run_id % 2_147_483_647
+
+
+def take_run(
+    conn: Conn,
+    run_id: int,
+    coordinator_id: uuid.UUID,
+    *,
+    max_trials: int | None = None,
+    max_seconds: float | None = None,
+    target_gflops: float | None = None,
+    patience: int | None = None,
+) -> Row | None:
+    """Mark the run as driven by ``coordinator_id`` (state ``running``, stop reason cleared,
+    heartbeat now) and replace any budget value given. Call only while holding
+    :func:`try_lock_run`. Locks: the run row, for this statement. None if no such run."""
+    row: Row | None = conn.execute(
+        """
+        UPDATE tunefleet.run
+           SET coordinator_id = %(coordinator)s,
+               coordinator_heartbeat_at = now(),
+               state = 'running',
+               stop_reason = NULL,
+               finished_at = NULL,
+               max_trials = coalesce(%(max_trials)s, max_trials),
+               max_seconds = coalesce(%(max_seconds)s, max_seconds),
+               target_gflops = coalesce(%(target)s, target_gflops),
+               patience = coalesce(%(patience)s, patience)
+         WHERE id = %(run)s
+        RETURNING *, extract(epoch FROM now() - created_at)::float8 AS elapsed_s
+        """,
+        {
+            "coordinator": coordinator_id,
+            "run": run_id,
+            "max_trials": max_trials,
+            "max_seconds": max_seconds,
+            "target": target_gflops,
+            "patience": patience,
+        },
+    ).fetchone()
+    return row
+
+
+def heartbeat_run(conn: Conn, run_id: int, coordinator_id: uuid.UUID) -> Row | None:
+    """Refresh the coordinator heartbeat; return the run's state and age (seconds, database
+    clock). None when the run is gone or another coordinator took it over.
+    Locks: the run row, for this statement."""
+    row: Row | None = conn.execute(
+        """
+        UPDATE tunefleet.run
+           SET coordinator_heartbeat_at = now()
+         WHERE id = %s AND coordinator_id = %s
+        RETURNING state, stop_reason, extract(epoch FROM now() - created_at)::float8 AS elapsed_s
+        """,
+        (run_id, coordinator_id),
+    ).fetchone()
+    return row
+
+
+def finish_run(
+    conn: Conn, run_id: int, coordinator_id: uuid.UUID, stop_reason: str, state: str = "finished"
+) -> bool:
+    """Mark the run ``finished`` (a stop rule) or ``stopped`` (by the user; resumable) with its
+    reason, and let go of it (coordinator_id cleared). Only the driving coordinator can.
+    Locks: the run row, for this statement."""
+    row = conn.execute(
+        """
+        UPDATE tunefleet.run
+           SET state = %s, stop_reason = %s, finished_at = now(), coordinator_id = NULL
+         WHERE id = %s AND coordinator_id = %s
+        RETURNING id
+        """,
+        (state, stop_reason, run_id, coordinator_id),
+    ).fetchone()
+    return row is not None
+
+
+# --- workers and the queue ------------------------------------------------------------------
+def count_live_workers(conn: Conn, device_class: str, alive_s: float) -> int:
+    """Active workers able to serve runs of ``device_class`` whose heartbeat is younger than
+    ``alive_s`` (every active worker for class ``any``). Locks: none (worker_active_idx)."""
+    row = conn.execute(
+        """
+        SELECT count(*) AS n
+          FROM tunefleet.worker
+         WHERE state = 'active'
+           AND heartbeat_at > now() - make_interval(secs => %(alive)s)
+           AND (device_class = %(class)s OR %(class)s = 'any')
+        """,
+        {"class": device_class, "alive": alive_s},
+    ).fetchone()
+    return int(row["n"]) if row else 0
+
+
+def live_worker_classes(conn: Conn, alive_s: float) -> list[str]:
+    """Device classes of the live workers, for choosing a run's default class. Locks: none."""
+    rows = conn.execute(
+        """
+        SELECT DISTINCT device_class
+          FROM tunefleet.worker
+         WHERE state = 'active' AND heartbeat_at > now() - make_interval(secs => %s)
+         ORDER BY device_class
+        """,
+        (alive_s,),
+    ).fetchall()
+    return [r["device_class"] for r in rows]
+
+
+def queue_depth(conn: Conn, run_id: int) -> int:
+    """Pending plus running trials of the run. Locks: none (trial_run_state_idx)."""
+    row = conn.execute(
+        """
+        SELECT count(*) AS n FROM tunefleet.trial
+         WHERE run_id = %s AND state IN ('pending', 'running')
+        """,
+        (run_id,),
+    ).fetchone()
+    return int(row["n"]) if row else 0
+
+
+def insert_trials(
+    conn: Conn,
+    run_id: int,
+    device_class: str,
+    trials: Sequence[Mapping[str, Any]],
+    *,
+    timeout_s: float | None = None,
+    max_attempts: int = 3,
+) -> list[Row]:
+    """Enqueue configurations as pending trials of the run, then one
+    ``NOTIFY tunefleet_trials, <device_class>`` for the whole batch (delivered at commit,
+    i.e. when this statement ends; PostgreSQL folds repeats within a transaction into one).
+
+    ``trials`` items: ``config``, ``config_hash``, ``source`` (``search`` or ``seed``).
+    A configuration the run already has is left alone, except a ``cancelled`` one (from an
+    earlier stop), which is queued again with its attempt history. Returns ``id``,
+    ``config_hash`` of the rows now pending. Locks: the inserted/revived rows, for this
+    statement; conflicting rows are only read."""
+    if not trials:
+        return []
+    payload = [
+        {"config": t["config"], "config_hash": t["config_hash"], "source": t.get("source")}
+        for t in trials
+    ]
+    rows = conn.execute(
+        """
+        WITH ins AS (
+            INSERT INTO tunefleet.trial AS t
+                   (run_id, device_class, config, config_hash, source, timeout_s, max_attempts)
+            SELECT %(run)s, %(class)s, c.config, c.config_hash, coalesce(c.source, 'search'),
+                   %(timeout)s, %(attempts)s
+              FROM jsonb_to_recordset(%(trials)s) AS c(config jsonb, config_hash text,
+                                                       source text)
+            ON CONFLICT (run_id, config_hash) DO UPDATE
+               SET state = 'pending', timeout_s = excluded.timeout_s, finished_at = NULL,
+                   reported = false, error = NULL,
+                   max_attempts = greatest(t.max_attempts, t.attempt + 1)
+             WHERE t.state = 'cancelled'
+            RETURNING t.id, t.config_hash
+        ), wake AS (
+            SELECT pg_notify(%(channel)s, %(class)s) FROM (SELECT 1 FROM ins LIMIT 1) AS one
+        )
+        SELECT ins.id, ins.config_hash FROM ins LEFT JOIN wake ON true
+        """,
+        {
+            "run": run_id,
+            "class": device_class,
+            "timeout": timeout_s,
+            "attempts": max_attempts,
+            "trials": Jsonb(payload),
+            "channel": NOTIFY_CHANNEL,
+        },
+    ).fetchall()
+    return rows
+
+
+def insert_cached_trials(
+    conn: Conn,
+    run_id: int,
+    device_class: str,
+    cache_key: str,
+    config_hashes: Sequence[str],
+) -> list[Row]:
+    """The cache: for each hash already measured under ``cache_key`` (same problem,
+    arguments, device class and protocol) in any run, insert the run's trial directly as
+    ``done`` / source ``cache`` / reported, with a copy of the earliest such measurement
+    linked to it so every view shows its numbers. Such trials never reach the queue.
+    A ``cancelled`` trial of the run is answered the same way.
+
+    Returns one row per cache hit: ``id`` (trial), ``config_hash``, ``config``, ``median_s``,
+    ``gflops``, ``compile_s``. Locks: the inserted rows, for this statement; measurements
+    are only read (measurement_cache_idx)."""
+    if not config_hashes:
+        return []
+    rows = conn.execute(
+        """
+        WITH hit AS (
+            SELECT DISTINCT ON (m.config_hash) m.*
+              FROM tunefleet.measurement m
+             WHERE m.cache_key = %(key)s AND m.config_hash = ANY(%(hashes)s)
+             ORDER BY m.config_hash, m.id
+        ), ins AS (
+            INSERT INTO tunefleet.trial AS t
+                   (run_id, device_class, config, config_hash, state, source, reported,
+                    started_at, finished_at)
+            SELECT %(run)s, %(class)s, hit.config, hit.config_hash, 'done', 'cache', true,
+                   now(), now()
+              FROM hit
+            ON CONFLICT (run_id, config_hash) DO UPDATE
+               SET state = 'done', source = 'cache', reported = true, finished_at = now(),
+                   error = NULL
+             WHERE t.state = 'cancelled'
+            RETURNING t.id, t.config_hash
+        ), copy AS (
+            INSERT INTO tunefleet.measurement
+                   (trial_id, run_id, attempt, cache_key, config_hash, problem, problem_args,
+                    config, device_id, worker_id, median_s, min_s, samples_s, gflops, gbps,
+                    flop_count, byte_count, protocol, compile_s, validation, versions, code,
+                    source, created_at)
+            SELECT ins.id, %(run)s, NULL, hit.cache_key, hit.config_hash, hit.problem,
+                   hit.problem_args, hit.config, hit.device_id, hit.worker_id, hit.median_s,
+                   hit.min_s, hit.samples_s, hit.gflops, hit.gbps, hit.flop_count,
+                   hit.byte_count, hit.protocol, hit.compile_s, hit.validation, hit.versions,
+                   hit.code, hit.source, hit.created_at
+              FROM ins JOIN hit USING (config_hash)
+            RETURNING trial_id, config_hash, config, median_s, gflops, compile_s
+        )
+        SELECT trial_id AS id, config_hash, config, median_s, gflops, compile_s FROM copy
+        """,
+        {
+            "key": cache_key,
+            "hashes": list(config_hashes),
+            "run": run_id,
+            "class": device_class,
+        },
+    ).fetchall()
+    return rows
+
+
+def cancel_pending(conn: Conn, run_id: int) -> int:
+    """Cancel the run's pending trials (running ones finish and are kept); returns how many.
+    Locks: the pending rows of the run, for this statement; a row a worker is claiming at
+    this instant is skipped by neither side twice (the claim's SKIP LOCKED or this update
+    waits for the other's row lock, then re-checks ``state``)."""
+    return conn.execute(
+        """
+        UPDATE tunefleet.trial
+           SET state = 'cancelled', finished_at = now()
+         WHERE run_id = %s AND state = 'pending'
+        """,
+        (run_id,),
+    ).rowcount
+
+
+# --- outcomes ---------------------------------------------------------------------------------
+def fetch_unreported(conn: Conn, run_id: int) -> list[Row]:
+    """Finished trials of the run the search has not been told about, marked reported in the
+    same statement, in finishing order, with their measurement (NULLs for invalid, failed
+    and timed-out trials). Locks: those trial rows, for this statement
+    (trial_unreported_idx); workers never touch finished rows."""
+    return conn.execute(
+        """
+        WITH o AS (
+            UPDATE tunefleet.trial t
+               SET reported = true
+             WHERE t.run_id = %s AND NOT t.reported
+               AND t.state IN ('done', 'invalid', 'failed', 'timed_out')
+            RETURNING t.id, t.config, t.config_hash, t.state, t.source, t.error, t.finished_at
+        )
+        SELECT o.id, o.config, o.config_hash, o.state, o.source, o.error,
+               m.median_s, m.gflops, m.compile_s
+          FROM o LEFT JOIN tunefleet.measurement m ON m.trial_id = o.id
+         ORDER BY o.finished_at, o.id
+        """,
+        (run_id,),
+    ).fetchall()
+
+
+def reported_outcomes(conn: Conn, run_id: int) -> list[Row]:
+    """Resume read: every finished trial of the run already marked reported (the ones not
+    yet reported come from :func:`fetch_unreported`), in finishing order, with their
+    measurement. Locks: none."""
+    return conn.execute(
+        """
+        SELECT o.id, o.config, o.config_hash, o.state, o.source, o.error,
+               m.median_s, m.gflops, m.compile_s
+          FROM tunefleet.trial o
+          LEFT JOIN tunefleet.measurement m ON m.trial_id = o.id
+         WHERE o.run_id = %s AND o.reported
+           AND o.state IN ('done', 'invalid', 'failed', 'timed_out')
+         ORDER BY o.finished_at, o.id
+        """,
+        (run_id,),
+    ).fetchall()
+
+
+def in_flight_trials(conn: Conn, run_id: int) -> list[Row]:
+    """Pending and running trials of the run (``id``, ``config``, ``config_hash``, ``state``).
+    Locks: none."""
+    return conn.execute(
+        """
+        SELECT id, config, config_hash, state
+          FROM tunefleet.trial
+         WHERE run_id = %s AND state IN ('pending', 'running')
+         ORDER BY id
+        """,
+        (run_id,),
+    ).fetchall()
+
+
+def best_of_run(conn: Conn, run_id: int) -> Row | None:
+    """The run's fastest done trial with its numbers. Locks: none."""
+    row: Row | None = conn.execute(
+        """
+        SELECT t.id AS trial_id, t.config, t.source, m.median_s, m.min_s, m.gflops, m.gbps
+          FROM tunefleet.trial t
+          JOIN tunefleet.measurement m ON m.trial_id = t.id
+         WHERE t.run_id = %s AND t.state = 'done'
+         ORDER BY m.median_s, t.id
+         LIMIT 1
+        """,
+        (run_id,),
+    ).fetchone()
+    return row
+
+
+# --- seeds ------------------------------------------------------------------------------------
+def warm_start_configs(
+    conn: Conn,
+    problem: str,
+    problem_args: Mapping[str, Any],
+    device_class: str,
+    limit: int,
+) -> list[Row]:
+    """The fastest distinct configurations measured for the same problem and arguments on
+    another device class (the class of the measuring device or of its run), best first:
+    ``config``, ``config_hash``, ``median_s``. Locks: none."""
+    return conn.execute(
+        """
+        SELECT config, config_hash, median_s FROM (
+            SELECT DISTINCT ON (m.config_hash) m.config, m.config_hash, m.median_s
+              FROM tunefleet.measurement m
+              LEFT JOIN tunefleet.device d ON d.id = m.device_id
+              LEFT JOIN tunefleet.run r ON r.id = m.run_id
+             WHERE m.problem = %(problem)s AND m.problem_args = %(args)s
+               AND (d.device_class = %(class)s OR r.device_class = %(class)s)
+             ORDER BY m.config_hash, m.median_s
+        ) best
+         ORDER BY median_s, config_hash
+         LIMIT %(limit)s
+        """,
+        {
+            "problem": problem,
+            "args": Jsonb(dict(problem_args)),
+            "class": device_class,
+            "limit": limit,
+        },
+    ).fetchall()
+
+
+def measured_device_classes(conn: Conn, problem: str, problem_args: Mapping[str, Any]) -> list[str]:
+    """Device classes with measurements of this problem and these arguments (to name the
+    choices when a warm start finds nothing). Locks: none."""
+    rows = conn.execute(
+        """
+        SELECT DISTINCT coalesce(d.device_class, r.device_class) AS device_class
+          FROM tunefleet.measurement m
+          LEFT JOIN tunefleet.device d ON d.id = m.device_id
+          LEFT JOIN tunefleet.run r ON r.id = m.run_id
+         WHERE m.problem = %s AND m.problem_args = %s
+         ORDER BY 1
+        """,
+        (problem, Jsonb(dict(problem_args))),
+    ).fetchall()
+    return [r["device_class"] for r in rows if r["device_class"]]
