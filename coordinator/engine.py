@@ -43,7 +43,13 @@ from coordinator.rules import Budget, RunStats, queue_target, stop_reason, trial
 from coordinator.settings import CoordinatorSettings
 from tunefleet.db.engine import connect
 from tunefleet.devices import ANY_DEVICE_CLASS
-from tunefleet.errors import InvalidConfiguration, ProblemError, RunError, UsageError
+from tunefleet.errors import (
+    DatabaseUnavailable,
+    InvalidConfiguration,
+    ProblemError,
+    RunError,
+    UsageError,
+)
 from tunefleet.problems.base import Protocol, cache_key
 from tunefleet.queries import search as q
 from tunefleet.settings import DatabaseSettings
@@ -226,6 +232,16 @@ class _Flight:
     suggestions: list[Any] = field(default_factory=list)
 
 
+#: After losing the database mid-run, the coordinator keeps reconnecting this long (seconds).
+RECONNECT_FOR_S = 600.0
+_RECONNECT_FIRST_S = 0.2
+_RECONNECT_MAX_S = 5.0
+
+
+class _OwnLockLingers(Exception):
+    """The run's lock is held by this coordinator's own lost session, which is still ending."""
+
+
 class Coordinator:
     """Drives one run at a time. ``request_stop()`` may be called from any thread (or a
     signal handler): the loop then cancels pending trials and marks the run ``stopped``."""
@@ -256,21 +272,61 @@ class Coordinator:
             run_id = self.settings.resume
         if run_id is None:
             run_id = create_run(self.settings, self.db_url, self.db_settings)
-        with connect(self.db_url, self.db_settings) as conn:
-            self._own(conn, run_id)
+        # Once the run is ours, a lost connection (server restart, failover, a terminated
+        # session) is survived like a crash: reconnect, take the run again and resume it from
+        # the database, which holds everything the search knows.
+        lost_at: float | None = None
+        delay = _RECONNECT_FIRST_S
+        while True:
+            owned = False
             try:
-                return _Session(self, conn, run_id, progress_callback).drive()
-            finally:
-                try:
-                    q.unlock_run(conn, run_id)
-                except psycopg.Error:
-                    pass  # the connection is gone, and the lock with it
+                with connect(self.db_url, self.db_settings) as conn:
+                    self._own(conn, run_id, ours_may_linger=lost_at is not None)
+                    owned = True
+                    if lost_at is not None:
+                        _log.warning(
+                            "run %d: database reachable again after %.1f s; resuming",
+                            run_id,
+                            time.monotonic() - lost_at,
+                        )
+                    lost_at, delay = None, _RECONNECT_FIRST_S
+                    try:
+                        return _Session(self, conn, run_id, progress_callback).drive()
+                    finally:
+                        try:
+                            q.unlock_run(conn, run_id)
+                        except psycopg.Error:
+                            pass  # the connection is gone, and the lock with it
+            except (psycopg.OperationalError, psycopg.InterfaceError, DatabaseUnavailable) as exc:
+                if not owned and lost_at is None:
+                    raise  # never reached the run: the caller's error (bad URL, server down)
+                reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            except _OwnLockLingers:
+                reason = "the lock of our lost session is not released yet"
+            now = time.monotonic()
+            if lost_at is None:
+                lost_at = now
+                _log.warning("run %d: database connection lost (%s); reconnecting", run_id, reason)
+            if self._stop.is_set() or now - lost_at > RECONNECT_FOR_S:
+                why = "a stop was requested" if self._stop.is_set() else "giving up"
+                raise DatabaseUnavailable(
+                    f"lost the database while driving run {run_id} ({reason}); {why} after "
+                    f"{now - lost_at:.0f} s; the run is intact: continue it with --resume "
+                    f"{run_id} once the database is back"
+                )
+            self._stop.wait(delay)
+            delay = min(delay * 2, _RECONNECT_MAX_S)
 
-    def _own(self, conn: psycopg.Connection[Any], run_id: int) -> None:
+    def _own(
+        self, conn: psycopg.Connection[Any], run_id: int, *, ours_may_linger: bool = False
+    ) -> None:
         run = q.get_run(conn, run_id)
         if run is None:
             raise RunError(f"run {run_id} does not exist; check the id with `tunefleet status`")
         if not q.try_lock_run(conn, run_id):
+            if ours_may_linger and run["coordinator_id"] == self.coordinator_id:
+                # Our previous session is still ending on the server (its lock goes with it).
+                raise _OwnLockLingers
             beat = run["coordinator_heartbeat_at"]
             raise RunError(
                 f"run {run_id} is already driven by coordinator {run['coordinator_id']} "
