@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import random
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -48,9 +50,10 @@ from tunefleet.errors import (
     InvalidConfiguration,
     ProblemError,
     RunError,
+    TunefleetError,
     UsageError,
 )
-from tunefleet.problems.base import Protocol, cache_key
+from tunefleet.problems.base import Problem, Protocol, cache_key
 from tunefleet.queries import search as q
 from tunefleet.settings import DatabaseSettings
 from tunefleet.space import Config, Space, config_hash
@@ -110,8 +113,7 @@ def create_run(
     if not settings.problem:
         raise UsageError("name a PROBLEM to create a run for")
     problem = get_problem(settings.problem)
-    args = problem.normalise_args(settings.problem_args)
-    space = problem.space(args)
+    args, space = _args_and_space(problem, settings.problem, settings.problem_args)
     SpaceMapping(space)  # a space the search cannot represent fails here, not mid-run
     protocol = _protocol(settings.protocol)
     seeds = [_checked_seed(space, config, i) for i, config in enumerate(settings.seed_configs)]
@@ -159,6 +161,44 @@ def create_run(
             )
     _log.info("created run %d (%s, class %s, %d seeds)", run_id, key, device_class, len(seeds))
     return run_id
+
+
+def _args_and_space(
+    problem: Problem, spec: str, raw_args: Mapping[str, Any]
+) -> tuple[dict[str, Any], Space]:
+    """Run the problem's own code that a run is made of. User problems are arbitrary code:
+    an exception they raise, or a space that is not a :class:`Space`, becomes a one-line
+    ProblemError naming the problem and the method to fix (not a traceback)."""
+    try:
+        args = problem.normalise_args(raw_args)
+    except TunefleetError:
+        raise
+    except Exception as exc:
+        raise ProblemError(f"problem {spec!r}: normalise_args raised {_one_line(exc)}") from None
+    try:
+        space = problem.space(args)
+    except TunefleetError:
+        raise
+    except Exception as exc:
+        raise ProblemError(
+            f"problem {spec!r}: space() raised {_one_line(exc)}; fix its space definition"
+        ) from None
+    if not isinstance(space, Space):
+        raise ProblemError(
+            f"problem {spec!r}: space() returned a {type(space).__name__}, not a Space; "
+            "build it with Space.of([...]) from tunefleet.space"
+        )
+    return args, space
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message (at file:line)``, on one line."""
+    text = " ".join(str(exc).split())
+    out = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames:
+        out += f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})"
+    return out
 
 
 def _db_settings(db_url: str) -> DatabaseSettings:
