@@ -427,6 +427,7 @@ class _Session:
         self.target = 0
         self._elapsed_at = (float(row["elapsed_s"]), time.monotonic())
         self._rng = random.Random(run_id)
+        self._walk: Iterator[tuple[Any, ...]] | None = None
 
     # --- life cycle ---------------------------------------------------------------------
     def drive(self) -> RunResult:
@@ -604,8 +605,12 @@ class _Session:
                 break
         if answered:
             self.tuner.tell_many(answered)
-        if not batch and not self.flights:
-            batch = self._unexplored(need)
+        # OpenTuner may fall short: while it waits for outcomes, or once it has converged and
+        # proposes mostly configurations it already has. Rather than let workers idle, top
+        # the queue up to one trial per live worker with configurations never tried.
+        short = min(need, max(1, self.live_workers) - len(self.flights)) - len(batch)
+        if short > 0:
+            batch.update(self._unexplored(short, batch))
         return self._enqueue(batch) if batch else 0
 
     def _enqueue(self, batch: dict[str, _Flight]) -> int:
@@ -651,29 +656,34 @@ class _Session:
             self.tuner.tell_many([(sug, None) for sug in flight.suggestions])
         return moved + len(rows)
 
-    def _unexplored(self, need: int) -> dict[str, _Flight]:
-        """When the search proposes nothing new and nothing is in flight, queue configurations
-        it has not tried (OpenTuner can stall on small spaces) so the run keeps moving."""
+    def _unexplored(self, need: int, taken: Mapping[str, _Flight]) -> dict[str, _Flight]:
+        """Up to ``need`` configurations without an outcome, not in flight, not in ``taken``."""
         found: dict[str, _Flight] = {}
         for config in self._candidates():
             h = config_hash(config)
-            if h not in self.stats.outcomes and h not in found:
-                found[h] = _Flight(0, config)
-                if len(found) >= need:
-                    break
+            if h in self.stats.outcomes or h in self.flights or h in taken or h in found:
+                continue
+            found[h] = _Flight(0, config)
+            if len(found) >= need:
+                break
         return found
 
     def _candidates(self) -> Iterator[Config]:
+        """Random configurations: a shuffled walk through a small space (remembered across
+        calls, restarted when spent), random draws from a large one."""
         params = self.space.params
-        if self.space_size <= _ENUMERATE_LIMIT:
-            values = [p.values() for p in params]
-            order = list(itertools.product(*values))
-            self._rng.shuffle(order)
-            for combo in order:
-                yield {p.name: v for p, v in zip(params, combo, strict=True)}
-        else:
+        if self.space_size > _ENUMERATE_LIMIT:
             for _ in range(1000):
                 yield {p.name: self._rng.choice(p.values()) for p in params}
+            return
+        for _ in range(2):
+            if self._walk is None:
+                order = list(itertools.product(*(p.values() for p in params)))
+                self._rng.shuffle(order)
+                self._walk = iter(order)
+            for combo in self._walk:
+                yield {p.name: v for p, v in zip(params, combo, strict=True)}
+            self._walk = None
 
 
 def _source(flight: _Flight) -> str:

@@ -32,6 +32,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import text as sa_text
+from sqlalchemy.orm.attributes import set_committed_value
 
 from coordinator.mapping import SpaceMapping
 from tunefleet.errors import UsageError
@@ -144,15 +145,16 @@ class LeanSearchDriver(SearchDriver):  # type: ignore[misc]
                 request = self.root_technique.desired_result()
             if request is None or request is False:
                 break  # every technique is waiting for results
-            self.session.add(request)
             key = request.configuration.hash
             earlier = self.first_request.get(key)
             if earlier is None:
+                self.session.add(request)
                 self.first_request[key] = request
                 request.state = "REQUESTED"
                 self.requested.append(request)
             else:
-                # A repeat: answer it with the earlier request's result when that lands.
+                # A repeat (most requests, once the search converges): answered in memory
+                # with the earlier request's result when that lands, never stored.
                 self.register_result_callback(earlier, _copy_result_to(request))
             self.test_count += 1
             count += 1
@@ -174,9 +176,29 @@ class LeanMinimizeTime(MinimizeTime):  # type: ignore[misc]
         return None  # the engine sets trial timeouts itself
 
 
+class Manager(TuningRunManager):  # type: ignore[misc]
+    """TuningRunManager that never commits its private database, only flushes: a commit
+    would expire every object OpenTuner holds (thousands after a while) and reload each on
+    its next use, which makes each step slower as the run grows."""
+
+    def commit(self, force: bool = False) -> None:
+        self.session.flush()
+        self.forget_collections()
+
+    def forget_collections(self) -> None:
+        """Empty the ever-growing back-reference lists (every request and result of the run,
+        every result of the machine), which nothing reads: otherwise each flush walks them
+        whole and a step costs time proportional to the run's length. The rows stay."""
+        set_committed_value(self.tuning_run, "desired_results", [])
+        set_committed_value(self.tuning_run, "results", [])
+        set_committed_value(self.measurement_driver.machine, "results", [])
+
+
 def _copy_result_to(request: Any) -> Any:
     def callback(result: Any) -> None:
-        request.result = result
+        # Without events: a plain assignment would also append the repeat to the result's
+        # back-reference list, which then grows with every repeat and slows every flush.
+        set_committed_value(request, "result", result)
         request.state = "COMPLETE"
 
     return callback
@@ -201,7 +223,7 @@ class Tuner:
                 objective=LeanMinimizeTime(),
                 input_manager=FixedInputManager(),
             )
-            self._manager = TuningRunManager(interface, args, search_driver=LeanSearchDriver)
+            self._manager = Manager(interface, args, search_driver=LeanSearchDriver)
             # OpenTuner's objective compares configurations through its result table.
             self._manager.session.execute(
                 sa_text("CREATE INDEX IF NOT EXISTS tf_result_cfg ON result (configuration_id)")
@@ -239,7 +261,7 @@ class Tuner:
         with _quiet():
             for suggestion, seconds in outcomes:
                 self._report(suggestion.handle, seconds)
-            self._manager.session.flush()
+            self._manager.commit()
 
     def learn(self, outcomes: Iterable[tuple[Mapping[str, Any], float | None]]) -> None:
         """Outcomes the search never asked for (earlier sessions, seeds, the cache).
@@ -268,7 +290,7 @@ class Tuner:
                     # Asked by the search but not handed out yet: it is answered now.
                     driver.requested.remove(request)
                 self._report(request, seconds)
-            self._manager.session.flush()
+            self._manager.commit()
 
     def _report(self, request: Any, seconds: float | None) -> None:
         if request.result is not None:

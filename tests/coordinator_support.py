@@ -108,6 +108,17 @@ class Kernel(Analytic):
     needs_opencl = True
 
 
+class Tiny(Analytic):
+    """Six configurations: small enough for the search to run out of new ones."""
+
+    def space(self, args: Mapping[str, Any]) -> Space:
+        return Space.of([IntRange("x", 10, 12), Bool("flag")])
+
+    def measure(self, prepared: Any, session: Any, protocol: Protocol) -> Outcome:
+        full = {**OPTIMUM, "x": prepared["x"], "flag": prepared["flag"]}
+        return super().measure(full, session, protocol)
+
+
 class FakeWorker(threading.Thread):
     """A queue client in a thread: registers a worker row, heartbeats it, claims a few
     pending trials at a time, evaluates them and completes them fenced by lease owner and

@@ -6,13 +6,17 @@ OpenCL. A configuration is a plain ``dict`` of parameter name to JSON value; tup
 lists. :func:`config_hash` is stable across processes, Python versions and key order.
 
 Kernel builders raise :class:`~tunefleet.errors.InvalidConfiguration` for points of the space
-that are illegal (the space describes a box; legality can be richer than a box).
+that are illegal (the space describes a box; legality can be richer than a box): use
+:func:`require` for such rules, so the message names the rule.
+
+Membership is exact on the JSON form: ``True`` is not ``1`` and ``1.0`` is not ``1``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -30,6 +34,13 @@ def canonical_json(value: Any) -> str:
 def config_hash(config: Mapping[str, Any]) -> str:
     """Stable hash of a configuration (tuples and lists hash alike)."""
     return hashlib.sha256(canonical_json(_jsonable(config)).encode()).hexdigest()[:32]
+
+
+def require(condition: bool, message: str) -> None:
+    """Raise InvalidConfiguration(message) unless ``condition``: how builders state the rules
+    that make a point of the box illegal (``require(tile % wg == 0, "tile_i must be ...")``)."""
+    if not condition:
+        raise InvalidConfiguration(message)
 
 
 def _jsonable(value: Any) -> Any:
@@ -54,10 +65,18 @@ class Param:
         raise NotImplementedError
 
     def contains(self, value: Any) -> bool:
-        return _jsonable(value) in [_jsonable(v) for v in self.values()]
+        try:
+            key = canonical_json(_jsonable(value))
+        except (TypeError, ValueError):
+            return False
+        return key in {canonical_json(_jsonable(v)) for v in self.values()}
 
     def default(self) -> Any:
         return self.values()[0]
+
+    def sample(self, rng: random.Random) -> Any:
+        """A uniformly random legal value."""
+        return rng.choice(self.values())
 
     def to_json(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -185,6 +204,9 @@ class TupleOf(Param):
     def default(self) -> Any:
         return [item.default() for item in self.items]
 
+    def sample(self, rng: random.Random) -> Any:
+        return [item.sample(rng) for item in self.items]
+
     def to_json(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
@@ -198,23 +220,42 @@ _KINDS: dict[str, type[Param]] = {
 }
 
 
-def param_from_json(data: Mapping[str, Any]) -> Param:
-    try:
-        kind = data["kind"]
-        name = str(data["name"])
-        if kind == "int":
-            return IntRange(name, int(data["low"]), int(data["high"]), int(data.get("step", 1)))
-        if kind == "pow2":
-            return PowerOfTwo(name, int(data["low"]), int(data["high"]))
-        if kind == "bool":
-            return Bool(name)
-        if kind == "choice":
-            return Choice(name, tuple(data["options"]))
-        if kind == "tuple":
-            return TupleOf(name, tuple(param_from_json(i) for i in data["items"]))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ProblemError(f"malformed parameter {dict(data)!r}: {exc}") from None
-    raise ProblemError(f"unknown parameter kind {data.get('kind')!r}; use one of {sorted(_KINDS)}")
+def _int(data: Mapping[str, Any], key: str, default: int | None = None) -> int:
+    value = data.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ProblemError(f"malformed parameter {dict(data)!r}: {key!r} must be an integer")
+    return value
+
+
+def param_from_json(data: Any) -> Param:
+    """Rebuild one parameter from :meth:`Param.to_json`; ProblemError for malformed input."""
+    if not isinstance(data, Mapping):
+        raise ProblemError(f"malformed parameter {data!r}: expected an object with 'kind'")
+    kind = data.get("kind")
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        raise ProblemError(f"malformed parameter {dict(data)!r}: 'name' must be a string")
+    if kind == "int":
+        return IntRange(name, _int(data, "low"), _int(data, "high"), _int(data, "step", 1))
+    if kind == "pow2":
+        return PowerOfTwo(name, _int(data, "low"), _int(data, "high"))
+    if kind == "bool":
+        return Bool(name)
+    if kind == "choice":
+        options = data.get("options")
+        if not isinstance(options, list):
+            raise ProblemError(f"malformed parameter {dict(data)!r}: 'options' must be a list")
+        return Choice(name, tuple(options))
+    if kind == "tuple":
+        items = data.get("items")
+        if not isinstance(items, list):
+            raise ProblemError(f"malformed parameter {dict(data)!r}: 'items' must be a list")
+        return TupleOf(name, tuple(param_from_json(i) for i in items))
+    raise ProblemError(f"unknown parameter kind {kind!r}; use one of {sorted(_KINDS)}")
+
+
+#: The version of the JSON form written by :meth:`Space.to_json`.
+SPACE_JSON_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -257,8 +298,16 @@ class Space:
     def default(self) -> Config:
         return {p.name: p.default() for p in self.params}
 
+    def sample(self, rng: random.Random) -> Config:
+        """A uniformly random point of the box (it may still be illegal for the builder)."""
+        return {p.name: p.sample(rng) for p in self.params}
+
     def check(self, config: Mapping[str, Any]) -> Config:
         """Return ``config`` normalised (tuples as lists), or raise InvalidConfiguration."""
+        if not isinstance(config, Mapping):
+            raise InvalidConfiguration(
+                f"a configuration is an object of parameter values, not {config!r}"
+            )
         missing = [n for n in self.names() if n not in config]
         extra = [k for k in config if k not in self.names()]
         if missing or extra:
@@ -274,14 +323,35 @@ class Space:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": 1, "params": [p.to_json() for p in self.params]}
+        return {"version": SPACE_JSON_VERSION, "params": [p.to_json() for p in self.params]}
+
+    def dumps(self) -> str:
+        """The canonical JSON text of this space."""
+        return canonical_json(self.to_json())
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | Sequence[Any]) -> Space:
+        """Rebuild a space from :meth:`to_json` (or a bare list of parameters);
+        ProblemError for anything malformed."""
         if isinstance(data, Mapping):
+            version = data.get("version", SPACE_JSON_VERSION)
+            if not isinstance(version, int) or version > SPACE_JSON_VERSION:
+                raise ProblemError(
+                    f"space format version {version!r} is not understood by this tunefleet "
+                    f"(it reads up to {SPACE_JSON_VERSION}); upgrade tunefleet"
+                )
             items = data.get("params")
         else:
             items = data
         if not isinstance(items, list | tuple):
             raise ProblemError("malformed space: expected {'params': [...]}")
         return cls(tuple(param_from_json(p) for p in items))
+
+    @classmethod
+    def loads(cls, text: str) -> Space:
+        """Parse JSON text; ProblemError for invalid JSON or a malformed space."""
+        try:
+            data = json.loads(text)
+        except (TypeError, ValueError) as exc:
+            raise ProblemError(f"space is not valid JSON: {exc}") from None
+        return cls.from_json(data)

@@ -356,3 +356,11 @@ def test_progress_counts_are_those_in_the_database(db_url, db):
     assert (last.run_id, last.finished, last.in_flight) == (result.run_id, 10, 0)
     assert len(evaluated) == 10
     assert Counter(q.fetch_unreported(db, result.run_id)) == Counter()
+
+
+def test_a_small_space_is_evaluated_completely_once_and_the_run_ends(db_url, db):
+    s = settings(problem=ANALYTIC.replace(":Analytic", ":Tiny"))
+    result, evaluated = drive(db_url, s, workers=3)
+    assert (result.state, result.stop_reason, result.trials) == ("finished", "space_exhausted", 6)
+    assert len(evaluated) == len(set(evaluated)) == 6
+    assert result.best_config == {"x": 11, "flag": True}

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 from tunefleet.devices import DeviceInfo
+from tunefleet.errors import ProblemError
 from tunefleet.space import Config, Space, canonical_json
 
 
@@ -29,18 +30,38 @@ class Protocol:
     """How a configuration is timed. Stored with every measurement and part of the cache key,
     so numbers measured under different protocols are never mixed up.
 
-    Timing: ``warmup`` untimed launches, then rounds of launches timed with OpenCL profiling
-    events until at least ``min_launches`` launches and ``min_seconds`` of kernel time (at
-    most ``max_launches``). The reported statistic is the median; the minimum is kept too.
+    Timing: ``warmup`` untimed launches (default 3), then rounds of launches, each timed with
+    its own OpenCL profiling event (kernel start to kernel end, no host overhead), until at
+    least ``min_launches`` launches (default 10) *and* ``min_seconds`` of summed kernel time
+    (default 0.2 s) are collected, but never more than ``max_launches`` (default 200; the cap
+    wins for very short kernels). Every sample is kept; the reported statistic is the median,
+    and the minimum is kept too. Inputs come from a NumPy generator seeded with ``seed``
+    (default 0), so every worker times the same numbers.
+
+    Why these defaults: three warm-ups cover lazy module loading and clock ramp-up on GPUs;
+    ten samples make the median robust to one slow launch; 0.2 s bounds the timing cost of
+    one evaluation well below its build cost while averaging over clock and thermal noise.
     """
 
-    warmup: int = 2
-    min_launches: int = 5
+    warmup: int = 3
+    min_launches: int = 10
     min_seconds: float = 0.2
     max_launches: int = 200
     statistic: str = "median"
     seed: int = 0
     version: int = 1
+
+    def __post_init__(self) -> None:
+        if self.warmup < 0 or self.min_launches < 1 or self.max_launches < self.min_launches:
+            raise ProblemError(
+                f"bad protocol: warmup={self.warmup}, min_launches={self.min_launches}, "
+                f"max_launches={self.max_launches} (need warmup >= 0 and "
+                "1 <= min_launches <= max_launches)"
+            )
+        if self.min_seconds < 0:
+            raise ProblemError(f"bad protocol: min_seconds={self.min_seconds} is negative")
+        if self.statistic not in ("median", "min"):
+            raise ProblemError(f"bad protocol statistic {self.statistic!r}; use 'median' or 'min'")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -70,6 +91,92 @@ class Outcome:
     versions: dict[str, Any] = field(default_factory=dict)
     code: str | None = None
     error: str | None = None
+    #: The device that measured (``DeviceInfo.to_json()``: platform, vendor, name, driver,
+    #: compute units, memory, fingerprint); empty for problems that need no device.
+    device: dict[str, Any] = field(default_factory=dict)
+    #: Everything else worth keeping: code-generation and build seconds, launch geometry,
+    #: local memory, validation size, the reason details of an invalid verdict.
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    """One problem argument: its name, default (whose type is the argument's type), a
+    one-line help, and optionally the allowed choices and integer bounds."""
+
+    name: str
+    default: Any
+    help: str = ""
+    choices: tuple[Any, ...] = ()
+    minimum: int | None = None
+    maximum: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"name": self.name, "default": self.default, "help": self.help}
+        if self.choices:
+            data["choices"] = list(self.choices)
+        if self.minimum is not None:
+            data["minimum"] = self.minimum
+        if self.maximum is not None:
+            data["maximum"] = self.maximum
+        return data
+
+    def convert(self, problem: str, value: Any) -> Any:
+        """``value`` as this argument's type (strings from a command line are parsed), or
+        ProblemError naming the argument and what it accepts."""
+        kind = type(self.default)
+        try:
+            if kind is int:
+                if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                    raise ValueError(value)
+                out: Any = int(value)
+            elif kind is float:
+                out = float(value)
+            elif kind is bool:
+                if isinstance(value, str):
+                    if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                        raise ValueError(value)
+                    out = value.lower() in ("true", "1", "yes")
+                else:
+                    out = bool(value)
+            else:
+                out = str(value)
+        except (TypeError, ValueError):
+            raise ProblemError(
+                f"problem {problem}: argument {self.name}={value!r} is not a {kind.__name__}"
+            ) from None
+        if self.choices and out not in self.choices:
+            raise ProblemError(
+                f"problem {problem}: argument {self.name}={out!r} is not one of "
+                f"{', '.join(map(str, self.choices))}"
+            )
+        if self.minimum is not None and out < self.minimum:
+            raise ProblemError(
+                f"problem {problem}: argument {self.name}={out} is below its minimum {self.minimum}"
+            )
+        if self.maximum is not None and out > self.maximum:
+            raise ProblemError(
+                f"problem {problem}: argument {self.name}={out} is above its maximum {self.maximum}"
+            )
+        return out
+
+
+def normalise_with_specs(
+    problem: str, specs: tuple[ArgSpec, ...], raw: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Validate ``raw`` against ``specs``: unknown names and bad values raise ProblemError
+    naming the argument; missing ones get their defaults. Returns a new dict in spec order."""
+    known = {spec.name: spec for spec in specs}
+    unknown = sorted(str(k) for k in raw if k not in known)
+    if unknown:
+        raise ProblemError(
+            f"problem {problem}: unknown argument(s) {', '.join(unknown)}; "
+            f"its arguments are {', '.join(known) or '(none)'}"
+        )
+    return {
+        spec.name: spec.convert(problem, raw[spec.name]) if spec.name in raw else spec.default
+        for spec in specs
+    }
 
 
 class Problem(ABC):
@@ -79,6 +186,8 @@ class Problem(ABC):
     description: ClassVar[str] = ""
     #: False for problems that evaluate without an OpenCL device (the synthetic one).
     needs_opencl: ClassVar[bool] = True
+    #: The arguments, for ``tunefleet problems`` and :func:`normalise_with_specs`.
+    arguments: ClassVar[tuple[ArgSpec, ...]] = ()
 
     @abstractmethod
     def normalise_args(self, raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -90,6 +199,12 @@ class Problem(ABC):
 
     def default_config(self, args: Mapping[str, Any]) -> Config:
         return self.space(args).default()
+
+    def check_config(self, args: Mapping[str, Any], config: Mapping[str, Any]) -> Config:
+        """The configuration normalised, or InvalidConfiguration when it is outside the space
+        or breaks a rule that needs no device (divisibility, register budget). Cheap: the
+        coordinator may call it to skip points a worker would reject anyway."""
+        return self.space(args).check(config)
 
     # --- evaluation: called by the worker -------------------------------------------------
     @abstractmethod

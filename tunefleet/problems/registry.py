@@ -9,19 +9,25 @@ worker on another node resolves the same problem (user files must be reachable t
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import inspect
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tunefleet.errors import ProblemError
+from tunefleet.errors import ProblemError, TunefleetError
 from tunefleet.problems.base import Problem
 
 #: Built-in problems: name -> "module:class". Modules are imported only when asked for.
 BUILTINS: dict[str, str] = {
     "synthetic": "tunefleet.problems.synthetic:Synthetic",
+    "gemm": "tunefleet.problems.gemm:Gemm",
+    "dg_diff": "tunefleet.problems.dg:DGDiff",
+    "face_mass": "tunefleet.problems.dg:FaceMass",
+    "transpose": "tunefleet.problems.transpose:Transpose",
 }
 
 
@@ -29,11 +35,75 @@ def builtin_names() -> list[str]:
     return sorted(BUILTINS)
 
 
+@dataclass(frozen=True)
+class ProblemInfo:
+    """What ``tunefleet problems`` shows about one problem."""
+
+    name: str
+    description: str
+    #: One dict per argument: name, default, help (and choices / minimum when declared).
+    args: tuple[dict[str, Any], ...]
+    needs_opencl: bool
+    space_size: int | None = None
+    #: Why the problem could not be loaded (a missing optional dependency, say).
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "args": [dict(a) for a in self.args],
+            "needs_opencl": self.needs_opencl,
+            "space_size": self.space_size,
+            "error": self.error,
+        }
+
+
+def problem_info(spec: str) -> ProblemInfo:
+    """Describe one problem (built-in name, file path or ``module:attr``). Its space size is
+    computed for the default arguments."""
+    problem = get_problem(spec)
+    defaults = problem.normalise_args({})
+    if problem.arguments:
+        args = tuple(a.to_json() for a in problem.arguments)
+    else:  # a problem without declared arguments: show what its defaults are
+        args = tuple({"name": k, "default": v, "help": ""} for k, v in defaults.items())
+    try:
+        size: int | None = problem.space(defaults).size()
+    except TunefleetError:
+        size = None
+    return ProblemInfo(
+        name=problem.name or spec,
+        description=problem.description,
+        args=args,
+        needs_opencl=problem.needs_opencl,
+        space_size=size,
+    )
+
+
+def list_problems() -> list[ProblemInfo]:
+    """Every built-in problem, sorted by name. One that cannot be loaded is listed with its
+    error instead of hiding the others."""
+    out = []
+    for name in builtin_names():
+        try:
+            out.append(problem_info(name))
+        except (TunefleetError, ImportError) as exc:
+            out.append(
+                ProblemInfo(name=name, description="", args=(), needs_opencl=True, error=str(exc))
+            )
+    return out
+
+
 def get_problem(spec: str) -> Problem:
     """Resolve a problem spec to an instance, or raise ProblemError naming the fix."""
     spec = spec.strip()
     if spec in BUILTINS:
-        return _instantiate(_import_attr(BUILTINS[spec]), spec)
+        try:
+            target = _import_attr(BUILTINS[spec])
+        except (ImportError, AttributeError) as exc:
+            raise ProblemError(f"built-in problem {spec!r} cannot be loaded: {exc}") from None
+        return _instantiate(target, spec)
     file_part, sep, attr = spec.partition(":")
     if _is_path(file_part):
         return _load_file(Path(file_part), attr or None, spec)
@@ -61,16 +131,22 @@ def _import_attr(target: str) -> Any:
 def _load_file(path: Path, attr: str | None, spec: str) -> Problem:
     if not path.is_file():
         raise ProblemError(f"problem file {str(path)!r} does not exist; check the path")
-    name = f"tunefleet_user_problem_{abs(hash(str(path.resolve())))}"
-    module_spec = importlib.util.spec_from_file_location(name, path)
-    if module_spec is None or module_spec.loader is None:
-        raise ProblemError(f"cannot import {str(path)!r} as a Python module")
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[name] = module
-    try:
-        module_spec.loader.exec_module(module)
-    except Exception as exc:
-        raise ProblemError(f"problem file {str(path)!r} failed to import: {exc!r}") from None
+    # A stable module name per file: every process that loads the file gets the same classes'
+    # qualified names, and a second load in one process reuses the first.
+    digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
+    name = f"tunefleet_user_problem_{digest}"
+    module = sys.modules.get(name)
+    if module is None:
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        if module_spec is None or module_spec.loader is None:
+            raise ProblemError(f"cannot import {str(path)!r} as a Python module")
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as exc:
+            del sys.modules[name]
+            raise ProblemError(f"problem file {str(path)!r} failed to import: {exc!r}") from None
     if attr:
         if not hasattr(module, attr):
             raise ProblemError(f"problem file {str(path)!r} has no attribute {attr!r}")

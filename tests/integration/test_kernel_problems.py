@@ -1,0 +1,263 @@
+"""Kernel problems on a real OpenCL device (PoCL's CPU device is enough): every built-in
+validates and times its default and a few random configurations; illegal configurations
+become ``invalid`` with their reason; a user problem from a file runs; ``prepare`` in another
+process feeds ``measure`` here, as in the worker.
+
+Sizes are tiny and the protocol short: these tests check behaviour, never speed.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import multiprocessing
+import pickle
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tunefleet.errors import InvalidConfiguration
+from tunefleet.problems.base import Protocol
+from tunefleet.problems.kernel import KernelProblem, PreparedKernel
+from tunefleet.problems.registry import get_problem
+
+pytestmark = pytest.mark.opencl
+
+PROTOCOL = Protocol(warmup=1, min_launches=3, min_seconds=0.0, max_launches=5, seed=1)
+#: Small enough that the validation size is the target size for the defaults (one build).
+SMALL: dict[str, dict[str, Any]] = {
+    "gemm": {"n": 64, "m": 64, "k": 16},
+    "dg_diff": {"n_elements": 40},
+    "face_mass": {"n_elements": 40, "n_fields": 2},
+    "transpose": {"n": 40, "m": 24},
+}
+
+
+@pytest.fixture(scope="module")
+def session() -> Any:
+    pytest.importorskip("pyopencl")
+    from worker.device import list_devices, open_session
+
+    devices = list_devices()
+    if not devices:
+        pytest.skip("no OpenCL device")
+    return open_session(devices[0])
+
+
+def _evaluate(problem: Any, args: dict[str, Any], config: dict[str, Any], session: Any) -> Any:
+    full = problem.normalise_args(args)
+    prepared = problem.prepare(full, config, session.info)
+    return problem.measure(prepared, session, PROTOCOL)
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_default_configuration_validates_and_times(session, name):
+    problem = get_problem(name)
+    args = problem.normalise_args(SMALL[name])
+    outcome = _evaluate(problem, args, problem.default_config(args), session)
+    assert outcome.state == "done", outcome.error
+    assert PROTOCOL.min_launches <= len(outcome.samples_s) <= PROTOCOL.max_launches
+    assert all(s > 0 for s in outcome.samples_s)
+    assert outcome.min_s == min(outcome.samples_s) <= outcome.median_s
+    assert outcome.protocol == PROTOCOL.to_json()
+    assert outcome.validation["ok"] and outcome.validation["args"] == args
+    assert outcome.gbps and outcome.gbps > 0
+    assert (outcome.gflops is None) == (name == "transpose")
+    assert outcome.compile_s and outcome.compile_s > 0
+    assert outcome.device["fingerprint"] == session.info.fingerprint
+    assert outcome.device["platform"] and outcome.device["driver_version"]
+    assert {"tunefleet", "loopy", "pyopencl", "islpy", "driver"} <= set(outcome.versions)
+    assert "__kernel void __attribute__ ((reqd_work_group_size" in outcome.code
+    assert outcome.details["local_size"] and outcome.details["build_s"] >= 0
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_random_configurations_are_done_or_invalid_with_a_reason(session, name):
+    problem = get_problem(name)
+    args = problem.normalise_args(SMALL[name])
+    space = problem.space(args)
+    rng = random.Random(2024)
+    states = []
+    while len(states) < 2:
+        config = space.sample(rng)
+        try:
+            problem.check_config(args, config)
+        except InvalidConfiguration:
+            continue
+        if "full" in config.values():  # loopy-unrolled loops: slow code generation
+            continue
+        try:
+            outcome = _evaluate(problem, args, config, session)
+        except InvalidConfiguration as exc:
+            assert str(exc)
+            states.append("invalid")
+            continue
+        assert outcome.state in ("done", "invalid")
+        assert outcome.state == "done" or outcome.error
+        states.append(outcome.state)
+    assert "done" in states
+
+
+def test_work_group_larger_than_the_device_allows_is_invalid(session):
+    gemm = get_problem("gemm")
+    args = gemm.normalise_args(SMALL["gemm"])
+    small_device = dataclasses.replace(session.info, max_work_group_size=64)
+    with pytest.raises(
+        InvalidConfiguration, match=r"work-group of 256 work-items .* maximum of 64"
+    ):
+        gemm.prepare(args, gemm.default_config(args), small_device)
+
+
+def test_local_memory_overflow_is_invalid(session):
+    gemm = get_problem("gemm")
+    args = gemm.normalise_args(SMALL["gemm"])
+    tiny = dataclasses.replace(session.info, local_mem_bytes=1024)
+    with pytest.raises(InvalidConfiguration, match="bytes of local memory; the device has 1024"):
+        gemm.prepare(args, gemm.default_config(args), tiny)
+
+
+def test_loopy_errors_are_invalid(session):
+    transpose = get_problem("transpose")
+    args = transpose.normalise_args(SMALL["transpose"])
+    config = {**transpose.default_config(args), "tile_i": 1, "tile_j": 1, "wg_0": 8, "wg_1": 16}
+    with pytest.raises(InvalidConfiguration, match="loopy cannot build this configuration"):
+        transpose.prepare(args, config, session.info)
+
+
+def test_a_kernel_without_schedule_is_invalid_and_never_prompts(session):
+    # loopy's scheduler asks for a key press when it finds no schedule; a worker must not.
+    fm = get_problem("face_mass")
+    args = fm.normalise_args(SMALL["face_mass"])
+    config = {
+        **fm.default_config(args),
+        "wg_i": 7,
+        "wg_e": 16,
+        "reg_e": 2,
+        "i_in_registers": False,
+        "fields": "loop",
+        "stage": "face",
+    }
+    with pytest.raises(InvalidConfiguration, match="no schedule exists"):
+        fm.prepare(args, config, session.info)
+
+
+BROKEN_PROBLEM = '''
+import numpy as np
+
+from tunefleet.problems.base import ArgSpec
+from tunefleet.problems.kernel import KernelProblem
+from tunefleet.space import Choice, PowerOfTwo, Space
+
+BUGS = ("none", "wrong", "skip", "nan", "syntax", "skip_big")
+
+
+class Scale(KernelProblem):
+    """out = 2 a, with bugs planted on request."""
+
+    name = "scale"
+    description = "out = 2 a (with planted bugs)"
+    arguments = (ArgSpec("n", 200, "length", minimum=1),)
+
+    def space(self, args):
+        return Space.of([PowerOfTwo("wg", 1, 64), Choice("bug", BUGS)])
+
+    def default_config(self, args):
+        return {"wg": 16, "bug": "none"}
+
+    def validation_args(self, args, config):
+        return {**args, "n": min(args["n"], 64)}
+
+    def build(self, args, config, device):
+        import loopy as lp
+
+        n, bug = args["n"], config["bug"]
+        upper = {"skip": n - 1, "skip_big": min(n, 64)}.get(bug, n)
+        expr = {
+            "wrong": "2 * a[i] + 0.001",
+            "nan": "2 * a[i] * (a[i] - a[i]) / (a[i] - a[i])",
+        }.get(bug, "2 * a[i]")
+        knl = lp.make_kernel(
+            "{[i]: 0 <= i < %d}" % upper,
+            "out[i] = %s" % expr,
+            [
+                lp.GlobalArg("a", np.float32, shape=(n,)),
+                lp.GlobalArg("out", np.float32, shape=(n,), is_output=True),
+            ],
+            name="scale",
+            lang_version=(2018, 2),
+        )
+        knl = lp.split_iname(knl, "i", config["wg"], outer_tag="g.0", inner_tag="l.0")
+        if bug == "syntax":
+            kernel = knl.default_entrypoint
+            planted = (*kernel.preambles, ("99_planted", "this is not OpenCL C;"))
+            knl = knl.with_kernel(kernel.copy(preambles=planted))
+        return knl
+
+    def make_inputs(self, args, rng):
+        return {"a": rng.uniform(-1, 1, args["n"]).astype(np.float32)}
+
+    def reference(self, args, inputs):
+        return {"out": 2.0 * inputs["a"].astype(np.float64)}
+
+    def flop_count(self, args):
+        return float(args["n"])
+
+    def byte_count(self, args):
+        return 8.0 * args["n"]
+'''
+
+
+@pytest.fixture
+def broken(tmp_path: Path) -> Any:
+    path = tmp_path / "scale_problem.py"
+    path.write_text(BROKEN_PROBLEM)
+    return get_problem(str(path))
+
+
+def test_user_problem_from_a_file_runs(session, broken):
+    assert isinstance(broken, KernelProblem) and broken.name == "scale"
+    outcome = _evaluate(broken, {}, {"wg": 16, "bug": "none"}, session)
+    assert outcome.state == "done", outcome.error
+    assert outcome.validation["args"] == {"n": 64}  # validated small, timed at n = 200
+    assert outcome.details["global_size"] == [208]
+
+
+@pytest.mark.parametrize(
+    ("bug", "reason"),
+    [
+        ("wrong", r"out: wrong numbers \(max error .* float32 tolerance 0.0001\)"),
+        ("skip", r"out: 1 of 64 outputs are NaN or infinite \(not written"),
+        ("nan", r"out: 64 of 64 outputs are NaN or infinite"),
+        ("syntax", r"OpenCL build failed"),
+        ("skip_big", r"out: 136 of 200 outputs are NaN or infinite at the target size"),
+    ],
+)
+def test_broken_kernels_are_invalid_with_their_reason(session, broken, bug, reason):
+    outcome = _evaluate(broken, {}, {"wg": 16, "bug": bug}, session)
+    assert outcome.state == "invalid"
+    assert outcome.error
+    import re
+
+    assert re.search(reason, outcome.error), outcome.error
+    assert not outcome.samples_s and outcome.median_s is None
+    assert outcome.protocol == PROTOCOL.to_json() and outcome.device
+
+
+def _prepare_elsewhere(spec: str, args: dict[str, Any], device: Any) -> bytes:
+    problem = get_problem(spec)
+    full = problem.normalise_args(args)
+    return pickle.dumps(problem.prepare(full, problem.default_config(full), device))
+
+
+def test_prepare_in_a_pool_process_then_measure_here(session):
+    # The worker's split: code generation in a pool process, timing in the device process.
+    ctx = multiprocessing.get_context("spawn")
+    with cf.ProcessPoolExecutor(1, mp_context=ctx) as pool:
+        blob = pool.submit(_prepare_elsewhere, "transpose", SMALL["transpose"], session.info)
+        prepared = pickle.loads(blob.result(timeout=240))
+    assert isinstance(prepared, PreparedKernel) and prepared.validation is None
+    outcome = get_problem("transpose").measure(prepared, session, PROTOCOL)
+    assert outcome.state == "done", outcome.error
+    assert outcome.details["codegen_s"] > 0

@@ -1,0 +1,264 @@
+"""Problems without a device: arguments, spaces, rules, the registry, the protocol's arithmetic.
+
+Nothing here needs OpenCL; one test proves the problem modules import without loopy/pyopencl.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tunefleet.devices import DeviceInfo
+from tunefleet.errors import InvalidConfiguration, ProblemError
+from tunefleet.problems.base import Protocol
+from tunefleet.problems.kernel import KernelProblem, check_device_limits, next_batch
+from tunefleet.problems.registry import get_problem, list_problems, problem_info
+from tunefleet.space import Space
+
+KERNELS = ("gemm", "dg_diff", "face_mass", "transpose")
+GPU = DeviceInfo(
+    platform="P",
+    vendor="V",
+    name="Some GPU",
+    driver_version="1",
+    max_work_group_size=1024,
+    max_work_item_sizes=(1024, 1024, 64),
+    local_mem_bytes=48 * 1024,
+)
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_builtin_defaults_are_legal_points_of_a_json_space(name):
+    problem = get_problem(name)
+    assert isinstance(problem, KernelProblem) and problem.name == name
+    args = problem.normalise_args({})
+    space = problem.space(args)
+    assert Space.from_json(space.to_json()) == space
+    config = problem.default_config(args)
+    assert problem.check_config(args, config) == config
+    assert problem.flop_count(args) >= 0 and problem.byte_count(args) > 0
+    assert space.size() > 100  # a space worth searching
+
+
+def test_arguments_are_converted_and_checked_with_the_argument_named():
+    gemm = get_problem("gemm")
+    assert gemm.normalise_args({"n": "128", "dtype": "float64"}) == {
+        "n": 128,
+        "m": 2048,
+        "k": 2048,
+        "dtype": "float64",
+    }
+    with pytest.raises(ProblemError, match=r"unknown argument.*size.*its arguments are n, m, k"):
+        gemm.normalise_args({"size": 3})
+    with pytest.raises(ProblemError, match="dtype='float16' is not one of float32, float64"):
+        gemm.normalise_args({"dtype": "float16"})
+    with pytest.raises(ProblemError, match="n=0 is below its minimum 1"):
+        gemm.normalise_args({"n": 0})
+    with pytest.raises(ProblemError, match="k='big' is not a int"):
+        gemm.normalise_args({"k": "big"})
+    with pytest.raises(ProblemError, match=r"n=2.5 is not a int"):
+        gemm.normalise_args({"n": 2.5})
+
+
+def test_flop_and_byte_counts():
+    gemm = get_problem("gemm")
+    args = gemm.normalise_args({"n": 4, "m": 5, "k": 6, "dtype": "float64"})
+    assert gemm.flop_count(args) == 2 * 4 * 5 * 6
+    assert gemm.byte_count(args) == 8 * (4 * 6 + 6 * 5 + 4 * 5)
+    fm = get_problem("face_mass")
+    fargs = fm.normalise_args({"n_elements": 10})
+    assert fm.flop_count(fargs) == 10 * 4 * 4 * 15 * (1 + 2 * 35)
+    assert fm.byte_count(fargs) == 8 * (35 * 60 + 4 * 10 + 4 * 4 * 10 * 15 + 4 * 10 * 35)
+    assert get_problem("transpose").flop_count({"n": 2, "m": 2, "dtype": "float32"}) == 0
+
+
+def test_rules_without_a_device_name_the_rule():
+    gemm = get_problem("gemm")
+    args = gemm.normalise_args({"m": 130})
+    base = gemm.default_config(args)
+    with pytest.raises(InvalidConfiguration, match="register budget"):
+        gemm.check_config(args, {**base, "reg_i": 16, "reg_j": 16})
+    with pytest.raises(InvalidConfiguration, match="vec_j=4 must divide m=130"):
+        gemm.check_config(args, base)
+    with pytest.raises(InvalidConfiguration, match="vec_i=4 must divide reg_i=2"):
+        gemm.check_config(gemm.normalise_args({}), {**base, "reg_i": 2})
+    fm = get_problem("face_mass")
+    fargs = fm.normalise_args({})
+    with pytest.raises(InvalidConfiguration, match="accumulators of float64"):
+        fm.check_config(fargs, {**fm.default_config(fargs), "wg_i": 1, "reg_e": 8})
+    with pytest.raises(InvalidConfiguration, match="accumulators of float64"):
+        fm.check_config(fargs, {**fm.default_config(fargs), "fields": "ilp"})
+    with pytest.raises(InvalidConfiguration, match="outside the space"):
+        fm.check_config(fargs, {**fm.default_config(fargs), "wg_i": 3})
+
+
+def test_validation_sizes_are_small_and_keep_the_remainder():
+    gemm = get_problem("gemm")
+    args = gemm.normalise_args({"n": 4100, "m": 4096, "k": 4097})
+    config = {**gemm.default_config(args), "tile_k": 8}
+    small = gemm.validation_args(args, config)
+    assert small == {"n": 256 + 4100 % 128, "m": 256, "k": 16 + 1, "dtype": "float32"}
+    fm = get_problem("face_mass")
+    fargs = fm.normalise_args({"n_elements": 1000})
+    fconfig = {**fm.default_config(fargs), "wg_e": 8, "reg_e": 2}
+    assert fm.validation_args(fargs, fconfig)["n_elements"] == 32 + 1000 % 16
+
+
+def test_device_limits_are_checked_against_the_device_info():
+    check_device_limits((32, 32), 48 * 1024, GPU)
+    with pytest.raises(InvalidConfiguration, match=r"2048 work-items \(64, 32\) exceeds.*1024"):
+        check_device_limits((64, 32), 0, GPU)
+    with pytest.raises(InvalidConfiguration, match=r"size 128 along axis 2 exceeds.*64"):
+        check_device_limits((1, 1, 128), 0, GPU)
+    with pytest.raises(InvalidConfiguration, match="needs 49153 bytes of local memory"):
+        check_device_limits((1,), 48 * 1024 + 1, GPU)
+    unknown = dataclasses.replace(
+        GPU, max_work_group_size=None, local_mem_bytes=None, max_work_item_sizes=()
+    )
+    check_device_limits((4096,), 10**9, unknown)  # unknown limits are not guessed
+
+
+def test_next_batch_follows_the_protocol():
+    p = Protocol(warmup=0, min_launches=5, min_seconds=1.0, max_launches=50)
+    assert next_batch([], p) == 5
+    assert next_batch([0.125] * 5, p) == 3  # 0.625 s so far: three more reach 1 s
+    assert next_batch([0.125] * 8, p) == 0
+    assert next_batch([1e-6] * 5, p) == 45  # capped by max_launches
+    assert next_batch([1e-6] * 50, p) == 0
+    assert next_batch([2.0] * 3, p) == 2  # min_launches still applies
+    assert next_batch([0.0] * 5, p) == 45  # a zero-time clock: run to the cap
+
+
+def test_protocol_round_trips_and_rejects_nonsense():
+    p = Protocol(warmup=1, min_launches=2, min_seconds=0.5, max_launches=9, seed=3)
+    assert Protocol.from_json(p.to_json()) == p
+    assert Protocol.from_json({**p.to_json(), "future_field": 1}) == p
+    for bad in (
+        {"min_launches": 0},
+        {"max_launches": 1, "min_launches": 2},
+        {"warmup": -1},
+        {"min_seconds": -1.0},
+        {"statistic": "mean"},
+    ):
+        with pytest.raises(ProblemError, match="protocol"):
+            Protocol(**bad)  # type: ignore[arg-type]
+
+
+def test_compare_reports_wrong_numbers_and_nans():
+    gemm = get_problem("gemm")
+    assert isinstance(gemm, KernelProblem)
+    want = {"c": np.ones((2, 3))}
+    ok = gemm.compare(want, {"c": np.ones(6, dtype=np.float32) + 1e-6})
+    assert ok["ok"] and ok["outputs"]["c"]["tolerance"] == 1e-4
+    bad = gemm.compare(want, {"c": np.full(6, 1.01, dtype=np.float32)})
+    assert not bad["ok"] and "wrong numbers (max error 0.01" in bad["reason"]
+    nan = np.ones(6)
+    nan[2] = np.nan
+    verdict = gemm.compare(want, {"c": nan})
+    assert not verdict["ok"] and "1 of 6 outputs are NaN" in verdict["reason"]
+    assert gemm.compare({"x": np.arange(3)}, {"x": np.arange(3)})["ok"]
+    assert not gemm.compare({"x": np.arange(3)}, {"x": np.arange(3) + 1})["ok"]
+
+
+def test_registry_lists_builtins_with_arguments():
+    infos = {info.name: info for info in list_problems()}
+    assert set(KERNELS) <= set(infos)
+    gemm = infos["gemm"]
+    assert gemm.error is None and gemm.needs_opencl and gemm.space_size
+    assert {a["name"]: a["default"] for a in gemm.args} == {
+        "n": 2048,
+        "m": 2048,
+        "k": 2048,
+        "dtype": "float32",
+    }
+    assert all(a["help"] for a in gemm.args)
+    assert "ifj,fe,fej->ei" in infos["face_mass"].description
+    assert infos["face_mass"].to_json()["args"][0]["name"] == "n_elements"
+
+
+USER_PROBLEM = """
+from tunefleet.problems.base import ArgSpec, Outcome, Problem, normalise_with_specs
+from tunefleet.space import IntRange, Space
+
+
+class Quadratic(Problem):
+    name = "quadratic"
+    description = "a user problem"
+    needs_opencl = False
+    arguments = (ArgSpec("center", 3, "where the minimum is"),)
+
+    def normalise_args(self, raw):
+        return normalise_with_specs(self.name, self.arguments, raw)
+
+    def space(self, args):
+        return Space.of([IntRange("x", 0, 10)])
+
+    def prepare(self, args, config, device):
+        return (config["x"] - args["center"]) ** 2
+
+    def measure(self, prepared, session, protocol):
+        return Outcome(state="done", median_s=1.0 + prepared)
+"""
+
+
+def test_user_problem_from_a_file_and_module_attr(tmp_path, monkeypatch):
+    path = tmp_path / "my_problem.py"
+    path.write_text(USER_PROBLEM)
+    problem = get_problem(str(path))
+    assert problem.name == "quadratic"
+    assert problem.prepare({"center": 3}, {"x": 5}, GPU) == 4
+    assert get_problem(f"{path}:Quadratic").name == "quadratic"
+    info = problem_info(str(path))
+    assert info.args == ({"name": "center", "default": 3, "help": "where the minimum is"},)
+    assert info.space_size == 11 and not info.needs_opencl
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert get_problem("my_problem:Quadratic").name == "quadratic"
+
+
+def test_registry_errors_name_the_fix(tmp_path):
+    with pytest.raises(ProblemError, match=r"unknown problem 'nope'; built-ins are .*gemm"):
+        get_problem("nope")
+    with pytest.raises(ProblemError, match="does not exist"):
+        get_problem(str(tmp_path / "missing.py"))
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise RuntimeError('boom')\n")
+    with pytest.raises(ProblemError, match=r"failed to import.*boom"):
+        get_problem(str(broken))
+    two = tmp_path / "two.py"
+    two.write_text(USER_PROBLEM + USER_PROBLEM.replace("Quadratic", "Other"))
+    with pytest.raises(ProblemError, match="defines 2 Problem classes"):
+        get_problem(str(two))
+    with pytest.raises(ProblemError, match="no attribute 'Missing'"):
+        get_problem(f"{two}:Missing")
+    with pytest.raises(ProblemError, match="cannot load problem 'no_such_module:X'"):
+        get_problem("no_such_module:X")
+
+
+def test_problem_modules_import_without_loopy_or_pyopencl():
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["loopy"] = None
+        sys.modules["pyopencl"] = None
+        sys.modules["islpy"] = None
+        from tunefleet.problems.registry import get_problem
+        for name in ("gemm", "dg_diff", "face_mass", "transpose"):
+            p = get_problem(name)
+            args = p.normalise_args({})
+            p.check_config(args, p.default_config(args))
+            p.space(args).to_json()
+        print("ok")
+        """
+    )
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"

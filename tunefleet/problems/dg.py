@@ -1,0 +1,390 @@
+"""Discontinuous-Galerkin operators: ``dg_diff`` and ``face_mass``.
+
+Both apply a small dense operator to every element of a mesh, so they share one transform
+space. ``dg_diff`` is the batched small-matrix product ``out[e,i] = sum_j D[i,j] u[e,j]``
+(einsum ``ij,ej->ei``); ``face_mass`` is the DG face-mass ("lift") operator
+``out[k,e,i] = sum_{f,j} lift[i,f,j] jac[f,e] u[k,f,e,j]`` (einsum ``ifj,fe,fej->ei``
+applied to ``n_fields`` fields ``k`` at once; defaults: 35 volume nodes, 4 faces, 15 nodes
+per face — 3D order 4 — in float64).
+
+The space, for both:
+
+- ``wg_i`` work-items along the output node axis ``i`` (local axis 0), each computing
+  ``ceil(n_i / wg_i)`` of the ``i`` values (strided by ``wg_i``), kept in registers
+  (``i_in_registers``) or computed one after the other;
+- ``wg_e`` work-items along the element axis (local axis 1), each computing ``reg_e``
+  elements (register blocking: every operator value loaded is used ``reg_e`` times);
+- ``prefetch_u``: stage the work-group's element data in local memory (for ``face_mass`` the
+  product ``jac * u``, computed once per value while staging), element index innermost so
+  that work-items of consecutive elements read consecutive words, padded by one element so
+  that the transposing stores do not collide in a memory bank;
+- ``prefetch_op``: stage the operator in local memory, transposed so that work-items with
+  consecutive ``i`` read consecutive words;
+- ``unroll``: the innermost summed loop unrolled by loopy (``full``), by the OpenCL compiler
+  (``hint``) or not at all;
+- ``face_mass`` only, ``fields``: all fields of an element in one work-item (``ilp``: each
+  operator value is reused ``n_fields`` times), one field after the other (``loop``), or one
+  field per work-group row (``group``); ``stage``: what the prefetches stage in local memory
+  at once, all faces (``all``) or one face at a time (``face``: a quarter of the local
+  memory, so larger element tiles and more work-groups per compute unit).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from tunefleet.devices import DeviceInfo
+from tunefleet.problems.base import ArgSpec
+from tunefleet.problems.kernel import KernelProblem
+from tunefleet.space import Bool, Choice, Config, Param, PowerOfTwo, Space, require
+
+#: Accumulator budget per work-item (bytes): 96 doubles leave room for addresses and operands
+#: within 255 registers; more would spill.
+MAX_ACCUMULATOR_BYTES = 768
+
+
+def _thread_counts(n: int) -> tuple[int, ...]:
+    """Useful numbers of work-items along an axis of length ``n``: its divisors and the
+    powers of two up to 64 (those waste a few work-items but fill warps)."""
+    divisors = {d for d in range(1, n + 1) if n % d == 0}
+    pow2 = {2**p for p in range(7)}
+    return tuple(sorted(d for d in divisors | pow2 if d <= max(n, 64)))
+
+
+def _common_params(n_i: int) -> list[Param]:
+    return [
+        Choice("wg_i", _thread_counts(n_i)),
+        PowerOfTwo("wg_e", 1, 256),
+        PowerOfTwo("reg_e", 1, 8),
+        Bool("i_in_registers"),
+        Bool("prefetch_u"),
+        Bool("prefetch_op"),
+        Choice("unroll", ("hint", "full", "none")),
+    ]
+
+
+def _validation_elements(n_elements: int, config: Config) -> int:
+    tile = config["wg_e"] * config["reg_e"]
+    return min(n_elements, 2 * tile + n_elements % tile)
+
+
+def _map_work(
+    knl: Any, config: Config, n_i: int, *, extra_outer: tuple[str, ...] = ()
+) -> tuple[Any, str]:
+    """Split ``e`` and ``i`` over the work-group; returns the kernel and the inames outside a
+    work-group's work (for the prefetches)."""
+    import loopy as lp
+
+    from tunefleet.problems._loopy import split_thread_axis
+
+    tile_e = config["wg_e"] * config["reg_e"]
+    knl = lp.split_iname(knl, "e", tile_e, outer_tag="g.0", inner_iname="te", outer_iname="ge")
+    knl = split_thread_axis(knl, "te", threads=config["wg_e"], vec=1, lid=1, reg_tag="ilp.unr")
+    reg_i = math.ceil(n_i / config["wg_i"])
+    i_tag = "ilp.unr" if config["i_in_registers"] and reg_i > 1 else None
+    knl = lp.split_iname(
+        knl,
+        "i",
+        config["wg_i"],
+        inner_tag="l.0",
+        inner_iname="i_lid",
+        outer_iname="i_reg",
+        outer_tag=i_tag,
+    )
+    outer = ",".join(("ge", *extra_outer))
+    return knl, outer
+
+
+class DGDiff(KernelProblem):
+    name = "dg_diff"
+    description = "batched small-matrix operator out[e,i] = sum_j D[i,j] u[e,j] (ij,ej->ei)"
+    arguments = (
+        ArgSpec("n_elements", 262144, "number of elements", minimum=1),
+        ArgSpec("n_dofs", 35, "nodes per element (35: 3D order 4)", minimum=1, maximum=512),
+        ArgSpec("dtype", "float64", "element type", choices=("float32", "float64")),
+    )
+
+    def space(self, args: Mapping[str, Any]) -> Space:
+        return Space.of(_common_params(args["n_dofs"]))
+
+    def default_config(self, args: Mapping[str, Any]) -> Config:
+        # The fastest of a short search on an H200 (1.87 TB/s, 8.2 TFLOP/s in float64).
+        return {
+            "wg_i": next(d for d in (5, 7, 8) if d in _thread_counts(args["n_dofs"])),
+            "wg_e": 32,
+            "reg_e": 2,
+            "i_in_registers": True,
+            "prefetch_u": True,
+            "prefetch_op": True,
+            "unroll": "hint",
+        }
+
+    def config_rules(self, args: Mapping[str, Any], config: Config) -> None:
+        acc = config["reg_e"] * (
+            math.ceil(args["n_dofs"] / config["wg_i"]) if config["i_in_registers"] else 1
+        )
+        itemsize = np.dtype(args["dtype"]).itemsize
+        require(
+            acc * itemsize <= MAX_ACCUMULATOR_BYTES,
+            f"{acc} accumulators of {args['dtype']} per work-item exceed the register budget "
+            f"of {MAX_ACCUMULATOR_BYTES} bytes (lower reg_e, raise wg_i, or i_in_registers=false)",
+        )
+
+    def validation_args(self, args: Mapping[str, Any], config: Config) -> dict[str, Any]:
+        return {**args, "n_elements": _validation_elements(args["n_elements"], config)}
+
+    def build(self, args: Mapping[str, Any], config: Config, device: DeviceInfo) -> Any:
+        import loopy as lp
+
+        from tunefleet.problems._loopy import (
+            distribute_flat,
+            existing,
+            global_array,
+            make_kernel,
+            pad_innermost,
+            tag_unroll,
+        )
+
+        nel, nd, dtype = args["n_elements"], args["n_dofs"], args["dtype"]
+        knl = make_kernel(
+            "{[e, i, j]: 0 <= e < nel and 0 <= i < nd and 0 <= j < nd}",
+            "out[e, i] = sum(j, diff[i, j] * u[e, j])",
+            [
+                global_array("diff", dtype, ("nd", "nd")),
+                global_array("u", dtype, ("nel", "nd")),
+                global_array("out", dtype, ("nel", "nd"), output=True),
+            ],
+            name="dg_diff",
+        )
+        knl = lp.fix_parameters(knl, nel=nel, nd=nd)
+        knl, outer = _map_work(knl, config, nd)
+        lsizes = (config["wg_i"], config["wg_e"])
+        if config["prefetch_u"]:
+            knl = lp.extract_subst(knl, "u_elem", "u[eq, jq]", parameters="eq, jq")
+            knl = lp.precompute(
+                knl,
+                "u_elem",
+                sweep_inames=["te_reg", "te_lid", "j"],
+                storage_axes=["jq", "eq"],
+                precompute_outer_inames=outer,
+                precompute_inames=["fu_j", "fu_e"],
+                temporary_name="u_tile",
+                temporary_address_space=lp.AddressSpace.LOCAL,
+                default_tag=None,
+            )
+            knl = pad_innermost(knl, "u_tile")
+            # Node fastest: consecutive work-items read consecutive words of u.
+            knl = distribute_flat(knl, existing(knl, ["fu_e", "fu_j"]), lsizes, "fu")
+        if config["prefetch_op"]:
+            knl = lp.extract_subst(knl, "d_elem", "diff[ii, jj]", parameters="ii, jj")
+            knl = lp.precompute(
+                knl,
+                "d_elem",
+                sweep_inames=["i_reg", "i_lid", "j"],
+                storage_axes=["jj", "ii"],
+                precompute_outer_inames=outer,
+                precompute_inames=["fd_j", "fd_i"],
+                temporary_name="d_tile",
+                temporary_address_space=lp.AddressSpace.LOCAL,
+                default_tag=None,
+            )
+            knl = distribute_flat(knl, existing(knl, ["fd_i", "fd_j"]), lsizes, "fd")
+        return tag_unroll(knl, "j", config["unroll"])
+
+    def make_inputs(self, args: Mapping[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+        dtype = np.dtype(args["dtype"])
+        nd = args["n_dofs"]
+        return {
+            "diff": rng.uniform(-1, 1, (nd, nd)).astype(dtype),
+            "u": rng.uniform(-1, 1, (args["n_elements"], nd)).astype(dtype),
+        }
+
+    def reference(self, args: Mapping[str, Any], inputs: Mapping[str, Any]) -> dict[str, Any]:
+        d = inputs["diff"].astype(np.float64)
+        u = inputs["u"].astype(np.float64)
+        return {"out": u @ d.T}
+
+    def flop_count(self, args: Mapping[str, Any]) -> float:
+        return 2.0 * args["n_elements"] * args["n_dofs"] ** 2
+
+    def byte_count(self, args: Mapping[str, Any]) -> float:
+        nel, nd = args["n_elements"], args["n_dofs"]
+        return float(np.dtype(args["dtype"]).itemsize * (2 * nel * nd + nd * nd))
+
+
+class FaceMass(KernelProblem):
+    name = "face_mass"
+    description = (
+        "DG face-mass (lift) out[k,e,i] = sum_fj lift[i,f,j] jac[f,e] u[k,f,e,j] "
+        "(ifj,fe,fej->ei over n_fields fields)"
+    )
+    arguments = (
+        ArgSpec("n_elements", 131072, "number of elements", minimum=1),
+        ArgSpec("n_fields", 4, "fields the operator is applied to at once", minimum=1),
+        ArgSpec("n_voldofs", 35, "volume nodes per element (35: 3D order 4)", minimum=1),
+        ArgSpec("n_faces", 4, "faces per element", minimum=1),
+        ArgSpec("n_facedofs", 15, "nodes per face (15: 3D order 4)", minimum=1),
+        ArgSpec("dtype", "float64", "element type", choices=("float32", "float64")),
+    )
+
+    def space(self, args: Mapping[str, Any]) -> Space:
+        return Space.of(
+            [
+                *_common_params(args["n_voldofs"]),
+                Choice("fields", ("ilp", "loop", "group")),
+                Choice("stage", ("all", "face")),
+            ]
+        )
+
+    def default_config(self, args: Mapping[str, Any]) -> Config:
+        # The fastest of a short search on an H200 (2.06 TB/s, 11.4 TFLOP/s in float64).
+        return {
+            "wg_i": next(d for d in (5, 7, 8) if d in _thread_counts(args["n_voldofs"])),
+            "wg_e": 32,
+            "reg_e": 4,
+            "i_in_registers": True,
+            "prefetch_u": True,
+            "prefetch_op": True,
+            "unroll": "hint",
+            "fields": "group",
+            "stage": "face",
+        }
+
+    def config_rules(self, args: Mapping[str, Any], config: Config) -> None:
+        acc = config["reg_e"] * (
+            math.ceil(args["n_voldofs"] / config["wg_i"]) if config["i_in_registers"] else 1
+        )
+        if config["fields"] == "ilp":
+            acc *= args["n_fields"]
+        itemsize = np.dtype(args["dtype"]).itemsize
+        require(
+            acc * itemsize <= MAX_ACCUMULATOR_BYTES,
+            f"{acc} accumulators of {args['dtype']} per work-item exceed the register budget "
+            f"of {MAX_ACCUMULATOR_BYTES} bytes (lower reg_e, raise wg_i, "
+            "i_in_registers=false or fields=loop)",
+        )
+
+    def validation_args(self, args: Mapping[str, Any], config: Config) -> dict[str, Any]:
+        return {**args, "n_elements": _validation_elements(args["n_elements"], config)}
+
+    def build(self, args: Mapping[str, Any], config: Config, device: DeviceInfo) -> Any:
+        import loopy as lp
+
+        from tunefleet.problems._loopy import (
+            distribute_flat,
+            existing,
+            global_array,
+            make_kernel,
+            pad_innermost,
+            tag_unroll,
+        )
+
+        nel, nk = args["n_elements"], args["n_fields"]
+        nv, nf, nfd = args["n_voldofs"], args["n_faces"], args["n_facedofs"]
+        dtype = args["dtype"]
+        knl = make_kernel(
+            "{[k, e, i, f, j]: 0 <= k < nk and 0 <= e < nel and 0 <= i < nv "
+            "and 0 <= f < nf and 0 <= j < nfd}",
+            """
+            ju(kq, fq, eq, jq) := jac[fq, eq] * u[kq, fq, eq, jq]
+            out[k, e, i] = sum([f, j], lift[i, f, j] * ju(k, f, e, j))
+            """,
+            [
+                global_array("lift", dtype, ("nv", "nf", "nfd")),
+                global_array("jac", dtype, ("nf", "nel")),
+                global_array("u", dtype, ("nk", "nf", "nel", "nfd")),
+                global_array("out", dtype, ("nk", "nel", "nv"), output=True),
+            ],
+            name="face_mass",
+        )
+        knl = lp.fix_parameters(knl, nel=nel, nk=nk, nv=nv, nf=nf, nfd=nfd)
+        fields = config["fields"]
+        if fields == "ilp":
+            knl = lp.tag_inames(knl, {"k": "ilp.unr"})
+        elif fields == "group":
+            knl = lp.tag_inames(knl, {"k": "g.1"})
+        knl, outer = _map_work(knl, config, nv, extra_outer=("k",) if fields != "ilp" else ())
+        lsizes = (config["wg_i"], config["wg_e"])
+        # Staging one face at a time keeps a quarter of the data in local memory: larger
+        # element tiles, more work-groups per compute unit, one barrier pair per face.
+        per_face = config["stage"] == "face"
+        face_sweep = [] if per_face else ["f"]
+        if per_face:
+            outer = f"{outer},f"
+        if config["prefetch_u"]:
+            # The field axis has extent one (and vanishes) unless all fields are swept; so
+            # does the face axis when faces are staged one at a time.
+            knl = lp.precompute(
+                knl,
+                "ju",
+                sweep_inames=[
+                    *(["k"] if fields == "ilp" else []),
+                    "te_reg",
+                    "te_lid",
+                    *face_sweep,
+                    "j",
+                ],
+                storage_axes=["kq", "fq", "jq", "eq"],
+                precompute_outer_inames=outer,
+                precompute_inames=["fu_k", "fu_f", "fu_j", "fu_e"],
+                temporary_name="ju_tile",
+                temporary_address_space=lp.AddressSpace.LOCAL,
+                default_tag=None,
+            )
+            knl = pad_innermost(knl, "ju_tile")
+            # (field, face, element, node) with node fastest: the order of u in memory.
+            knl = distribute_flat(
+                knl, existing(knl, ["fu_k", "fu_f", "fu_e", "fu_j"]), lsizes, "fu"
+            )
+        if config["prefetch_op"]:
+            knl = lp.extract_subst(
+                knl, "lift_elem", "lift[iq, fq2, jq2]", parameters="iq, fq2, jq2"
+            )
+            knl = lp.precompute(
+                knl,
+                "lift_elem",
+                sweep_inames=["i_reg", "i_lid", *face_sweep, "j"],
+                storage_axes=["fq2", "jq2", "iq"],
+                precompute_outer_inames=",".join(
+                    ["ge", *(["k"] if fields == "group" else []), *(["f"] if per_face else [])]
+                ),
+                precompute_inames=["fl_f", "fl_j", "fl_i"],
+                temporary_name="lift_tile",
+                temporary_address_space=lp.AddressSpace.LOCAL,
+                default_tag=None,
+            )
+            knl = distribute_flat(knl, existing(knl, ["fl_i", "fl_f", "fl_j"]), lsizes, "fl")
+        # Faces outside, face nodes inside: the unrolled loop is the innermost one.
+        knl = lp.prioritize_loops(knl, "f,j")
+        return tag_unroll(knl, "j", config["unroll"])
+
+    def make_inputs(self, args: Mapping[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+        dtype = np.dtype(args["dtype"])
+        nel, nk = args["n_elements"], args["n_fields"]
+        nv, nf, nfd = args["n_voldofs"], args["n_faces"], args["n_facedofs"]
+        return {
+            "lift": rng.uniform(-1, 1, (nv, nf, nfd)).astype(dtype),
+            "jac": rng.uniform(0.5, 1.5, (nf, nel)).astype(dtype),
+            "u": rng.uniform(-1, 1, (nk, nf, nel, nfd)).astype(dtype),
+        }
+
+    def reference(self, args: Mapping[str, Any], inputs: Mapping[str, Any]) -> dict[str, Any]:
+        lift = inputs["lift"].astype(np.float64)
+        jac = inputs["jac"].astype(np.float64)
+        u = inputs["u"].astype(np.float64)
+        return {"out": np.einsum("ifj,fe,kfej->kei", lift, jac, u, optimize=True)}
+
+    def flop_count(self, args: Mapping[str, Any]) -> float:
+        # jac * u once per face node, then a multiply-add per operator entry.
+        face_values = args["n_elements"] * args["n_fields"] * args["n_faces"] * args["n_facedofs"]
+        return float(face_values * (1 + 2 * args["n_voldofs"]))
+
+    def byte_count(self, args: Mapping[str, Any]) -> float:
+        nel, nk = args["n_elements"], args["n_fields"]
+        nv, nf, nfd = args["n_voldofs"], args["n_faces"], args["n_facedofs"]
+        words = nv * nf * nfd + nf * nel + nk * nf * nel * nfd + nk * nel * nv
+        return float(np.dtype(args["dtype"]).itemsize * words)

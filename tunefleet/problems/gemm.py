@@ -1,0 +1,203 @@
+"""The ``gemm`` problem: dense matrix product ``c[i,j] = sum_k a[i,k] b[k,j]`` (einsum
+``ik,kj->ij``, row-major, float32 or float64).
+
+The space is the classic register-blocked GEMM: a work-group of ``wg_i x wg_j`` work-items
+computes a ``(wg_i*reg_i) x (wg_j*reg_j)`` tile of ``c``; each work-item keeps its
+``reg_i x reg_j`` outputs in registers, in chunks of ``vec_i`` (``vec_j``) contiguous rows
+(columns) strided across the tile. The ``k`` loop is blocked by ``tile_k``; each block of ``a``
+and ``b`` can be staged in local memory (``prefetch_a``/``prefetch_b``), ``a`` transposed to
+``k``-major so that a work-item reads its rows as vectors; ``vec_j > 1`` makes ``b``, its local
+tile and ``c`` OpenCL vector types (``float4`` loads and stores). The inner ``k`` loop is
+unrolled by loopy (``full``), by the OpenCL compiler (``hint``), or not at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from tunefleet.devices import DeviceInfo
+from tunefleet.problems.base import ArgSpec
+from tunefleet.problems.kernel import KernelProblem
+from tunefleet.space import Bool, Choice, Config, PowerOfTwo, Space, require
+
+#: Accumulator budget per work-item: more would spill registers on every GPU we know.
+MAX_ACCUMULATOR_BYTES = 512
+
+
+class Gemm(KernelProblem):
+    name = "gemm"
+    description = "dense matrix product c = a @ b (einsum ik,kj->ij), register-blocked tiles"
+    arguments = (
+        ArgSpec("n", 2048, "rows of a and c", minimum=1),
+        ArgSpec("m", 2048, "columns of b and c", minimum=1),
+        ArgSpec("k", 2048, "columns of a, rows of b (the summed index)", minimum=1),
+        ArgSpec("dtype", "float32", "element type", choices=("float32", "float64")),
+    )
+
+    def space(self, args: Mapping[str, Any]) -> Space:
+        return Space.of(
+            [
+                PowerOfTwo("wg_i", 1, 32),
+                PowerOfTwo("wg_j", 1, 64),
+                PowerOfTwo("reg_i", 1, 16),
+                PowerOfTwo("reg_j", 1, 16),
+                Choice("vec_i", (1, 2, 4)),
+                Choice("vec_j", (1, 2, 4)),
+                Choice("tile_k", (4, 8, 16, 32, 64)),
+                Bool("prefetch_a"),
+                Bool("prefetch_b"),
+                Choice("unroll_k", ("hint", "full", "none")),
+            ]
+        )
+
+    def default_config(self, args: Mapping[str, Any]) -> Config:
+        # Among the fastest of short searches on an H200 (float32, n = 4096); a k-block of 32
+        # would overflow 48 KiB of local memory in float64, so float64 blocks by 16.
+        return {
+            "wg_i": 16,
+            "wg_j": 16,
+            "reg_i": 8,
+            "reg_j": 8,
+            "vec_i": 4,
+            "vec_j": 4,
+            "tile_k": 32 if args.get("dtype", "float32") == "float32" else 16,
+            "prefetch_a": True,
+            "prefetch_b": True,
+            "unroll_k": "hint",
+        }
+
+    def config_rules(self, args: Mapping[str, Any], config: Config) -> None:
+        itemsize = np.dtype(args["dtype"]).itemsize
+        acc = config["reg_i"] * config["reg_j"]
+        require(
+            acc * itemsize <= MAX_ACCUMULATOR_BYTES,
+            f"reg_i*reg_j = {acc} accumulators of {args['dtype']} per work-item exceed the "
+            f"register budget of {MAX_ACCUMULATOR_BYTES} bytes",
+        )
+        require(
+            config["reg_i"] % config["vec_i"] == 0,
+            f"vec_i={config['vec_i']} must divide reg_i={config['reg_i']}",
+        )
+        require(
+            config["reg_j"] % config["vec_j"] == 0,
+            f"vec_j={config['vec_j']} must divide reg_j={config['reg_j']}",
+        )
+        require(
+            args["m"] % config["vec_j"] == 0,
+            f"vec_j={config['vec_j']} must divide m={args['m']} (b and c are vector-typed)",
+        )
+
+    def validation_args(self, args: Mapping[str, Any], config: Config) -> dict[str, Any]:
+        # Two tiles plus the same remainder as the target: the same code paths, small sizes.
+        ti = config["wg_i"] * config["reg_i"]
+        tj = config["wg_j"] * config["reg_j"]
+        tk = config["tile_k"]
+        return {
+            **args,
+            "n": min(args["n"], 2 * ti + args["n"] % ti),
+            "m": min(args["m"], 2 * tj + args["m"] % tj),
+            "k": min(args["k"], 2 * tk + args["k"] % tk),
+        }
+
+    def build(self, args: Mapping[str, Any], config: Config, device: DeviceInfo) -> Any:
+        import loopy as lp
+
+        from tunefleet.problems._loopy import (
+            distribute_flat,
+            existing,
+            global_array,
+            indexing,
+            make_kernel,
+            split_thread_axis,
+            tag_unroll,
+            vector_view,
+        )
+
+        n, m, k, dtype = args["n"], args["m"], args["k"], args["dtype"]
+        wg_i, wg_j = config["wg_i"], config["wg_j"]
+        vec_i, vec_j, tk = config["vec_i"], config["vec_j"], config["tile_k"]
+        ti, tj = wg_i * config["reg_i"], wg_j * config["reg_j"]
+
+        knl = make_kernel(
+            "{[i, j, kk]: 0 <= i < n and 0 <= j < m and 0 <= kk < l}",
+            "c[i, j] = sum(kk, a[i, kk] * b[kk, j])",
+            [
+                global_array("a", dtype, ("n", "l")),
+                global_array("b", dtype, ("l", "m")),
+                global_array("c", dtype, ("n", "m"), output=True),
+            ],
+            name="gemm",
+        )
+        knl = lp.fix_parameters(knl, n=n, m=m, l=k)
+        knl = lp.split_iname(knl, "i", ti, outer_tag="g.1", inner_iname="ti", outer_iname="gi")
+        knl = lp.split_iname(knl, "j", tj, outer_tag="g.0", inner_iname="tj", outer_iname="gj")
+        knl = lp.split_iname(knl, "kk", tk, inner_iname="kt", outer_iname="kb")
+        knl = split_thread_axis(knl, "ti", threads=wg_i, vec=vec_i, lid=1, reg_tag="ilp.unr")
+        knl = split_thread_axis(knl, "tj", threads=wg_j, vec=vec_j, lid=0, reg_tag="ilp.unr")
+        i_sweep = ["ti_reg", "ti_lid"] + (["ti_vec"] if vec_i > 1 else [])
+        j_sweep = ["tj_reg", "tj_lid"] + (["tj_vec"] if vec_j > 1 else [])
+        outer = "gi,gj,kb"
+
+        if vec_j > 1:
+            knl = vector_view(knl, "b", 2, vec_j)
+            knl = vector_view(knl, "c", 2, vec_j)
+        if config["prefetch_a"]:
+            # Stored k-major, so a work-item's rows of one k are contiguous (vector reads).
+            a_sweep = indexing(knl, "a", [*i_sweep, "kt"])
+            knl = lp.extract_subst(knl, "a_elem", "a[ii, kq]", parameters="ii, kq")
+            knl = lp.precompute(
+                knl,
+                "a_elem",
+                sweep_inames=a_sweep,
+                storage_axes=["kq", "ii"],
+                precompute_outer_inames=outer,
+                precompute_inames=["fa_k", "fa_i"],
+                temporary_name="a_tile",
+                temporary_address_space=lp.AddressSpace.LOCAL,
+                default_tag=None,
+            )
+            fetch = ["fa_i", "fa_k"]
+            if vec_i > 1:
+                knl = vector_view(knl, "a_tile", 2, vec_i)
+                knl = lp.split_iname(
+                    knl, "fa_i", vec_i, inner_iname="fa_iv", outer_iname="fa_ic", inner_tag="unr"
+                )
+                fetch = ["fa_ic", "fa_k"]
+            # k fastest: consecutive work-items read consecutive addresses of a row of a.
+            knl = distribute_flat(knl, existing(knl, fetch), (wg_j, wg_i), "fa")
+        if config["prefetch_b"]:
+            names = ["fb_k", "fb_j"] + (["fb_v"] if vec_j > 1 else [])
+            knl = lp.add_prefetch(
+                knl,
+                "b",
+                indexing(knl, "b", [*j_sweep, "kt"]),
+                fetch_outer_inames=outer,
+                temporary_name="b_tile",
+                default_tag=None,
+                dim_arg_names=names,
+            )
+            if vec_j > 1:
+                knl = lp.tag_array_axes(knl, "b_tile", "c,c,vec")
+                knl = lp.tag_inames(knl, {"fb_v": "vec"})
+            knl = distribute_flat(knl, existing(knl, ["fb_k", "fb_j"]), (wg_j, wg_i), "fb")
+        return tag_unroll(knl, "kt", config["unroll_k"])
+
+    def make_inputs(self, args: Mapping[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+        dtype = np.dtype(args["dtype"])
+        return {
+            "a": rng.uniform(-1, 1, (args["n"], args["k"])).astype(dtype),
+            "b": rng.uniform(-1, 1, (args["k"], args["m"])).astype(dtype),
+        }
+
+    def reference(self, args: Mapping[str, Any], inputs: Mapping[str, Any]) -> dict[str, Any]:
+        return {"c": inputs["a"].astype(np.float64) @ inputs["b"].astype(np.float64)}
+
+    def flop_count(self, args: Mapping[str, Any]) -> float:
+        return 2.0 * args["n"] * args["m"] * args["k"]
+
+    def byte_count(self, args: Mapping[str, Any]) -> float:
+        n, m, k = args["n"], args["m"], args["k"]
+        return float(np.dtype(args["dtype"]).itemsize * (n * k + k * m + n * m))

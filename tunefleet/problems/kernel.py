@@ -1,0 +1,620 @@
+"""Kernel problems: the generic evaluation of a loopy kernel, and the measurement protocol.
+
+A :class:`KernelProblem` supplies the science — arguments, a space, a loopy builder, inputs, a
+NumPy reference, flop and byte counts — and inherits how a configuration is evaluated:
+
+**prepare** (CPU only, in the worker's process pool): check the configuration, build the loopy
+translation unit at the target size and at a small validation size, check it against the
+device's limits (work-group size per axis and in total, local memory), linearise it and
+generate its OpenCL code. Code generation fills loopy's persistent caches (typed-and-scheduled
+kernel, generated code, host invoker), so the device process that later calls
+``TranslationUnit.executor(queue)`` on the pickled, linearised unit finds everything cached and
+only pays the OpenCL build (measured: 3-5 s of code generation for an unrolled GEMM become
+0.1 s, build included). Returns a picklable :class:`PreparedKernel`.
+
+**measure** (in the worker's device process, on an open ``DeviceSession``):
+
+1. Build the OpenCL program (``compile_s`` = loopy code generation in prepare + OpenCL build
+   here). A build error is an ``invalid`` outcome with the build log.
+2. Validate at the small size: deterministic inputs, outputs pre-filled with NaN (so elements a
+   kernel forgets to write are caught), compared with the NumPy reference (computed in
+   float64) by the scaled max-norm error ``max|out - ref| / max|ref|``. Tolerances per dtype
+   (:data:`TOLERANCES`): float32 1e-4, float64 1e-10, complex64 1e-4, complex128 1e-10;
+   integers must match exactly. Wrong numbers, NaN or infinity give ``invalid`` with the
+   output's name, the error and the tolerance.
+3. Time at the target size with OpenCL profiling events (see :class:`~tunefleet.problems.base
+   .Protocol`): warm-up launches, then rounds until at least ``min_launches`` launches and
+   ``min_seconds`` of kernel time, at most ``max_launches``. Every sample is kept; the
+   outcome reports median and minimum, GFLOP/s and GB/s from the median, compile time, the
+   protocol, software versions and the device. After timing, every target output must be
+   finite (outputs start as NaN, so a kernel that skips elements at the target size is caught
+   there too).
+
+Launch errors (too many resources for the work-group, invalid work-group size) are ``invalid``;
+if the OpenCL context does not survive the error, :class:`~tunefleet.errors.DeviceError` is
+raised so the worker replaces its device process (the trial then counts as ``failed``).
+Errors in a problem's own code propagate (the worker records them as ``failed``).
+
+A configuration must compile to exactly one device kernel (it is timed with that kernel's
+event). Nothing here imports loopy or pyopencl at module level.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from abc import abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tunefleet.devices import DeviceInfo
+from tunefleet.errors import DeviceError, InvalidConfiguration
+from tunefleet.problems.base import Outcome, Problem, Protocol, normalise_with_specs
+from tunefleet.space import Config, Space, canonical_json
+
+#: Largest allowed scaled max-norm error ``max|out - ref| / max|ref|`` per dtype. float32
+#: leaves room for reordered sums of a few thousand terms; a wrong index gives errors of
+#: order one. Integer outputs must be exact.
+TOLERANCES: dict[str, float] = {
+    "float32": 1e-4,
+    "float64": 1e-10,
+    "complex64": 1e-4,
+    "complex128": 1e-10,
+}
+
+_MAX_REASON = 4000
+
+
+@dataclass(frozen=True)
+class ArrayInfo:
+    """A kernel array argument as the launcher needs it."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    is_output: bool
+
+
+@dataclass(frozen=True)
+class BuiltKernel:
+    """One generated kernel at one size: what the device process needs to run it."""
+
+    #: Problem arguments at this size.
+    args: dict[str, Any]
+    #: The linearised loopy translation unit (picklable; its code is in loopy's cache).
+    translation_unit: Any
+    entrypoint: str
+    #: Generated OpenCL C.
+    source: str
+    arrays: tuple[ArrayInfo, ...]
+    global_size: tuple[int, ...]
+    local_size: tuple[int, ...]
+    local_mem_bytes: int
+    codegen_s: float
+
+
+@dataclass(frozen=True)
+class PreparedKernel:
+    """What :meth:`KernelProblem.prepare` returns (picklable)."""
+
+    problem: str
+    args: dict[str, Any]
+    config: Config
+    target: BuiltKernel
+    #: The kernel at the validation size; ``None`` when that is the target size.
+    validation: BuiltKernel | None
+    prepare_s: float
+
+
+class KernelProblem(Problem):
+    """Base of problems whose configurations are loopy kernels run through OpenCL.
+
+    Subclasses set ``name``, ``description``, ``arguments`` and implement :meth:`space`,
+    :meth:`build`, :meth:`make_inputs`, :meth:`reference`, :meth:`flop_count` and
+    :meth:`byte_count`; they may override :meth:`check_args`, :meth:`config_rules`,
+    :meth:`validation_args`, :meth:`default_config` and :meth:`tolerance`.
+    """
+
+    needs_opencl = True
+
+    # --- arguments and space ---------------------------------------------------------------
+    def normalise_args(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        args = normalise_with_specs(self.name, self.arguments, raw)
+        self.check_args(args)
+        return args
+
+    def check_args(self, args: dict[str, Any]) -> None:
+        """Rules across arguments; raise ProblemError naming the bad one."""
+
+    @abstractmethod
+    def space(self, args: Mapping[str, Any]) -> Space: ...
+
+    def config_rules(self, args: Mapping[str, Any], config: Config) -> None:
+        """Rules that make a point of the box illegal without looking at a device; raise
+        InvalidConfiguration (use :func:`tunefleet.space.require`)."""
+
+    def check_config(self, args: Mapping[str, Any], config: Mapping[str, Any]) -> Config:
+        checked = self.space(args).check(config)
+        self.config_rules(args, checked)
+        return checked
+
+    # --- the science -----------------------------------------------------------------------
+    @abstractmethod
+    def build(self, args: Mapping[str, Any], config: Config, device: DeviceInfo) -> Any:
+        """The loopy translation unit for ``config`` with every size fixed (use
+        ``lp.fix_parameters``). Raise InvalidConfiguration for illegal points; loopy and isl
+        errors raised here are turned into InvalidConfiguration too."""
+
+    @abstractmethod
+    def make_inputs(self, args: Mapping[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+        """Input arrays by kernel argument name, in their natural (NumPy) shapes; a kernel
+        may view an array in another C-order shape of the same size (split axes)."""
+
+    @abstractmethod
+    def reference(self, args: Mapping[str, Any], inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """The expected output arrays by kernel argument name (compute in float64)."""
+
+    @abstractmethod
+    def flop_count(self, args: Mapping[str, Any]) -> float:
+        """Floating-point operations of one launch (0 for pure data movement)."""
+
+    @abstractmethod
+    def byte_count(self, args: Mapping[str, Any]) -> float:
+        """Bytes one launch must move to and from global memory at least."""
+
+    def validation_args(self, args: Mapping[str, Any], config: Config) -> dict[str, Any]:
+        """Arguments of the small validation run (default: the target arguments)."""
+        return dict(args)
+
+    def tolerance(self, dtype: np.dtype[Any]) -> float:
+        if dtype.kind in "iub":
+            return 0.0
+        return TOLERANCES[dtype.name]
+
+    # --- prepare: CPU only -------------------------------------------------------------------
+    def prepare(self, args: Mapping[str, Any], config: Config, device: DeviceInfo) -> Any:
+        t0 = time.perf_counter()
+        full = self.normalise_args(args)
+        checked = self.check_config(full, config)
+        target = self._build(full, checked, device)
+        vargs = self.normalise_args(self.validation_args(full, checked))
+        validation = None if vargs == full else self._build(vargs, checked, device)
+        return PreparedKernel(
+            problem=self.name,
+            args=full,
+            config=checked,
+            target=target,
+            validation=validation,
+            prepare_s=time.perf_counter() - t0,
+        )
+
+    def _build(self, args: dict[str, Any], config: Config, device: DeviceInfo) -> BuiltKernel:
+        import islpy as isl
+        import loopy as lp
+        from loopy.diagnostic import LoopyError
+
+        from tunefleet.problems._loopy import linearize
+
+        t0 = time.perf_counter()
+        try:
+            tu = self.build(args, config, device)
+            (entry,) = tuple(tu.entrypoints)
+            tu = lp.preprocess_kernel(tu)
+            # Device limits first: they are cheap to check and save scheduling and codegen.
+            knl = tu[entry]
+            gexprs, lexprs = knl.get_grid_size_upper_bounds_as_exprs(tu.callables_table)
+            groups = tuple(_as_int(x, "number of work-groups") for x in gexprs) or (1,)
+            local = tuple(_as_int(x, "work-group size") for x in lexprs) or (1,)
+            local_mem = _local_mem_bytes(knl)
+            check_device_limits(local, local_mem, device)
+            tu = linearize(tu)
+            codegen = lp.generate_code_v2(tu)
+        except (LoopyError, isl.Error) as exc:
+            raise InvalidConfiguration(
+                f"loopy cannot build this configuration: {type(exc).__name__}: {_first_line(exc)}"
+            ) from None
+        if len(codegen.device_programs) != 1:
+            raise InvalidConfiguration(
+                f"the configuration compiles to {len(codegen.device_programs)} device kernels "
+                "(a global barrier?); tunefleet times exactly one"
+            )
+        knl = tu[entry]
+        _warm_executor_cache(tu, entry, codegen)
+        arrays = tuple(_array_info(a) for a in knl.args if isinstance(a, lp.ArrayArg))
+        nd = max(len(groups), len(local))
+        groups = groups + (1,) * (nd - len(groups))
+        local = local + (1,) * (nd - len(local))
+        return BuiltKernel(
+            args=args,
+            translation_unit=tu,
+            entrypoint=entry,
+            source=codegen.device_code(),
+            arrays=arrays,
+            global_size=tuple(g * ls for g, ls in zip(groups, local, strict=True)),
+            local_size=local,
+            local_mem_bytes=local_mem,
+            codegen_s=time.perf_counter() - t0,
+        )
+
+    # --- measure: in the device process ------------------------------------------------------
+    def measure(self, prepared: Any, session: Any, protocol: Protocol) -> Outcome:
+        if not isinstance(prepared, PreparedKernel):
+            raise TypeError(f"{self.name}.measure needs a PreparedKernel, got {type(prepared)}")
+        if session is None:
+            raise DeviceError(f"problem {self.name} needs an OpenCL device, not the host")
+        target = prepared.target
+        val = prepared.validation or target
+        details: dict[str, Any] = {
+            "codegen_s": target.codegen_s
+            + (prepared.validation.codegen_s if prepared.validation else 0.0),
+            "prepare_s": prepared.prepare_s,
+            "global_size": list(target.global_size),
+            "local_size": list(target.local_size),
+            "local_mem_bytes": target.local_mem_bytes,
+            "validation_args": val.args,
+        }
+        base = {
+            "protocol": protocol.to_json(),
+            "versions": software_versions(session),
+            "device": session.info.to_json(),
+            "code": target.source,
+            "flop_count": float(self.flop_count(target.args)),
+            "byte_count": float(self.byte_count(target.args)),
+        }
+
+        def invalid(reason: str, validation: dict[str, Any] | None = None) -> Outcome:
+            details["compile_s"] = details["codegen_s"] + details["build_s"]
+            return Outcome(
+                state="invalid",
+                error=reason[:_MAX_REASON],
+                validation=validation or {},
+                details=details,
+                compile_s=details["compile_s"],
+                **base,
+            )
+
+        details["build_s"] = 0.0
+        # 1. validation at the small size
+        launcher, reason = _Launcher.create(val, session)
+        if launcher is None:
+            return invalid(reason)
+        details["build_s"] += launcher.build_s
+        rng = np.random.default_rng(protocol.seed)
+        host_inputs = self.make_inputs(val.args, rng)
+        expected = self.reference(val.args, host_inputs)
+        outputs = _output_arrays(val, session)
+        missing = sorted(set(expected) - set(outputs))
+        if missing:
+            raise KeyError(f"{self.name}: the reference has outputs {missing} the kernel lacks")
+        launcher.bind(_to_device(host_inputs, session), outputs)
+        try:
+            launcher.launch().wait()
+        except _cl_errors() as exc:
+            _check_device_alive(session, exc)
+            return invalid(f"kernel launch failed at the validation size: {_first_line(exc)}")
+        verdict = self.compare(expected, {k: outputs[k].get() for k in expected})
+        verdict["args"] = val.args
+        if not verdict["ok"]:
+            return invalid(verdict["reason"], verdict)
+
+        # 2. timing at the target size
+        if target is not val:
+            launcher, reason = _Launcher.create(target, session)
+            if launcher is None:
+                return invalid(reason, verdict)
+            details["build_s"] += launcher.build_s
+            outputs = _output_arrays(target, session)
+            launcher.bind(self._target_inputs(target.args, protocol.seed, session), outputs)
+        else:
+            for arr in outputs.values():
+                _poison(arr)
+        details["compile_s"] = details["build_s"] + details["codegen_s"]
+        try:
+            samples = time_launches(launcher.launch, protocol)
+        except _cl_errors() as exc:
+            _check_device_alive(session, exc)
+            return invalid(f"kernel launch failed at the target size: {_first_line(exc)}", verdict)
+        for name, arr in outputs.items():
+            host = arr.get()
+            if host.dtype.kind in "fc" and not np.isfinite(host).all():
+                bad = int(np.size(host) - np.isfinite(host).sum())
+                return invalid(
+                    f"{name}: {bad} of {host.size} outputs are NaN or infinite at the target "
+                    "size (not written, or overflow)",
+                    verdict,
+                )
+        median = statistics.median(samples)
+        stat = median if protocol.statistic == "median" else min(samples)
+        flops, nbytes = base["flop_count"], base["byte_count"]
+        details["launches"] = len(samples)
+        return Outcome(
+            state="done",
+            median_s=median,
+            min_s=min(samples),
+            samples_s=tuple(samples),
+            gflops=flops / stat / 1e9 if flops > 0 else None,
+            gbps=nbytes / stat / 1e9 if nbytes > 0 else None,
+            compile_s=details["compile_s"],
+            validation=verdict,
+            details=details,
+            **base,
+        )
+
+    def compare(self, expected: Mapping[str, Any], got: Mapping[str, Any]) -> dict[str, Any]:
+        """Validation verdict: ``ok``, ``reason``, and per output the scaled error and the
+        tolerance it was held to."""
+        per_output: dict[str, Any] = {}
+        for name, want in expected.items():
+            want_arr = np.asarray(want)
+            have = np.asarray(got[name]).reshape(want_arr.shape)
+            tol = self.tolerance(have.dtype)
+            if have.dtype.kind in "fc" and not np.isfinite(have).all():
+                bad = int(have.size - np.isfinite(have).sum())
+                return {
+                    "ok": False,
+                    "reason": f"{name}: {bad} of {have.size} outputs are NaN or infinite "
+                    "(not written, or a wrong computation)",
+                    "outputs": per_output,
+                }
+            scale = float(np.max(np.abs(want_arr))) if want_arr.size else 0.0
+            diff = (
+                float(np.max(np.abs(have.astype(np.complex128) - want_arr))) if have.size else 0.0
+            )
+            err = diff / scale if scale > 0 else diff
+            per_output[name] = {"max_rel_error": err, "tolerance": tol, "dtype": have.dtype.name}
+            if not err <= tol:
+                return {
+                    "ok": False,
+                    "reason": f"{name}: wrong numbers (max error {err:.3g} relative to the "
+                    f"largest reference value; {have.dtype.name} tolerance {tol:g})",
+                    "outputs": per_output,
+                }
+        return {"ok": True, "reason": "", "outputs": per_output}
+
+    def _target_inputs(self, args: Mapping[str, Any], seed: int, session: Any) -> dict[str, Any]:
+        key = (
+            type(self).__module__,
+            type(self).__qualname__,
+            canonical_json(dict(args)),
+            seed,
+            id(session),
+        )
+        cached = _DEVICE_INPUTS.get(key)
+        if cached is None:
+            _DEVICE_INPUTS.clear()  # one problem size at a time: free the previous arrays first
+            cached = _to_device(self.make_inputs(args, np.random.default_rng(seed)), session)
+            _DEVICE_INPUTS[key] = cached
+        return cached
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+#: Target-size inputs on the device, reused while a worker measures one run's configurations.
+_DEVICE_INPUTS: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+
+def next_batch(samples: list[float], protocol: Protocol) -> int:
+    """How many launches the next timing round needs (0: done). Pure, for testing."""
+    n, total = len(samples), sum(samples)
+    if n == 0:
+        return protocol.min_launches
+    if n >= protocol.max_launches:
+        return 0
+    if n >= protocol.min_launches and total >= protocol.min_seconds:
+        return 0
+    need = protocol.min_launches - n
+    if total < protocol.min_seconds:
+        mean = total / n if n else 0.0
+        more = (
+            math.ceil((protocol.min_seconds - total) / mean) if mean > 0 else protocol.max_launches
+        )
+        need = max(need, more)
+    return max(1, min(need, protocol.max_launches - n))
+
+
+def time_launches(launch: Callable[[], Any], protocol: Protocol) -> list[float]:
+    """Kernel seconds of each timed launch, by the protocol. ``launch()`` enqueues one launch
+    and returns its profiling event."""
+    import pyopencl as cl
+
+    last = None
+    for _ in range(protocol.warmup):
+        last = launch()
+    if last is not None:
+        last.wait()
+    samples: list[float] = []
+    batch = next_batch(samples, protocol)
+    while batch:
+        events = [launch() for _ in range(batch)]
+        cl.wait_for_events(events)
+        samples.extend((e.profile.end - e.profile.start) * 1e-9 for e in events)
+        batch = next_batch(samples, protocol)
+    return samples
+
+
+def check_device_limits(local_size: tuple[int, ...], local_mem: int, device: DeviceInfo) -> None:
+    """InvalidConfiguration when the work-group or local memory exceeds the device's limits."""
+    wg = math.prod(local_size)
+    if device.max_work_group_size and wg > device.max_work_group_size:
+        raise InvalidConfiguration(
+            f"work-group of {wg} work-items {tuple(local_size)} exceeds the device's maximum "
+            f"of {device.max_work_group_size}"
+        )
+    for axis, (size, limit) in enumerate(zip(local_size, device.max_work_item_sizes, strict=False)):
+        if size > limit:
+            raise InvalidConfiguration(
+                f"work-group size {size} along axis {axis} exceeds the device's maximum of {limit}"
+            )
+    if device.local_mem_bytes and local_mem > device.local_mem_bytes:
+        raise InvalidConfiguration(
+            f"needs {local_mem} bytes of local memory; the device has {device.local_mem_bytes}"
+        )
+
+
+def software_versions(session: Any) -> dict[str, Any]:
+    import islpy
+    import loopy
+    import pyopencl
+
+    import tunefleet
+
+    info = session.info
+    return {
+        "tunefleet": tunefleet.__version__,
+        "loopy": loopy.version.VERSION_TEXT,
+        "pyopencl": pyopencl.VERSION_TEXT,
+        "islpy": islpy.version.VERSION_TEXT,
+        "numpy": np.__version__,
+        "driver": info.driver_version,
+        "opencl": info.extra.get("opencl_version", ""),
+        "platform": info.platform,
+    }
+
+
+class _Launcher:
+    """A built kernel bound to a device session: OpenCL build, then launches."""
+
+    def __init__(self, built: BuiltKernel, session: Any, executor: Any, build_s: float):
+        self.built = built
+        self.session = session
+        self.executor = executor
+        self.build_s = build_s
+        self.kwargs: dict[str, Any] = {}
+
+    @classmethod
+    def create(cls, built: BuiltKernel, session: Any) -> tuple[_Launcher | None, str]:
+        t0 = time.perf_counter()
+        executor = built.translation_unit.executor(session.queue, entrypoint=built.entrypoint)
+        try:
+            # Builds the OpenCL program (code generation is a cache hit after prepare).
+            executor.translation_unit_info(executor.arg_to_dtype({}))
+        except _cl_errors() as exc:
+            _check_device_alive(session, exc)
+            return None, f"OpenCL build failed: {str(exc).strip()}"
+        return cls(built, session, executor, time.perf_counter() - t0), ""
+
+    def bind(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> None:
+        kwargs: dict[str, Any] = {}
+        for a in self.built.arrays:
+            arr = outputs.get(a.name) if a.is_output else inputs.get(a.name)
+            if arr is None:
+                raise KeyError(f"{self.built.entrypoint}: no array for kernel argument {a.name!r}")
+            kwargs[a.name] = arr if tuple(arr.shape) == a.shape else arr.reshape(a.shape)
+        self.kwargs = kwargs
+
+    def launch(self) -> Any:
+        evt, _ = self.executor(self.session.queue, **self.kwargs)
+        return evt
+
+
+def _cl_errors() -> tuple[type[BaseException], ...]:
+    import pyopencl as cl
+
+    return (cl.Error,)
+
+
+def _check_device_alive(session: Any, cause: BaseException) -> None:
+    """After an OpenCL error: if the context no longer works, the device process must go."""
+    import pyopencl as cl
+    import pyopencl.array as cla
+
+    try:
+        probe = cla.zeros(session.queue, 16, np.float32)
+        probe.get()
+        session.queue.finish()
+    except cl.Error as exc:
+        raise DeviceError(
+            f"the OpenCL context broke after {_first_line(cause)} ({_first_line(exc)}); "
+            "the device process must be restarted"
+        ) from None
+
+
+def _to_device(host: Mapping[str, Any], session: Any) -> dict[str, Any]:
+    import pyopencl.array as cla
+
+    return {
+        name: cla.to_device(session.queue, np.ascontiguousarray(arr)) for name, arr in host.items()
+    }
+
+
+def _poison(arr: Any) -> None:
+    if np.dtype(arr.dtype).kind in "fc":
+        arr.fill(np.nan)
+    else:
+        arr.fill(np.iinfo(arr.dtype).max if np.dtype(arr.dtype).kind in "iu" else 0)
+
+
+def _output_arrays(built: BuiltKernel, session: Any) -> dict[str, Any]:
+    """Device arrays for the kernel's outputs, in the kernel's shapes, filled with NaN."""
+    import pyopencl.array as cla
+
+    out = {}
+    for a in built.arrays:
+        if a.is_output:
+            arr = cla.empty(session.queue, a.shape, np.dtype(a.dtype))
+            _poison(arr)
+            out[a.name] = arr
+    return out
+
+
+def _array_info(arg: Any) -> ArrayInfo:
+    return ArrayInfo(
+        name=arg.name,
+        shape=tuple(_as_int(s, f"shape of {arg.name}") for s in arg.shape),
+        dtype=np.dtype(arg.dtype.numpy_dtype).name,
+        is_output=bool(arg.is_output),
+    )
+
+
+def _local_mem_bytes(knl: Any) -> int:
+    from loopy.kernel.data import AddressSpace
+
+    total = 0
+    for tv in knl.temporary_variables.values():
+        if tv.address_space == AddressSpace.LOCAL:
+            total += _as_int(tv.nbytes, f"size of {tv.name}")
+    return total
+
+
+def _warm_executor_cache(tu: Any, entry: str, codegen: Any) -> None:
+    """Fill loopy's persistent caches the way ``tu.executor(queue)`` will look them up, so the
+    device process skips scheduling and code generation. Failure only costs time there."""
+    try:
+        from loopy.target.pyopencl_execution import PyOpenCLExecutor
+
+        ex = PyOpenCLExecutor(None, tu, entrypoint=entry)  # type: ignore[arg-type]
+        scheduled = ex.get_typed_and_scheduled_translation_unit(ex.arg_to_dtype({}))
+        ex.get_invoker(scheduled, entry, codegen)
+    except Exception:  # an optimisation only
+        pass
+
+
+def _as_int(value: Any, what: str) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise InvalidConfiguration(
+            f"{what} is not a fixed number ({value}); fix every size with lp.fix_parameters"
+        ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:500]
+
+
+__all__ = [
+    "TOLERANCES",
+    "ArrayInfo",
+    "BuiltKernel",
+    "KernelProblem",
+    "PreparedKernel",
+    "check_device_limits",
+    "next_batch",
+    "software_versions",
+    "time_launches",
+]
