@@ -317,12 +317,12 @@ class Coordinator:
         # the database, which holds everything the search knows.
         lost_at: float | None = None
         delay = _RECONNECT_FIRST_S
+        connected = False
         while True:
-            owned = False
             try:
                 with connect(self.db_url, self.db_settings) as conn:
+                    connected = True
                     self._own(conn, run_id, ours_may_linger=lost_at is not None)
-                    owned = True
                     if lost_at is not None:
                         _log.warning(
                             "run %d: database reachable again after %.1f s; resuming",
@@ -338,8 +338,8 @@ class Coordinator:
                         except psycopg.Error:
                             pass  # the connection is gone, and the lock with it
             except (psycopg.OperationalError, psycopg.InterfaceError, DatabaseUnavailable) as exc:
-                if not owned and lost_at is None:
-                    raise  # never reached the run: the caller's error (bad URL, server down)
+                if not connected:
+                    raise  # never reached the database: the caller's error (bad URL, down)
                 reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             except _OwnLockLingers:
                 reason = "the lock of our lost session is not released yet"

@@ -20,6 +20,7 @@ from psycopg import sql
 import coordinator.engine as engine
 from coordinator.engine import Coordinator, RunResult, create_run
 from coordinator.settings import CoordinatorSettings
+from tunefleet.db.engine import connect
 from tunefleet.errors import DatabaseUnavailable
 
 
@@ -31,6 +32,23 @@ def coordinator_sessions(db: Any) -> list[int]:
         """
     ).fetchall()
     return [int(r["pid"]) for r in rows]
+
+
+def waiting_sessions(db: Any) -> list[int]:
+    """Coordinator sessions waiting for a lock."""
+    rows = db.execute(
+        """
+        SELECT pid FROM pg_stat_activity
+         WHERE datname = current_database() AND application_name = 'tunefleet-coordinator'
+           AND wait_event_type = 'Lock'
+        """
+    ).fetchall()
+    return [int(r["pid"]) for r in rows]
+
+
+def driven(db: Any, run_id: int) -> bool:
+    row = db.execute("SELECT coordinator_id FROM tunefleet.run WHERE id = %s", (run_id,))
+    return row.fetchone()["coordinator_id"] is not None
 
 
 def finished(db: Any, run_id: int) -> int:
@@ -100,6 +118,7 @@ def test_a_database_that_stays_away_ends_the_coordinator_with_one_line(
     name = db.info.dbname
     admin = psycopg.connect(pg_admin_url, autocommit=True)
     try:
+        wait_until(lambda: driven(db, run_id), what="the coordinator to take its run")
         pids = wait_until(lambda: coordinator_sessions(db), what="the coordinator session")
         admin.execute(
             sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS false").format(sql.Identifier(name))
@@ -130,3 +149,29 @@ def test_an_unreachable_database_before_the_run_is_taken_fails_at_once(db_url):
     bad = db_url.replace("dbname=", "dbname=no_such_db_")
     with pytest.raises(DatabaseUnavailable, match="no_such_db_"):
         Coordinator(s, bad).run(run_id)
+
+
+def test_a_session_lost_before_the_run_is_taken_is_retried(db_url, db):
+    """Between connecting and taking the run's lock the session may die too: that is a lost
+    connection like any other, retried, never a raw driver error."""
+    s = CoordinatorSettings.build(problem=ANALYTIC, max_trials=4, poll_s=0.01)
+    run_id = create_run(s, db_url)
+    driver = Driver(Coordinator(s, db_url), run_id)
+    blocker = connect(db_url)
+    try:
+        with blocker.transaction():
+            # The coordinator's first read of the run waits behind this lock...
+            blocker.execute("LOCK TABLE tunefleet.run IN ACCESS EXCLUSIVE MODE")
+            driver.start()
+            [first] = wait_until(lambda: waiting_sessions(db), what="the coordinator to wait")
+            db.execute("SELECT pg_terminate_backend(%s)", (first,))  # ...and dies there.
+            wait_until(
+                lambda: [p for p in waiting_sessions(db) if p != first],
+                what="the coordinator to come back",
+            )
+    finally:
+        blocker.close()
+    with FakeWorker(db_url):
+        driver.join(60)
+    assert driver.error is None, repr(driver.error)
+    assert driver.result is not None and driver.result.stop_reason == "max_trials"
