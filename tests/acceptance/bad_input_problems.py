@@ -6,7 +6,8 @@ whose configurations fail to build, write NaN or compute the wrong numbers.
 (``y = 2 x``), as a user without the kernel-problem base class would write it: a build error,
 NaN or a result that differs from the NumPy reference make the configuration ``invalid`` with
 the reason; an error it does not classify (a builder bug, a driver error let through) is the
-worker's ``failed``.
+worker's ``failed``. ``LoopyDoubler`` makes the same mistakes through the kernel-problem base
+class (a loopy builder), which does the classifying itself.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from tunefleet.errors import InvalidConfiguration, ProblemError
-from tunefleet.problems.base import Outcome, Problem, Protocol
+from tunefleet.problems.base import ArgSpec, Outcome, Problem, Protocol
+from tunefleet.problems.kernel import KernelProblem
 from tunefleet.space import Choice, IntRange, Space
 
 
@@ -61,6 +63,11 @@ class EmptyRange(_Host):
 class DuplicateNames(_Host):
     def space(self, args: Mapping[str, Any]) -> Space:
         return Space.of([IntRange("tile", 1, 8), Choice("tile", ("a", "b"))])
+
+
+class NeedsSetup(_Host):
+    def __init__(self) -> None:
+        raise RuntimeError("set DOUBLER_HOME first")
 
 
 class ArgumentsRaise(_Host):
@@ -165,3 +172,61 @@ class OpenCLDoubler(Problem):
             protocol=protocol.to_json(),
             code=prepared["source"],
         )
+
+
+# --- the same mistakes through the kernel-problem base class (loopy) ------------------------
+
+KERNEL_MODES = ("good", "builder_raises", "does_not_compile", "writes_nan", "reference_mismatch")
+_KERNEL_EXPR = {
+    "good": "2 * x[i]",
+    "does_not_compile": "2 * x[i]",
+    "writes_nan": "sqrt(x[i] - x[i] - 1)",
+    "reference_mismatch": "3 * x[i]",
+}
+
+
+class LoopyDoubler(KernelProblem):
+    """``y = 2 x`` as a loopy kernel; the configuration picks how it goes wrong. The base
+    class classifies: build errors, NaN and wrong numbers are ``invalid``."""
+
+    name = "loopy_doubler"
+    description = "y = 2 x; the configuration picks how the kernel goes wrong"
+    arguments = (ArgSpec("n", 4096, "elements", minimum=16),)
+
+    def space(self, args: Mapping[str, Any]) -> Space:
+        return Space.of([Choice("mode", KERNEL_MODES)])
+
+    def build(self, args: Mapping[str, Any], config: Any, device: Any) -> Any:
+        import loopy as lp
+
+        from tunefleet.problems._loopy import global_array, make_kernel
+
+        mode = config["mode"]
+        if mode == "builder_raises":
+            raise ValueError(f"tile 3 does not divide n={args['n']}")  # a bug in the builder
+        knl = make_kernel(
+            "{[i]: 0 <= i < n}",
+            f"y[i] = {_KERNEL_EXPR[mode]}",
+            [global_array("x", np.float32, ("n",)), global_array("y", np.float32, ("n",), True)],
+            name="twice",
+        )
+        if mode == "does_not_compile":
+            knl = knl.with_kernel(
+                knl.default_entrypoint.copy(
+                    preambles=[("00_broken", "#error this kernel does not compile")]
+                )
+            )
+        knl = lp.fix_parameters(knl, n=args["n"])
+        return lp.split_iname(knl, "i", 16, outer_tag="g.0", inner_tag="l.0")
+
+    def make_inputs(self, args: Mapping[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+        return {"x": rng.uniform(1, 2, args["n"]).astype(np.float32)}
+
+    def reference(self, args: Mapping[str, Any], inputs: Mapping[str, Any]) -> dict[str, Any]:
+        return {"y": 2.0 * inputs["x"].astype(np.float64)}
+
+    def flop_count(self, args: Mapping[str, Any]) -> float:
+        return float(args["n"])
+
+    def byte_count(self, args: Mapping[str, Any]) -> float:
+        return 8.0 * args["n"]
