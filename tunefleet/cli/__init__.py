@@ -19,6 +19,7 @@ from tunefleet.errors import TunefleetError
 
 # Modules that add subcommands, in the order they appear in --help.
 _COMMAND_MODULES = (
+    "tunefleet.cli.front",
     "tunefleet.cli.db",
     "worker.cli",
     "coordinator.cli",
@@ -59,6 +60,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tunefleet: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `tunefleet export 1 | head`: the reader left; say nothing more.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -471,17 +471,19 @@ def warm_start_configs(
 
 
 def measured_device_classes(conn: Conn, problem: str, problem_args: Mapping[str, Any]) -> list[str]:
-    """Device classes with measurements of this problem and these arguments (to name the
-    choices when a warm start finds nothing). Locks: none."""
+    """Device classes with measurements of this problem and these arguments, both the
+    classes of the measuring devices and those of their runs (to name the choices when a
+    warm start finds nothing). Locks: none."""
     rows = conn.execute(
         """
-        SELECT DISTINCT coalesce(d.device_class, r.device_class) AS device_class
+        SELECT DISTINCT c.device_class
           FROM tunefleet.measurement m
           LEFT JOIN tunefleet.device d ON d.id = m.device_id
           LEFT JOIN tunefleet.run r ON r.id = m.run_id
-         WHERE m.problem = %s AND m.problem_args = %s
+         CROSS JOIN LATERAL (VALUES (d.device_class), (r.device_class)) AS c(device_class)
+         WHERE m.problem = %s AND m.problem_args = %s AND c.device_class IS NOT NULL
          ORDER BY 1
         """,
         (problem, Jsonb(dict(problem_args))),
     ).fetchall()
-    return [r["device_class"] for r in rows if r["device_class"]]
+    return [r["device_class"] for r in rows]

@@ -1,0 +1,114 @@
+"""Every ```sql block of the README runs against the database of a real run and returns what
+its prose promises.
+
+Run 1 is a real run: ``tunefleet tune synthetic`` with two workers on the host pseudo-device,
+a fifth of the configurations invalid, on a test database. ``runfill`` then adds a GEMM on
+two device classes (one of its runs still going), so the side-by-side and progress queries
+have rows too.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from runfill import fill, module_database
+
+from tunefleet.db.engine import connect
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+#: First-line comment of a block -> columns it must return (every block must return rows).
+EXPECTED: dict[str, set[str]] = {
+    "best configuration per problem and device": {"problem", "device_class", "config", "gflops"},
+    "GFLOP/s distribution of a run": {"measured", "median", "p90", "best"},
+    "GFLOP/s histogram of a run": {"bucket", "configurations"},
+    "failure reasons": {"state", "reason", "trials"},
+    "throughput per worker": {"worker_host", "evaluations", "per_minute", "avg_s"},
+    "same problem on two devices side by side": {"device_a", "gflops_a", "device_b", "gflops_b"},
+    "one configuration on two devices": {"config", "class_a", "class_b"},
+    "progress of running runs": {"run_id", "done", "best_gflops", "per_minute"},
+    "top configurations of a run": {"trial_id", "config", "gflops"},
+}
+
+
+def sql_blocks() -> list[str]:
+    return re.findall(r"^```sql\n(.*?)^```", README.read_text(), flags=re.S | re.M)
+
+
+def _title(block: str) -> str:
+    first = block.strip().splitlines()[0]
+    assert first.startswith("-- "), f"a README SQL block must start with a '-- title': {first}"
+    return first[3:].strip()
+
+
+@pytest.fixture(scope="module")
+def real_db(pg_admin_url: str, pg_template: str, tmp_path_factory) -> Iterator[str]:
+    with module_database(pg_admin_url, pg_template, "readme_sql") as url:
+        home = tmp_path_factory.mktemp("home")
+        import os
+
+        env = {**os.environ, "TUNEFLEET_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.run(
+            [
+                "tunefleet", "tune", "synthetic", "--db", url, "--workers", "2",
+                "--max-trials", "16", "--arg", "duration=0.01", "--arg", "invalid_rate=0.2",
+            ],
+            env=env, capture_output=True, text=True, timeout=240,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        with connect(url) as conn:
+            filled = fill(conn)
+        assert filled.cpu_run == 2  # the synthetic run is run 1
+        yield url
+
+
+def test_the_readme_documents_at_least_five_queries():
+    titles = [_title(b) for b in sql_blocks()]
+    assert len(titles) >= 5
+    assert set(EXPECTED) <= set(titles), "a documented query disappeared from the README"
+
+
+def _scalar(conn: Any, query: str) -> Any:
+    row = conn.execute(query).fetchone()
+    return next(iter(row.values()))
+
+
+@pytest.mark.parametrize("block", sql_blocks(), ids=_title)
+def test_readme_sql_returns_rows(real_db: str, block: str) -> None:
+    with connect(real_db) as conn:
+        cur = conn.execute(block)
+        rows = cur.fetchall()
+        columns = {c.name for c in cur.description}
+        title = _title(block)
+        assert rows, f"README query {title!r} returned no rows"
+        assert EXPECTED.get(title, set()) <= columns
+        run1 = "FROM tunefleet.results WHERE run_id = 1"
+        if title == "best configuration per problem and device":
+            assert {r["problem"] for r in rows} == {"synthetic", "gemm"}
+            assert len({r["device_class"] for r in rows if r["problem"] == "gemm"}) == 2
+        if title == "GFLOP/s distribution of a run":
+            assert rows[0]["measured"] == _scalar(conn, f"SELECT count(*) {run1} AND state='done'")
+            assert float(rows[0]["best"]) == pytest.approx(
+                _scalar(conn, f"SELECT max(gflops) {run1}"), abs=0.006
+            )  # the query rounds to two decimals
+        if title == "GFLOP/s histogram of a run":
+            assert sum(r["configurations"] for r in rows) == _scalar(
+                conn, f"SELECT count(*) {run1} AND state='done'"
+            )
+        if title == "failure reasons":
+            assert any(r["run_id"] == 1 and r["state"] == "invalid" for r in rows)
+        if title == "throughput per worker":
+            assert len(rows) == 2  # the two local workers of `tune --workers 2`
+            assert sum(r["evaluations"] for r in rows) == _scalar(conn, f"SELECT count(*) {run1}")
+            assert all(float(r["per_minute"]) > 0 and float(r["avg_s"]) > 0 for r in rows)
+        if title == "same problem on two devices side by side":
+            assert [r["problem"] for r in rows] == ["gemm"]
+            assert float(rows[0]["gflops_a"]) == 410.0
+        if title == "top configurations of a run":
+            gflops = [float(r["gflops"]) for r in rows]
+            assert gflops == sorted(gflops, reverse=True) and len(rows) <= 5

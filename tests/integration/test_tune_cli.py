@@ -1,0 +1,267 @@
+"""`tunefleet tune` end to end: real processes, the embedded database, real workers.
+
+A synthetic run (host pseudo-device) exercises the whole front door — tune, runs, best, show,
+export, plot — on the embedded server; a tiny GEMM does the same on the PoCL CPU device;
+Ctrl-C stops a run so that it resumes; each user error is one line.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import shlex
+import signal
+import subprocess
+import time
+from typing import Any
+
+import pytest
+
+from tunefleet.db.engine import connect
+
+
+def tf(env: dict[str, str], *argv: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["tunefleet", *argv], env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.fixture
+def home(cli_env: dict[str, str]):
+    """The CLI environment; the embedded server it starts is stopped afterwards."""
+    yield cli_env
+    tf(cli_env, "db", "stop", timeout=60)
+
+
+def embedded_conn(env: dict[str, str]) -> Any:
+    url = tf(env, "db", "url").stdout.strip()
+    return connect(url)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert proc.returncode != 0, proc.stdout
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("tunefleet: error:")
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_tune_synthetic_then_every_read_command(home, tmp_path):
+    proc = tf(
+        home,
+        "tune",
+        "synthetic",
+        "--arg",
+        "duration=0.02",
+        "--arg",
+        "invalid_rate=0.15",
+        "--workers",
+        "2",
+        "--max-trials",
+        "24",
+        "--progress-every",
+        "0.5",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    # periodic plain progress lines (stdout is not a terminal) with every number
+    progress = [ln for ln in out.splitlines() if ln.startswith("run 1: ") and "eval/min" in ln]
+    assert progress, out
+    assert "workers" in progress[-1] and "GFLOP/s" in progress[-1]
+    assert "best: trial" in out and "tunefleet measure synthetic" in out
+
+    with embedded_conn(home) as conn:
+        counts = conn.execute(
+            "SELECT state, count(*) AS n FROM tunefleet.trial WHERE run_id = 1 GROUP BY state"
+        ).fetchall()
+        states = {r["state"]: r["n"] for r in counts}
+        run = conn.execute("SELECT * FROM tunefleet.run WHERE id = 1").fetchone()
+        workers = conn.execute("SELECT state FROM tunefleet.worker").fetchall()
+    finished = sum(states.get(s, 0) for s in ("done", "invalid", "failed", "timed_out"))
+    assert finished >= 24 and states.get("done", 0) > 0
+    assert states.get("running", 0) == 0 and states.get("pending", 0) == 0
+    assert run["state"] == "finished"
+    assert len(workers) == 2 and {w["state"] for w in workers} == {"stopped"}
+
+    best = json.loads(tf(home, "best", "1", "--json").stdout)["best"][0]
+    # the printed reproduce command really reproduces the configuration
+    repro = tf(home, *shlex.split(best["reproduce"])[1:])
+    assert repro.returncode == 0, repro.stderr
+    assert "GFLOP/s" in repro.stdout
+
+    export = tf(home, "export", "1", "--format", "csv")
+    rows = list(csv.DictReader(io.StringIO(export.stdout)))
+    assert len(rows) == finished
+    assert {r["state"] for r in rows} <= {"done", "invalid", "failed", "timed_out"}
+    data = json.loads(tf(home, "export", "1", "--format", "json").stdout)
+    assert len(data) == finished
+
+    png = tmp_path / "run1.png"
+    plot = tf(home, "plot", "1", "-o", str(png))
+    assert plot.returncode == 0, plot.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+    assert f"{finished} evaluations" in plot.stdout and "2 workers" in plot.stdout
+
+    status = tf(home, "status", "1")
+    assert "finished" in status.stdout and f"{states['done']} done" in status.stdout
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_ctrl_c_stops_cleanly_and_resume_continues(home):
+    proc = subprocess.Popen(
+        ["tunefleet", "tune", "synthetic", "--arg", "duration=0.2", "--max-trials", "500"],
+        env=home,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+
+        def some_done() -> bool:
+            try:
+                with embedded_conn(home) as conn:
+                    row = conn.execute(
+                        "SELECT count(*) AS n FROM tunefleet.trial WHERE state = 'done'"
+                    ).fetchone()
+                    return bool(row["n"] >= 3)
+            except Exception:
+                return False
+
+        _wait_for(some_done, 90, "three finished trials")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out + err
+    assert "tunefleet tune --resume 1" in err
+    with embedded_conn(home) as conn:
+        run = conn.execute("SELECT state FROM tunefleet.run WHERE id = 1").fetchone()
+        running = conn.execute(
+            "SELECT count(*) AS n FROM tunefleet.trial WHERE state = 'running'"
+        ).fetchone()
+        alive = conn.execute(
+            "SELECT count(*) AS n FROM tunefleet.worker WHERE state = 'active'"
+        ).fetchone()
+        done_before = conn.execute(
+            "SELECT count(*) AS n FROM tunefleet.trial WHERE state = 'done'"
+        ).fetchone()["n"]
+    assert run["state"] == "stopped"
+    assert running["n"] == 0  # held trials were handed back
+    assert alive["n"] == 0  # the worker said goodbye
+
+    resumed = tf(home, "tune", "--resume", "1", "--max-trials", str(done_before + 3))
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    with embedded_conn(home) as conn:
+        run = conn.execute("SELECT state FROM tunefleet.run WHERE id = 1").fetchone()
+        done_after = conn.execute(
+            "SELECT count(*) AS n FROM tunefleet.trial WHERE state = 'done'"
+        ).fetchone()["n"]
+        dupes = conn.execute(
+            "SELECT count(*) AS n FROM (SELECT trial_id FROM tunefleet.measurement "
+            "GROUP BY trial_id HAVING count(*) > 1) d"
+        ).fetchone()["n"]
+    assert run["state"] == "finished" and done_after > done_before and dupes == 0
+
+
+def test_workers_zero_drives_the_search_for_workers_started_elsewhere(home):
+    tf(home, "db", "start")
+    url = tf(home, "db", "url").stdout.strip()
+    worker = subprocess.Popen(
+        ["tunefleet", "worker", "--db", url, "--device", "host"],
+        env=home,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        proc = tf(
+            home, "tune", "synthetic", "--workers", "0", "--max-trials", "6",
+            "--arg", "duration=0.01",
+        )  # fmt: skip
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "workers: remote workers of class any" in proc.stdout
+    with embedded_conn(home) as conn:
+        hosts = conn.execute(
+            "SELECT DISTINCT w.pid FROM tunefleet.measurement m "
+            "JOIN tunefleet.worker w ON w.id = m.worker_id WHERE m.run_id = 1"
+        ).fetchall()
+    assert [h["pid"] for h in hosts] == [worker.pid]  # every result came from that worker
+
+
+@pytest.mark.opencl
+def test_tune_a_tiny_gemm_on_the_pocl_cpu_device(home, tmp_path):
+    pytest.importorskip("pyopencl")
+    proc = tf(home, "tune", "gemm", "--size", "m=64,n=64,k=64", "--max-trials", "3", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "best: trial" in proc.stdout
+    with embedded_conn(home) as conn:
+        m = conn.execute(
+            "SELECT m.code, m.gflops, d.platform FROM tunefleet.measurement m "
+            "JOIN tunefleet.device d ON d.id = m.device_id ORDER BY m.median_s LIMIT 1"
+        ).fetchone()
+    assert m["gflops"] > 0 and "Portable Computing Language" in m["platform"]
+    code = tf(home, "show", "1", str(_best_trial(home)), "--code")
+    assert "__kernel" in code.stdout
+
+
+def _best_trial(env: dict[str, str]) -> int:
+    return int(json.loads(tf(env, "best", "1", "--json").stdout)["best"][0]["trial_id"])
+
+
+@pytest.mark.parametrize(
+    "argv, needles",
+    [
+        (["no-such-problem"], ["unknown problem 'no-such-problem'"]),
+        (["gemm", "--size", "n=-4"], ["--size n='-4' is not a positive integer"]),
+        (["gemm", "--dtype", "int7"], ["dtype", "int7"]),
+        (["synthetic", "--max-trials", "0"], ["--max-trials 0 must be a positive number"]),
+        (["--resume", "42"], ["run 42 does not exist"]),
+        (["synthetic", "--db", "postgresql://nobody@127.0.0.1:1/none"], ["cannot connect"]),
+    ],
+)
+def test_tune_errors_are_one_line(home, argv, needles):
+    assert_one_line_error(tf(home, "tune", *argv, timeout=120), *needles)
+
+
+def test_tune_without_an_opencl_device_is_a_one_line_error(home, tmp_path):
+    # A sitecustomize that hides every OpenCL platform, as on a machine without a driver.
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import worker.device as d\nd.list_devices = lambda: []\n"
+    )
+    env = dict(home)
+    env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")])
+    assert_one_line_error(
+        tf(env, "tune", "gemm", "--size", "m=64,n=64,k=64"), "no OpenCL device found"
+    )
+
+
+def test_tune_help_names_every_flag(home):
+    text = tf(home, "tune", "--help").stdout
+    for flag in (
+        "--size",
+        "--dtype",
+        "--workers",
+        "--device",
+        "--max-trials",
+        "--max-time",
+        "--target",
+        "--db",
+        "--resume",
+    ):
+        assert flag in text

@@ -1,0 +1,693 @@
+"""The front door: the commands a user types first.
+
+``status``, ``runs``, ``best``, ``show``, ``export`` and ``plot`` read a database (every
+statement in ``tunefleet.queries.report``); ``problems`` lists the registry; ``devices`` the
+OpenCL devices of this machine; ``measure`` times one configuration locally (the reproduce
+command that ``best`` prints); ``tune`` (in ``tunefleet.cli.tune``) runs a whole tuning
+campaign. Worker and coordinator code is imported inside the functions that need it: the
+``tunefleet`` package is the shared core and must import without either.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from tunefleet.cli.args import add_problem_flags, command_line_args, raw_problem_args, shell_join
+from tunefleet.cli.db import add_db_flag
+from tunefleet.cli.output import (
+    Column,
+    age,
+    args_text,
+    compact_json,
+    gflops,
+    jsonable,
+    seconds,
+    short_id,
+    table,
+    timestamp,
+)
+from tunefleet.errors import RunError, TunefleetError, UsageError
+from tunefleet.queries import report
+from tunefleet.settings import DatabaseSettings
+
+Row = dict[str, Any]
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from tunefleet.cli import tune
+
+    tune.register(sub)
+
+    p = sub.add_parser("status", help="live table of runs and workers (one run with RUN)")
+    p.add_argument("run", nargs="?", type=run_id_arg, metavar="RUN", help="a run id")
+    add_db_flag(p)
+    p.add_argument(
+        "--watch",
+        type=float,
+        metavar="S",
+        default=None,
+        help="refresh every S seconds until Ctrl-C",
+    )
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("runs", help="every run of the database with its progress")
+    add_db_flag(p)
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="newest N runs only")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_runs)
+
+    p = sub.add_parser("best", help="the best configuration of a run and how to reproduce it")
+    p.add_argument("run", type=run_id_arg, metavar="RUN")
+    add_db_flag(p)
+    p.add_argument("--top", type=int, default=1, metavar="K", help="show the K best (default 1)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_best)
+
+    p = sub.add_parser("show", help="one trial: its configuration, measurement and code")
+    p.add_argument("run", type=run_id_arg, metavar="RUN")
+    p.add_argument("trial", type=run_id_arg, metavar="TRIAL")
+    add_db_flag(p)
+    p.add_argument("--code", action="store_true", help="print only the generated OpenCL source")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("export", help="every finished trial of a run as CSV or JSON")
+    p.add_argument("run", type=run_id_arg, metavar="RUN")
+    add_db_flag(p)
+    p.add_argument("--format", choices=("csv", "json"), default="csv")
+    p.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser(
+        "plot", help="PNG: best-so-far against time and trials, and a per-worker timeline"
+    )
+    p.add_argument("run", type=run_id_arg, metavar="RUN")
+    add_db_flag(p)
+    p.add_argument("-o", "--output", metavar="FILE.png", required=True)
+    p.set_defaults(func=cmd_plot)
+
+    p = sub.add_parser("problems", help="the built-in problems, their arguments and spaces")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_problems)
+
+    p = sub.add_parser("devices", help="the OpenCL devices of this machine")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_devices)
+
+    p = sub.add_parser(
+        "measure", help="build, validate and time one configuration here (no database)"
+    )
+    p.add_argument("problem", metavar="PROBLEM", help="built-in name, path.py or module:attr")
+    add_problem_flags(p)
+    p.add_argument("--config", metavar="JSON", help="the configuration (default: the default)")
+    p.add_argument("--device", metavar="PATTERN", help="device index, name part, or 'host'")
+    p.add_argument("--protocol", metavar="JSON", help="measurement protocol overrides")
+    p.add_argument("--code", action="store_true", help="also print the generated source")
+    p.set_defaults(func=cmd_measure)
+
+
+# --- shared helpers ---------------------------------------------------------------------
+
+
+def run_id_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; ids are integers") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a valid id (ids start at 1)")
+    return value
+
+
+@contextmanager
+def open_db(db_flag: str | None) -> Iterator[Any]:
+    """A read connection to the database of ``--db`` (or the embedded one), at head."""
+    from tunefleet.db.engine import connect, database_url
+
+    settings = DatabaseSettings.build(db_flag, application_name="tunefleet-cli")
+    url = database_url(settings)
+    conn = connect(url, settings)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def require_run(conn: Any, run_id: int) -> Row:
+    row = report.run_row(conn, run_id)
+    if row is None:
+        raise RunError(f"run {run_id} does not exist in this database; `tunefleet runs` lists them")
+    return row
+
+
+def _out(text: str = "") -> None:
+    print(text, flush=True)
+
+
+_RUN_COLUMNS = (
+    Column("RUN", "run_id", right=True),
+    Column("PROBLEM", "problem"),
+    Column("ARGS", "problem_args", args_text),
+    Column("DEVICE CLASS", "device_class"),
+    Column("STATE", "run_state"),
+    Column("DONE", "done", right=True),
+    Column("RUNNING", "running", right=True),
+    Column("PENDING", "pending", right=True),
+    Column("INVALID", "invalid", right=True),
+    Column("FAILED", "failed_all", right=True),
+    Column("BEST GFLOP/s", "best_gflops", gflops, right=True),
+    Column("EVAL/MIN", "evaluations_per_minute", lambda v: f"{float(v):.1f}", right=True),
+    Column("ELAPSED", "elapsed_s", seconds, right=True),
+)
+
+_WORKER_COLUMNS = (
+    Column("WORKER", "worker_id", short_id),
+    Column("HOST", "host"),
+    Column("PID", "pid", right=True),
+    Column("DEVICE", "device_name"),
+    Column("STATE", "liveness"),
+    Column("HEARTBEAT", "heartbeat_age_s", age),
+    Column("TRIAL", "current_trial", right=True),
+    Column("MEASURED", "measured", right=True),
+)
+
+
+def _with_failed(row: Row) -> Row:
+    row = dict(row)
+    row["failed_all"] = int(row.get("failed") or 0) + int(row.get("timed_out") or 0)
+    return row
+
+
+def _with_liveness(row: Row) -> Row:
+    row = dict(row)
+    if row["state"] == "stopped":
+        row["liveness"] = "stopped"
+    elif row["alive"]:
+        row["liveness"] = "busy" if row["holding"] else "idle"
+    else:
+        row["liveness"] = "lost"  # active but silent: killed without a goodbye
+    return row
+
+
+# --- status / runs ----------------------------------------------------------------------
+
+
+def status_text(conn: Any, run_id: int | None) -> str:
+    """The text of ``tunefleet status [RUN]`` (also used by ``--watch``)."""
+    lines: list[str] = []
+    if run_id is None:
+        runs = report.list_runs(conn, only_active=True)
+        heading = "active runs"
+        if not runs:
+            runs = report.list_runs(conn, limit=5)
+            heading = "no active runs; latest runs" if runs else "no runs yet"
+        lines.append(f"{heading}:")
+        if runs:
+            lines.append(table([_with_failed(r) for r in runs], _RUN_COLUMNS))
+        workers = report.fleet(conn, include_stopped=False)
+        lines.append("")
+        lines.append(f"workers: {sum(1 for w in workers if w['alive'])} alive")
+        if workers:
+            lines.append(table([_with_liveness(w) for w in workers], _WORKER_COLUMNS))
+        return "\n".join(lines)
+
+    require_run(conn, run_id)
+    p = report.run_progress(conn, run_id)
+    assert p is not None
+    lines.append(_progress_block(p))
+    failures = report.failure_summary(conn, run_id)
+    if failures:
+        lines.append("failures:")
+        for f in failures[:5]:
+            lines.append(f"  {f['trials']:>4} {f['state']}: {_one_line(f['error'], 90)}")
+    workers = report.fleet(conn, run_id=run_id, include_stopped=True)
+    lines.append("")
+    lines.append(f"workers: {sum(1 for w in workers if w['alive'])} alive")
+    if workers:
+        lines.append(table([_with_liveness(w) for w in workers], _WORKER_COLUMNS))
+    return "\n".join(lines)
+
+
+def _one_line(text: str, width: int) -> str:
+    first = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+    return first if len(first) <= width else first[: width - 3] + "..."
+
+
+def _budget(p: Row) -> str:
+    parts = []
+    if p.get("max_trials"):
+        parts.append(f"{p['max_trials']} trials")
+    if p.get("max_seconds"):
+        parts.append(seconds(p["max_seconds"]))
+    if p.get("target_gflops"):
+        parts.append(f"target {gflops(p['target_gflops'])} GFLOP/s")
+    return ", ".join(parts) or "unlimited"
+
+
+def _progress_block(p: Row) -> str:
+    state = p["run_state"] + (f" ({p['stop_reason']})" if p.get("stop_reason") else "")
+    name = f" {p['name']!r}" if p.get("name") else ""
+    return "\n".join(
+        [
+            f"run {p['run_id']}{name}: {p['problem']} {args_text(p['problem_args'])} "
+            f"on {p['device_class']}",
+            f"  state     {state}, budget {_budget(p)}, elapsed {seconds(p['elapsed_s'])}",
+            f"  trials    {p['done']} done, {p['running']} running, {p['pending']} pending, "
+            f"{p['invalid']} invalid, {p['failed']} failed, {p['timed_out']} timed out, "
+            f"{p['cancelled']} cancelled ({p['cached']} from cache)",
+            f"  best      {gflops(p['best_gflops'])} GFLOP/s "
+            f"(median {seconds(p['best_median_s'])})",
+            f"  rate      {float(p['evaluations_per_minute']):.1f} evaluations/min",
+            *_driver_line(p),
+        ]
+    )
+
+
+def _driver_line(p: Row) -> list[str]:
+    """Whether a coordinator is driving a running run (its heartbeat is recent)."""
+    if p["run_state"] != "running":
+        return []
+    age_s = p.get("coordinator_age_s")
+    if age_s is not None and age_s < 60:
+        return [f"  search    coordinator heartbeat {age(age_s)}"]
+    return [
+        f"  search    no coordinator is driving it; continue with "
+        f"`tunefleet tune --resume {p['run_id']}`"
+    ]
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    if args.watch is not None and not args.watch > 0:
+        raise UsageError(f"--watch {args.watch} must be a positive number of seconds")
+    with open_db(args.db) as conn:
+        if args.watch is None:
+            _out(status_text(conn, args.run))
+            return 0
+        tty = sys.stdout.isatty()
+        try:
+            while True:
+                text = status_text(conn, args.run)
+                if tty:
+                    sys.stdout.write("\x1b[H\x1b[2J")
+                _out(text + ("\n" if not tty else ""))
+                time.sleep(args.watch)
+        except KeyboardInterrupt:
+            return 0
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    if args.limit is not None and args.limit <= 0:
+        raise UsageError(f"--limit {args.limit} must be a positive number")
+    with open_db(args.db) as conn:
+        runs = report.list_runs(conn, limit=args.limit)
+    if args.json:
+        _out(json.dumps(jsonable(runs), indent=2))
+    elif not runs:
+        _out("no runs yet; start one with `tunefleet tune PROBLEM`")
+    else:
+        _out(table([_with_failed(r) for r in runs], _RUN_COLUMNS))
+    return 0
+
+
+# --- best / show ------------------------------------------------------------------------
+
+
+def reproduce_command(run: Row, best: Row) -> str:
+    """The exact command that rebuilds and times this configuration on this kind of device."""
+    from tunefleet.problems.base import Protocol
+
+    words = ["tunefleet", "measure", run["problem"], *command_line_args(run["problem_args"])]
+    words += ["--config", json.dumps(best["config"], sort_keys=True, separators=(",", ":"))]
+    if run["device_class"] != "any" and best.get("device_name"):
+        words += ["--device", best["device_name"]]
+    elif run["device_class"] == "any":
+        words += ["--device", "host"]
+    protocol = best.get("protocol") or run.get("protocol") or {}
+    defaults = Protocol().to_json()
+    differing = {k: v for k, v in protocol.items() if defaults.get(k) != v}
+    if differing:
+        words += ["--protocol", json.dumps(differing, sort_keys=True, separators=(",", ":"))]
+    return shell_join(words)
+
+
+def cmd_best(args: argparse.Namespace) -> int:
+    if args.top <= 0:
+        raise UsageError(f"--top {args.top} must be a positive number")
+    with open_db(args.db) as conn:
+        run = require_run(conn, args.run)
+        best = report.best_trials(conn, args.run, limit=args.top)
+        progress = report.run_progress(conn, args.run)
+    assert progress is not None
+    if not best:
+        if args.json:
+            _out(json.dumps({"run": jsonable(run), "best": []}, indent=2))
+            return 1
+        raise RunError(
+            f"run {args.run} has no successful trial yet ({progress['done']} done, "
+            f"{progress['invalid']} invalid, {progress['failed']} failed); "
+            f"see `tunefleet status {args.run}`"
+        )
+    for b in best:
+        b["reproduce"] = reproduce_command(run, b)
+    if args.json:
+        _out(json.dumps({"run": jsonable(run), "best": jsonable(best)}, indent=2))
+        return 0
+    top = best[0]
+    _out(
+        f"run {run['id']}: {run['problem']} {args_text(run['problem_args'])} "
+        f"on {run['device_class']} ({run['state']}"
+        + (f": {run['stop_reason']}" if run.get("stop_reason") else "")
+        + f"; {progress['done']} done of {progress['trials']} trials)"
+    )
+    _out(
+        f"best: trial {top['trial_id']}, {gflops(top['gflops'])} GFLOP/s, "
+        f"median {seconds(top['median_s'])} (min {seconds(top['min_s'])})"
+        + (f", {gflops(top['gbps'])} GB/s" if top.get("gbps") is not None else "")
+    )
+    _out(f"device: {top['device_name'] or '-'} (driver {top['driver_version'] or '-'})")
+    _out("configuration:")
+    width = max((len(k) for k in top["config"]), default=0)
+    for key, value in top["config"].items():
+        _out(f"  {key.ljust(width)} = {compact_json(value)}")
+    _out("reproduce:")
+    _out(f"  {top['reproduce']}")
+    if top["has_code"]:
+        _out(f"generated code: tunefleet show {run['id']} {top['trial_id']} --code")
+    if len(best) > 1:
+        _out("")
+        _out(f"top {len(best)}:")
+        _out(
+            table(
+                [{**b, "config_text": compact_json(b["config"])} for b in best],
+                (
+                    Column("TRIAL", "trial_id", right=True),
+                    Column("GFLOP/s", "gflops", gflops, right=True),
+                    Column("MEDIAN", "median_s", seconds, right=True),
+                    Column("CONFIG", "config_text"),
+                ),
+            )
+        )
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    with open_db(args.db) as conn:
+        require_run(conn, args.run)
+        trial = report.trial_detail(conn, args.run, args.trial)
+        if trial is None:
+            raise RunError(
+                f"run {args.run} has no trial {args.trial}; "
+                f"`tunefleet export {args.run}` lists its trials"
+            )
+        attempts = report.trial_attempts(conn, args.trial)
+    if args.code:
+        if not trial["code"]:
+            raise RunError(
+                f"trial {args.trial} of run {args.run} has no stored code (state "
+                f"{trial['state']}); only measured trials keep their generated source"
+            )
+        sys.stdout.write(trial["code"].rstrip("\n") + "\n")
+        return 0
+    if args.json:
+        _out(json.dumps(jsonable({**trial, "attempts": attempts}), indent=2))
+        return 0
+    _out(f"trial {trial['trial_id']} of run {trial['run_id']}: {trial['state']}")
+    _out(f"  config      {compact_json(trial['config'])}")
+    _out(f"  source      {trial['source']}, attempt {trial['attempt']}/{trial['max_attempts']}")
+    _out(f"  started     {timestamp(trial['started_at'])}")
+    _out(f"  finished    {timestamp(trial['finished_at'])}")
+    if trial["worker_host"]:
+        _out(f"  worker      {short_id(trial['worker_id'])} on {trial['worker_host']}")
+    if trial["error"]:
+        _out(f"  error       {trial['error']}")
+    if trial["measurement_id"] is not None:
+        samples = trial["samples_s"] or []
+        _out(
+            f"  GFLOP/s     {gflops(trial['gflops'])}"
+            + (f"   GB/s {gflops(trial['gbps'])}" if trial["gbps"] is not None else "")
+        )
+        _out(
+            f"  time        median {seconds(trial['median_s'])}, min {seconds(trial['min_s'])}, "
+            f"{len(samples)} samples"
+        )
+        _out(f"  compile     {seconds(trial['compile_s'])}")
+        _out(
+            f"  device      {trial['device_name']} ({trial['platform']}, {trial['driver_version']})"
+        )
+        _out(f"  validation  {compact_json(trial['validation'])}")
+        _out(f"  protocol    {compact_json(trial['protocol'])}")
+        if trial["code"]:
+            _out(f"  code        {len(trial['code'].splitlines())} lines: add --code to print it")
+    if attempts:
+        _out("attempts:")
+        _out(
+            table(
+                attempts,
+                (
+                    Column("#", "attempt", right=True),
+                    Column("WORKER", "worker_id", short_id),
+                    Column("HOST", "worker_host"),
+                    Column("CLAIMED", "claimed_at", timestamp),
+                    Column("ENDED", "ended_at", timestamp),
+                    Column("OUTCOME", "outcome"),
+                    Column("ERROR", "error", lambda e: _one_line(e, 60)),
+                ),
+            )
+        )
+    return 0
+
+
+# --- export / plot ----------------------------------------------------------------------
+
+
+def export_text(rows: list[Row], fmt: str) -> str:
+    """Rows as CSV (JSON-valued columns as compact JSON) or as a JSON array."""
+    data = [jsonable(r) for r in rows]
+    if fmt == "json":
+        return json.dumps(data, indent=2) + "\n"
+    buf = io.StringIO()
+    columns = list(data[0]) if data else [*_EXPORT_EMPTY_COLUMNS]
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    for r in data:
+        writer.writerow(
+            {
+                k: json.dumps(v, sort_keys=True) if isinstance(v, dict | list) else v
+                for k, v in r.items()
+            }
+        )
+    return buf.getvalue()
+
+
+_EXPORT_EMPTY_COLUMNS = ("run_id", "trial_id", "problem", "config", "state", "median_s", "gflops")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    with open_db(args.db) as conn:
+        require_run(conn, args.run)
+        rows = report.export_rows(conn, args.run)
+    text = export_text(rows, args.format)
+    if args.output:
+        _write(Path(args.output), text)
+        print(f"wrote {len(rows)} trials of run {args.run} to {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        raise UsageError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from tunefleet.cli.plot import render
+
+    path = Path(args.output)
+    if path.suffix.lower() != ".png":
+        raise UsageError(f"-o {args.output!r}: the plot is a PNG; name the file FILE.png")
+    with open_db(args.db) as conn:
+        run = require_run(conn, args.run)
+        series = report.progress_series(conn, args.run)
+        intervals = report.worker_intervals(conn, args.run)
+    title = f"run {run['id']}: {run['problem']} {args_text(run['problem_args'])} on "
+    title += run["device_class"]
+    render(path, title=title, series=series, intervals=intervals)
+    best = max((r["gflops"] for r in series if r["gflops"] is not None), default=None)
+    n_workers = len({str(i["worker_id"]) for i in intervals})
+    _out(
+        f"wrote {args.output}: {len(series)} evaluations, best {gflops(best)} GFLOP/s, "
+        f"{n_workers} worker{'' if n_workers == 1 else 's'}"
+    )
+    return 0
+
+
+# --- problems / devices / measure ---------------------------------------------------------
+
+
+def problem_rows() -> list[Row]:
+    """One row per built-in problem: description, default arguments and space size; a
+    problem whose module cannot load shows the reason instead."""
+    from tunefleet.problems.registry import builtin_names, get_problem
+
+    rows: list[Row] = []
+    for name in builtin_names():
+        row: Row = {"name": name}
+        try:
+            problem = get_problem(name)
+            defaults = problem.normalise_args({})
+            space = problem.space(defaults)
+            specs = getattr(problem, "arguments", ()) or ()
+            row.update(
+                description=problem.description,
+                needs_opencl=problem.needs_opencl,
+                default_args=defaults,
+                arguments=[spec.to_json() for spec in specs],
+                parameters=space.names(),
+                space_size=space.size(),
+            )
+        except Exception as exc:  # one broken problem must not hide the others
+            row.update(description=f"(unavailable: {exc})", error=str(exc))
+        rows.append(row)
+    return rows
+
+
+def cmd_problems(args: argparse.Namespace) -> int:
+    rows = problem_rows()
+    if args.json:
+        _out(json.dumps(jsonable(rows), indent=2))
+        return 0
+    for r in rows:
+        _out(f"{r['name']}: {r.get('description') or ''}")
+        if "error" in r:
+            continue
+        device = "an OpenCL device" if r["needs_opencl"] else "no OpenCL (host pseudo-device)"
+        if r["arguments"]:
+            for i, spec in enumerate(r["arguments"]):
+                flag = " ".join(command_line_args({spec["name"]: spec["default"]}))
+                choices = spec.get("choices")
+                extra = f" (one of {', '.join(map(str, choices))})" if choices else ""
+                label = "arguments" if i == 0 else ""
+                _out(f"  {label:<10} {flag:<28} {spec.get('help', '')}{extra}".rstrip())
+        else:
+            defaults = " ".join(command_line_args(r["default_args"])) or "(none)"
+            _out(f"  arguments  {defaults}")
+        _out(f"  space      {r['space_size']} points over {', '.join(r['parameters'])}")
+        _out(f"  needs      {device}")
+    _out("")
+    _out("user problems: tunefleet tune path/to/problem.py (or module:attr)")
+    return 0
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    from worker.device import list_devices
+
+    devices = list_devices()
+    if args.json:
+        _out(json.dumps([d.to_json() for d in devices], indent=2))
+        return 0 if devices else 1
+    if not devices:
+        raise_no_device()
+    rows = [
+        {
+            **d.to_json(),
+            "type": d.extra.get("type"),
+            "mem": f"{(d.global_mem_bytes or 0) / 2**30:.1f} GiB",
+        }
+        for d in devices
+    ]
+    _out(
+        table(
+            rows,
+            (
+                Column("#", "index", right=True),
+                Column("NAME", "name"),
+                Column("TYPE", "type"),
+                Column("PLATFORM", "platform"),
+                Column("DRIVER", "driver_version"),
+                Column("CU", "compute_units", right=True),
+                Column("MEMORY", "mem", right=True),
+                Column("DEVICE CLASS", "device_class"),
+            ),
+        )
+    )
+    _out("")
+    _out("pick one with --device INDEX or a part of its name; --device host runs synthetic only")
+    return 0
+
+
+def raise_no_device() -> None:
+    from tunefleet.errors import DeviceError
+
+    raise DeviceError(
+        "no OpenCL device found; install a driver, or pip install 'tunefleet[pocl]' for a CPU "
+        "device (the synthetic problem needs none: --device host)"
+    )
+
+
+def _json_arg(text: str | None, flag: str) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(
+            f"{flag} is not valid JSON ({exc.msg}); write e.g. {flag} '{{...}}'"
+        ) from None
+
+
+def cmd_measure(args: argparse.Namespace) -> int:
+    from tunefleet.errors import InvalidConfiguration
+    from tunefleet.problems.base import Protocol
+    from tunefleet.problems.registry import get_problem
+
+    problem = get_problem(args.problem)
+    problem_args = problem.normalise_args(raw_problem_args(args))
+    space = problem.space(problem_args)
+    config = _json_arg(args.config, "--config")
+    if config is None:
+        config = problem.default_config(problem_args)
+    if not isinstance(config, dict):
+        raise UsageError("--config must be a JSON object of parameter: value")
+    try:
+        config = space.check(config)
+    except InvalidConfiguration as exc:
+        raise UsageError(f"--config: {exc}") from None
+    overrides = _json_arg(args.protocol, "--protocol") or {}
+    if not isinstance(overrides, dict):
+        raise UsageError("--protocol must be a JSON object, e.g. '{\"min_launches\": 10}'")
+    protocol = Protocol.from_json({**Protocol().to_json(), **overrides})
+
+    from worker.device import open_session, select_device
+
+    pattern = args.device if problem.needs_opencl else (args.device or "host")
+    device = select_device(pattern)
+    session = open_session(device)
+    try:
+        prepared = problem.prepare(problem_args, config, device)
+        outcome = problem.measure(prepared, session, protocol)
+    except InvalidConfiguration as exc:
+        raise TunefleetError(f"configuration is invalid: {exc}") from None
+    _out(f"{args.problem} {args_text(problem_args)} on {device.name} ({device.platform})")
+    _out(f"config: {compact_json(config)}")
+    if outcome.state != "done":
+        raise TunefleetError(f"configuration is {outcome.state}: {outcome.error or '(no reason)'}")
+    _out(
+        f"{gflops(outcome.gflops)} GFLOP/s, median {seconds(outcome.median_s)}, "
+        f"min {seconds(outcome.min_s)}, {len(outcome.samples_s)} samples"
+        + (f", {gflops(outcome.gbps)} GB/s" if outcome.gbps is not None else "")
+    )
+    if args.code and outcome.code:
+        _out(outcome.code.rstrip("\n"))
+    return 0

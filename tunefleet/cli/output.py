@@ -1,0 +1,129 @@
+"""Text output of the front-door commands: aligned tables and human-readable numbers.
+
+Pure formatting, no database and no I/O besides returning strings, so every command prints
+the same way and tests can compare plain text.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Column:
+    """One table column: header, the row key it shows, how to format it, alignment."""
+
+    header: str
+    key: str
+    fmt: Callable[[Any], str] | None = None
+    right: bool = False
+
+
+def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[Column]) -> str:
+    """Rows as an aligned text table (header line first); ``-`` for missing values."""
+    cells = [[c.header for c in columns]]
+    for row in rows:
+        line = []
+        for c in columns:
+            value = row.get(c.key)
+            if value is None:
+                line.append("-")
+            else:
+                line.append(c.fmt(value) if c.fmt else str(value))
+        cells.append(line)
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    out = []
+    for r in cells:
+        parts = [
+            (v.rjust(w) if c.right else v.ljust(w))
+            for v, w, c in zip(r, widths, columns, strict=True)
+        ]
+        out.append("  ".join(parts).rstrip())
+    return "\n".join(out)
+
+
+def gflops(value: float | None) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    if value >= 100:
+        return f"{value:.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def seconds(value: float | None) -> str:
+    """A duration in the unit a person reads best (``2.73 ms``, ``1.2 s``, ``3m05s``)."""
+    if value is None:
+        return "-"
+    v = float(value)
+    if v < 1e-3:
+        return f"{v * 1e6:.1f} us"
+    if v < 1:
+        return f"{v * 1e3:.3g} ms"
+    if v < 120:
+        return f"{v:.1f} s"
+    minutes, secs = divmod(round(v), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def age(value: float | None) -> str:
+    """How long ago, from a number of seconds."""
+    return "-" if value is None else f"{seconds(max(float(value), 0.0))} ago"
+
+
+def timestamp(value: datetime | None) -> str:
+    return "-" if value is None else value.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def short_id(value: Any) -> str:
+    return str(value)[:8]
+
+
+def compact_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(", ", ": "), default=str)
+
+
+def args_text(args: Mapping[str, Any] | None) -> str:
+    """Problem arguments as ``n=256 dtype=float32``."""
+    if not args:
+        return ""
+    return " ".join(f"{k}={_scalar(v)}" for k, v in sorted(args.items()))
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, separators=(",", ":"))
+
+
+def jsonable(value: Any) -> Any:
+    """Rows from the database as JSON-friendly values (datetimes and UUIDs as strings,
+    intervals as seconds)."""
+    from datetime import date, timedelta
+    from decimal import Decimal
+    from uuid import UUID
+
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, UUID):
+        return str(value)
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -1,0 +1,159 @@
+"""``tunefleet plot``: one PNG with the run's best-so-far curves and a per-worker timeline.
+
+Three panels: best GFLOP/s so far against wall time and against the number of evaluations
+(each measured trial as a dot), and a timeline with one lane per worker showing the interval
+of every trial it evaluated, coloured by outcome, with its utilisation (busy time / time from
+its first claim to its last result). matplotlib is imported inside :func:`render` with the
+``Agg`` backend, so no display is needed and the import costs nothing elsewhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tunefleet.errors import UsageError
+
+_STATE_COLOURS = {
+    "done": "#2b8a3e",
+    "invalid": "#e8590c",
+    "failed": "#c92a2a",
+    "timed_out": "#862e9c",
+}
+
+
+def utilisation(intervals: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Busy fraction per worker over the fleet's window (first start to last end of any
+    worker), so a worker that joined late or sat idle shows as such. Overlapping intervals of
+    a pipelining worker count once."""
+    if not intervals:
+        return {}
+    lanes: dict[str, list[tuple[float, float]]] = {}
+    for iv in intervals:
+        lanes.setdefault(str(iv["worker_id"]), []).append((iv["start_s"], iv["end_s"]))
+    window = max(iv["end_s"] for iv in intervals) - min(iv["start_s"] for iv in intervals)
+    out: dict[str, float] = {}
+    for worker, spans in lanes.items():
+        spans.sort()
+        busy, cur_start, cur_end = 0.0, spans[0][0], spans[0][1]
+        for start, end in spans[1:]:
+            if start > cur_end:
+                busy += cur_end - cur_start
+                cur_start, cur_end = start, end
+            else:
+                cur_end = max(cur_end, end)
+        busy += cur_end - cur_start
+        out[worker] = busy / window if window > 0 else 1.0
+    return out
+
+
+def render(
+    path: Path,
+    *,
+    title: str,
+    series: Sequence[Mapping[str, Any]],
+    intervals: Sequence[Mapping[str, Any]],
+) -> None:
+    """Write the PNG. ``series`` rows come from ``report.progress_series``, ``intervals`` from
+    ``report.worker_intervals``."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise UsageError(
+            "plotting needs matplotlib; pip install 'tunefleet[plot]' (or tunefleet[local])"
+        ) from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(3, 1, figsize=(9, 10), constrained_layout=True)
+    fig.suptitle(title)
+    ax_time, ax_trials, ax_lanes = axes
+
+    measured = [r for r in series if r["gflops"] is not None]
+    best = [r for r in series if r["best_gflops"] is not None]
+    for ax, key, label in (
+        (ax_time, "elapsed_s", "seconds since the run started"),
+        (ax_trials, "n", "evaluations"),
+    ):
+        if measured:
+            ax.scatter(
+                [r[key] for r in measured],
+                [r["gflops"] for r in measured],
+                s=12,
+                color="#adb5bd",
+                label="trial",
+                zorder=2,
+            )
+        if best:
+            ax.step(
+                [r[key] for r in best],
+                [r["best_gflops"] for r in best],
+                where="post",
+                color="#1c7ed6",
+                linewidth=2,
+                label="best so far",
+                zorder=3,
+            )
+        failed = [r for r in series if r["state"] != "done"]
+        if failed:
+            ax.scatter(
+                [r[key] for r in failed],
+                [0.0] * len(failed),
+                marker="x",
+                s=18,
+                color=_STATE_COLOURS["failed"],
+                label="invalid / failed / timed out",
+                zorder=2,
+            )
+        ax.set_xlabel(label)
+        ax.set_ylabel("GFLOP/s")
+        ax.grid(True, alpha=0.3)
+        if measured or failed:
+            ax.legend(loc="best", fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "no finished trials yet", ha="center", transform=ax.transAxes)
+
+    lanes: dict[str, int] = {}
+    labels: list[str] = []
+    util = utilisation(intervals) if intervals else {}
+    for iv in intervals:
+        wid = str(iv["worker_id"])
+        if wid not in lanes:
+            lanes[wid] = len(lanes)
+            pid = f" pid {iv['worker_pid']}" if iv.get("worker_pid") is not None else ""
+            labels.append(f"{iv['worker_host']}{pid} ({100 * util[wid]:.0f}% busy)")
+        ax_lanes.barh(
+            lanes[wid],
+            max(iv["end_s"] - iv["start_s"], 1e-3),
+            left=iv["start_s"],
+            height=0.6,
+            color=_STATE_COLOURS.get(iv["state"], "#868e96"),
+            edgecolor="white",
+            linewidth=0.3,
+        )
+    ax_lanes.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax_lanes.invert_yaxis()
+    ax_lanes.set_xlabel("seconds since the run started")
+    fleet = f", fleet {100 * sum(util.values()) / len(util):.0f}% busy" if util else ""
+    ax_lanes.set_title(
+        f"worker timeline (one bar per evaluation, coloured by outcome{fleet})", fontsize=9
+    )
+    ax_lanes.grid(True, axis="x", alpha=0.3)
+    if not intervals:
+        ax_lanes.text(0.5, 0.5, "no evaluations yet", ha="center", transform=ax_lanes.transAxes)
+    else:
+        from matplotlib.patches import Patch
+
+        seen = sorted({iv["state"] for iv in intervals})
+        ax_lanes.legend(
+            handles=[Patch(color=_STATE_COLOURS.get(s, "#868e96"), label=s) for s in seen],
+            loc="best",
+            fontsize=8,
+        )
+    try:
+        fig.savefig(path, dpi=100)
+    except OSError as exc:
+        raise UsageError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)

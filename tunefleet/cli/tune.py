@@ -1,0 +1,462 @@
+"""``tunefleet tune``: one command that runs a whole tuning campaign on this machine.
+
+It checks the problem and its arguments, opens the database (the embedded server without
+``--db``), plans the local workers (one per OpenCL device of the chosen class, the host
+pseudo-device for problems that need no OpenCL, none with ``--workers 0``), creates or resumes
+the run through the coordinator's engine, starts the workers as child processes, drives the
+search in this process and shows progress until a stop rule ends the run. Ctrl-C stops the
+search, marks the run stopped (resumable with ``--resume RUN``) and stops the workers with one
+SIGTERM each, so they hand back what they hold.
+
+Workers run in their own session: the terminal's Ctrl-C reaches only this process, which then
+signals each worker exactly once (a second signal would make a worker abort without handing
+its trials back).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from tunefleet.cli.args import add_problem_flags, raw_problem_args
+from tunefleet.cli.db import add_db_flag
+from tunefleet.cli.output import args_text, gflops, seconds
+from tunefleet.errors import DeviceError, RunError, TunefleetError, UsageError
+from tunefleet.settings import DatabaseSettings, home_dir
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "tune",
+        help="tune a problem here: the search plus one worker per local device",
+        description="Tune PROBLEM: create a run (or resume one), start local workers, drive "
+        "the search and show progress until a stop rule ends it. Ctrl-C stops cleanly; "
+        "continue later with --resume RUN.",
+    )
+    p.add_argument(
+        "problem",
+        nargs="?",
+        metavar="PROBLEM",
+        help="built-in name (see `tunefleet problems`), path/to/problem.py or module:attr",
+    )
+    add_problem_flags(p)
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="local workers (default: one per OpenCL device of the chosen class; 0: only the "
+        "search, for workers started elsewhere with `tunefleet worker`)",
+    )
+    p.add_argument(
+        "--device",
+        metavar="PATTERN",
+        help="device index, part of its name, or (with --workers 0) the device class to target",
+    )
+    p.add_argument("--max-trials", type=int, metavar="N", help="stop after N evaluations")
+    p.add_argument("--max-time", type=float, metavar="S", help="stop after S seconds")
+    p.add_argument("--target", type=float, metavar="GFLOPS", help="stop once this is reached")
+    p.add_argument("--name", help="a name for the run (shown by `tunefleet runs`)")
+    p.add_argument("--resume", type=int, metavar="RUN", help="continue a stopped run")
+    p.add_argument(
+        "--progress-every",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds between progress lines when stdout is not a terminal (default 5)",
+    )
+    add_db_flag(p)
+    p.set_defaults(func=cmd_tune)
+
+
+# --- planning -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """Which device class the run targets and the ``--device`` of each local worker."""
+
+    device_class: str
+    devices: tuple[str, ...]
+    description: str
+
+
+def plan_workers(needs_opencl: bool, workers: int | None, pattern: str | None) -> WorkerPlan:
+    """Decide the run's device class and the local workers; raise a one-line error when the
+    machine cannot serve the request."""
+    from tunefleet.devices import ANY_DEVICE_CLASS, device_class_of
+
+    if workers is not None and workers < 0:
+        raise UsageError(f"--workers {workers}: give 0 or more workers")
+    if not needs_opencl:
+        if pattern not in (None, "host"):
+            raise UsageError(
+                f"--device {pattern!r}: this problem needs no OpenCL and runs on the host "
+                "pseudo-device; drop --device"
+            )
+        n = 1 if workers is None else workers
+        where = "host pseudo-device" if n else f"remote workers of class {ANY_DEVICE_CLASS}"
+        return WorkerPlan(ANY_DEVICE_CLASS, ("host",) * n, where)
+
+    if workers == 0:
+        if not pattern:
+            raise UsageError(
+                "--workers 0 needs --device CLASS, the device class the remote workers serve "
+                "(`tunefleet devices` on a worker machine shows it, e.g. nvidia-h200)"
+            )
+        try:
+            matches = _matching_devices(pattern)
+        except DeviceError:
+            matches = []  # a login node without OpenCL: the pattern is the class itself
+        cls = matches[0].device_class if matches else device_class_of(pattern)
+        return WorkerPlan(cls, (), f"remote workers of class {cls}")
+
+    matches = _matching_devices(pattern)
+    cls = matches[0].device_class
+    same = [d for d in matches if d.device_class == cls]
+    n = len(same) if workers is None else workers
+    if n > len(same):
+        raise UsageError(
+            f"--workers {n}: this machine has {len(same)} device(s) of class {cls} and a device "
+            "takes one worker (two would corrupt each other's timings); use --workers "
+            f"{len(same)} and start more workers on other machines with `tunefleet worker`"
+        )
+    chosen = same[:n]
+    names = ", ".join(f"{d.index}: {d.name}" for d in chosen)
+    return WorkerPlan(cls, tuple(str(d.index) for d in chosen), names)
+
+
+def _matching_devices(pattern: str | None) -> list[Any]:
+    from worker.device import list_devices
+
+    devices = list_devices()
+    if not devices:
+        raise DeviceError(
+            "no OpenCL device found; install a driver, or pip install 'tunefleet[pocl]' for a "
+            "CPU device, or run the search only (--workers 0 --device CLASS)"
+        )
+    if pattern is None or pattern == "":
+        gpus = [d for d in devices if "gpu" in d.extra.get("type", "")]
+        return gpus or devices
+    text = pattern.strip()
+    if text.isdigit():
+        idx = int(text)
+        if idx >= len(devices):
+            raise DeviceError(
+                f"--device {idx}: this machine has {len(devices)} device(s); "
+                "`tunefleet devices` lists them"
+            )
+        return [devices[idx]]
+    needle = text.lower()
+    matches = [d for d in devices if needle in _searchable(d)]
+    if not matches:
+        raise DeviceError(
+            f"no OpenCL device matches --device {pattern!r}; `tunefleet devices` lists them"
+        )
+    return matches
+
+
+def _searchable(d: Any) -> str:
+    """What a ``--device`` pattern matches: name, platform, class, OpenCL version string
+    (``pocl`` appears only there) and type (``cpu``, ``gpu``)."""
+    parts = (d.name, d.platform, d.device_class, d.extra.get("opencl_version", ""))
+    return " ".join((*parts, d.extra.get("type", ""))).lower()
+
+
+# --- local worker processes ---------------------------------------------------------------
+
+
+@dataclass
+class LocalWorkers:
+    """The worker processes this command started, with their log files."""
+
+    url: str
+    log_dir: Path
+    procs: list[tuple[subprocess.Popen[bytes], Path]] = field(default_factory=list)
+
+    def start(self, devices: tuple[str, ...], extra: list[str]) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for i, device in enumerate(devices):
+            log = self.log_dir / f"worker-{i}.log"
+            cmd = [sys.executable, "-m", "tunefleet", "worker", "--db", self.url]
+            cmd += ["--device", device, *extra]
+            with open(log, "ab") as fh:
+                proc = subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # the terminal's Ctrl-C is ours to forward, once
+                )
+            self.procs.append((proc, log))
+
+    def exited(self) -> list[tuple[int, Path]]:
+        """Workers that ended on their own: (exit status, log file)."""
+        return [(p.returncode, log) for p, log in self.procs if p.poll() is not None]
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """One SIGTERM each (graceful: finish or hand back held trials), then wait; SIGKILL
+        what is still there after ``timeout`` (its leases expire and the reaper requeues)."""
+        for proc, _ in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for proc, _ in self.procs:
+            try:
+                proc.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def last_line(path: Path) -> str:
+    try:
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1].strip() if lines else ""
+
+
+# --- progress -----------------------------------------------------------------------------
+
+
+def progress_line(p: dict[str, Any], workers_alive: int) -> str:
+    """One line of progress: counts by state, best so far, rate, workers, elapsed."""
+    failed = int(p["failed"]) + int(p["timed_out"])
+    budget = f"/{p['max_trials']}" if p.get("max_trials") else ""
+    return (
+        f"run {p['run_id']}: {p['done']}{budget} done, {p['running']} running, "
+        f"{p['pending']} pending, {p['invalid']} invalid, {failed} failed"
+        + (f", {p['cached']} cached" if p.get("cached") else "")
+        + f" | best {gflops(p['best_gflops'])} GFLOP/s"
+        + f" | {float(p['evaluations_per_minute']):.1f} eval/min"
+        + f" | {workers_alive} worker{'s' if workers_alive != 1 else ''}"
+        + f" | {seconds(p['elapsed_s'])}"
+    )
+
+
+class ProgressDisplay:
+    """Rewrites one line on a terminal; prints a plain line every ``every`` seconds
+    otherwise (logs, CI, pipes)."""
+
+    def __init__(self, stream: TextIO, every: float) -> None:
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.every = every
+        self._last: float | None = None
+        self._width = 0
+
+    def show(self, line: str, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.tty:
+            # A line longer than the terminal would wrap and "\r" could not rewrite it.
+            line = line[: max(shutil.get_terminal_size().columns - 1, 20)]
+            pad = max(self._width - len(line), 0)
+            self.stream.write("\r" + line + " " * pad)
+            self._width = len(line)
+            self.stream.flush()
+        elif force or self._last is None or now - self._last >= self.every:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+            self._last = now
+
+    def end(self) -> None:
+        if self.tty and self._width:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._width = 0
+
+
+# --- the command --------------------------------------------------------------------------
+
+
+def _check_budget(args: argparse.Namespace) -> None:
+    for flag, value in (
+        ("--max-trials", args.max_trials),
+        ("--max-time", args.max_time),
+        ("--target", args.target),
+    ):
+        if value is not None and not value > 0:
+            raise UsageError(f"{flag} {value} must be a positive number")
+    if args.progress_every is not None and not args.progress_every > 0:
+        raise UsageError(f"--progress-every {args.progress_every} must be positive")
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from tunefleet.db.engine import connect, database_url
+    from tunefleet.problems.registry import get_problem
+    from tunefleet.queries import report
+
+    _check_budget(args)
+    if args.problem is None and args.resume is None:
+        raise UsageError("name a PROBLEM to tune (see `tunefleet problems`) or --resume RUN")
+
+    settings = DatabaseSettings.build(args.db, application_name="tunefleet-tune")
+    if args.resume is not None:
+        url = database_url(settings)
+        with connect(url, settings) as conn:
+            run = report.run_row(conn, args.resume)
+        if run is None:
+            raise RunError(
+                f"run {args.resume} does not exist in this database; `tunefleet runs` lists them"
+            )
+        if args.problem is not None and args.problem != run["problem"]:
+            raise UsageError(
+                f"run {args.resume} tunes {run['problem']!r}, not {args.problem!r}; "
+                f"drop PROBLEM or use `tunefleet tune {run['problem']} --resume {args.resume}`"
+            )
+        problem = get_problem(run["problem"])
+        problem_args = dict(run["problem_args"])
+        plan = _resume_plan(problem.needs_opencl, args, run)
+    else:
+        # Check what the user typed before touching the database or any device.
+        problem = get_problem(args.problem)
+        problem_args = problem.normalise_args(raw_problem_args(args))
+        problem.space(problem_args)
+        plan = plan_workers(problem.needs_opencl, args.workers, args.device)
+        url = database_url(settings)
+
+    from coordinator.engine import Coordinator, Progress, create_run
+    from coordinator.settings import CoordinatorSettings
+
+    coord_settings = CoordinatorSettings.build(
+        problem=None if args.resume is not None else args.problem,
+        problem_args=problem_args,
+        device_class=plan.device_class,
+        name=args.name,
+        resume=args.resume,
+        max_trials=args.max_trials,
+        max_seconds=args.max_time,
+        target_gflops=args.target,
+    )
+    engine_db = DatabaseSettings(
+        url=url,
+        statement_timeout_ms=settings.statement_timeout_ms,
+        idle_in_transaction_timeout_ms=settings.idle_in_transaction_timeout_ms,
+        application_name="tunefleet-coordinator",
+    )
+    run_id = args.resume or create_run(coord_settings, url, engine_db)
+    coordinator = Coordinator(coord_settings, url, engine_db)
+
+    every = args.progress_every if args.progress_every is not None else 5.0
+    display = ProgressDisplay(sys.stdout, every)
+    where = f"{len(plan.devices)} local ({plan.description})" if plan.devices else plan.description
+    verb = "resuming" if args.resume else "tuning"
+    print(
+        f"{verb} run {run_id}: {problem.name or args.problem} "
+        f"{args_text(_changed_args(problem, problem_args))} on "
+        f"{plan.device_class}; workers: {where}",
+        flush=True,
+    )
+    workers = LocalWorkers(url, home_dir() / "logs" / f"run-{run_id}")
+    failure: list[str] = []
+    interrupts = 0
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        nonlocal interrupts
+        interrupts += 1
+        if interrupts > 1:
+            raise KeyboardInterrupt  # second Ctrl-C: stop waiting
+        coordinator.request_stop()
+
+    with connect(url, settings) as conn:
+        last_poll = 0.0
+
+        def on_progress(_: Progress) -> None:
+            nonlocal last_poll
+            now = time.monotonic()
+            if now - last_poll < 0.5:
+                return
+            last_poll = now
+            p = report.run_progress(conn, run_id)
+            fleet = report.fleet(conn, run_id=run_id, include_stopped=False)
+            if p is not None:
+                display.show(progress_line(p, sum(1 for w in fleet if w["alive"])))
+            exited = workers.exited()
+            if plan.devices and len(exited) == len(plan.devices) and not failure:
+                rc, log = exited[0]
+                failure.append(
+                    f"every local worker exited (status {rc}): {last_line(log) or '?'} (log: {log})"
+                )
+                coordinator.request_stop()
+
+        previous = signal.signal(signal.SIGINT, on_sigint)
+        result = None
+        try:
+            workers.start(plan.devices, [])
+            result = coordinator.run(run_id, progress_callback=on_progress)
+        except KeyboardInterrupt:
+            interrupts = max(interrupts, 1)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            workers.stop()
+            display.end()
+            _cancel_leftovers(url, engine_db, run_id)
+        p = report.run_progress(conn, run_id)
+        if p is not None:
+            display.show(progress_line(p, 0), force=True)
+            display.end()
+
+    if failure:
+        raise TunefleetError(failure[0])
+    if interrupts or (result is not None and result.state == "stopped"):
+        from tunefleet.db.engine import redact
+
+        hint = "" if args.db is None else f" --db {shlex.quote(redact(args.db))}"
+        print(
+            f"stopped run {run_id}; continue with `tunefleet tune --resume {run_id}{hint}`",
+            file=sys.stderr,
+        )
+        return 130
+    assert result is not None
+    print(f"run {run_id} finished: {result.stop_reason}", flush=True)
+    from tunefleet.cli.front import cmd_best
+
+    try:
+        return cmd_best(argparse.Namespace(run=run_id, db=url, top=1, json=False))
+    except RunError as exc:
+        print(f"tunefleet: {exc}", file=sys.stderr)
+        return 1
+
+
+def _changed_args(problem: Any, problem_args: dict[str, Any]) -> dict[str, Any]:
+    """The arguments that differ from the problem's defaults (what the user chose)."""
+    try:
+        defaults = problem.normalise_args({})
+    except TunefleetError:
+        return problem_args
+    return {k: v for k, v in problem_args.items() if defaults.get(k) != v}
+
+
+def _cancel_leftovers(url: str, db: DatabaseSettings, run_id: int) -> None:
+    """Trials the stopped workers handed back after the search ended go to ``cancelled``
+    (a stopped or finished run keeps no pending work; a resume re-asks the search)."""
+    from tunefleet.db.engine import connect
+    from tunefleet.queries import search
+
+    with connect(url, db) as conn:
+        run = search.get_run(conn, run_id)
+        if run is not None and run["state"] != "running":
+            search.cancel_pending(conn, run_id)
+
+
+def _resume_plan(needs_opencl: bool, args: argparse.Namespace, run: dict[str, Any]) -> WorkerPlan:
+    """Workers for a resumed run: they must serve the class the run targets."""
+    cls = run["device_class"]
+    if args.workers == 0:
+        return WorkerPlan(cls, (), f"remote workers of class {cls}")
+    plan = plan_workers(needs_opencl, args.workers, args.device)
+    if plan.device_class != cls:
+        raise DeviceError(
+            f"run {run['id']} targets device class {cls}, but the local device is "
+            f"{plan.device_class}; resume it where such a device is, or with --workers 0"
+        )
+    return plan

@@ -1,0 +1,285 @@
+"""Read-only statements behind the CLI's status, runs, best, show, export and plot commands.
+
+Every function here runs one plain ``SELECT`` on an autocommit connection: it takes no row
+locks, holds no transaction open afterwards, and sees a consistent snapshot of its own
+statement only (two calls may see different moments of a live run, which a progress display
+tolerates). Rows come back as dicts (the connections of ``tunefleet.db.engine`` use dict rows).
+Times are computed with the database clock (``now()``) so a laptop with a skewed clock still
+shows correct ages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+Row = dict[str, Any]
+Conn = psycopg.Connection[Any]
+
+#: Trial states that end an evaluation (what ``results`` shows; ``cancelled`` never ran).
+FINISHED_STATES = ("done", "invalid", "failed", "timed_out")
+
+
+def _all(conn: Conn, query: str, params: dict[str, Any] | None = None) -> list[Row]:
+    return [dict(r) for r in conn.execute(query, params or {}).fetchall()]
+
+
+def _one(conn: Conn, query: str, params: dict[str, Any] | None = None) -> Row | None:
+    row = conn.execute(query, params or {}).fetchone()
+    return dict(row) if row is not None else None
+
+
+def run_row(conn: Conn, run_id: int) -> Row | None:
+    """The ``run`` row itself (problem, arguments, budget, state), or ``None``.
+
+    Read-only, no locks."""
+    return _one(conn, "SELECT * FROM tunefleet.run WHERE id = %(run_id)s", {"run_id": run_id})
+
+
+def list_runs(conn: Conn, *, limit: int | None = None, only_active: bool = False) -> list[Row]:
+    """Runs with their progress counters (the ``run_progress`` view plus arguments and budget),
+    newest first. ``only_active`` keeps runs in state ``running``.
+
+    Read-only, no locks."""
+    return _all(
+        conn,
+        """
+        SELECT p.*, r.problem_args, r.max_trials, r.max_seconds, r.target_gflops,
+               r.finished_at, extract(epoch FROM p.elapsed)::float8 AS elapsed_s,
+               r.coordinator_heartbeat_at,
+               extract(epoch FROM now() - r.coordinator_heartbeat_at)::float8
+                 AS coordinator_age_s
+          FROM tunefleet.run_progress p
+          JOIN tunefleet.run r ON r.id = p.run_id
+         WHERE NOT %(only_active)s OR r.state = 'running'
+         ORDER BY p.run_id DESC
+         LIMIT %(limit)s
+        """,
+        {"only_active": only_active, "limit": limit},
+    )
+
+
+def run_progress(conn: Conn, run_id: int) -> Row | None:
+    """One run's progress counters (``run_progress`` view plus budget), or ``None``.
+
+    Read-only, no locks; cheap enough to poll once a second during ``tunefleet tune``."""
+    return _one(
+        conn,
+        """
+        SELECT p.*, r.problem_args, r.max_trials, r.max_seconds, r.target_gflops,
+               r.finished_at, extract(epoch FROM p.elapsed)::float8 AS elapsed_s,
+               r.coordinator_heartbeat_at,
+               extract(epoch FROM now() - r.coordinator_heartbeat_at)::float8
+                 AS coordinator_age_s
+          FROM tunefleet.run_progress p
+          JOIN tunefleet.run r ON r.id = p.run_id
+         WHERE p.run_id = %(run_id)s
+        """,
+        {"run_id": run_id},
+    )
+
+
+def fleet(
+    conn: Conn,
+    *,
+    run_id: int | None = None,
+    stale_after_s: float = 60.0,
+    include_stopped: bool = False,
+) -> list[Row]:
+    """Worker processes with their device, heartbeat age, the trial they hold now, and how many
+    trials they measured (overall, or for ``run_id`` when given; cache copies excluded).
+    ``alive`` is false for an ``active`` worker whose heartbeat is older than
+    ``stale_after_s`` (killed without a goodbye). Stopped workers are listed only with
+    ``include_stopped``.
+
+    Read-only, no locks."""
+    return _all(
+        conn,
+        """
+        SELECT w.id AS worker_id, w.host, w.pid, w.state, w.device_class,
+               d.name AS device_name, w.version, w.started_at, w.heartbeat_at, w.stopped_at,
+               extract(epoch FROM now() - w.heartbeat_at)::float8 AS heartbeat_age_s,
+               (w.state = 'active'
+                AND w.heartbeat_at > now() - make_interval(secs => %(stale)s)) AS alive,
+               (SELECT count(*) FROM tunefleet.trial t
+                 WHERE t.lease_owner = w.id AND t.state = 'running') AS holding,
+               (SELECT min(t.id) FROM tunefleet.trial t
+                 WHERE t.lease_owner = w.id AND t.state = 'running') AS current_trial,
+               (SELECT count(*) FROM tunefleet.measurement m
+                 WHERE m.worker_id = w.id
+                   AND m.attempt IS NOT NULL  -- not a cache hit's copy
+                   AND (%(run_id)s::bigint IS NULL OR m.run_id = %(run_id)s)) AS measured
+          FROM tunefleet.worker w
+          LEFT JOIN tunefleet.device d ON d.id = w.device_id
+         WHERE (%(include_stopped)s OR w.state = 'active')
+           AND (%(run_id)s::bigint IS NULL
+                OR EXISTS (SELECT 1 FROM tunefleet.trial t
+                            WHERE t.run_id = %(run_id)s AND t.lease_owner = w.id)
+                OR (w.state = 'active' AND w.device_class IN
+                      (SELECT r.device_class FROM tunefleet.run r WHERE r.id = %(run_id)s)))
+         ORDER BY w.state, w.host, w.started_at
+        """,
+        {"run_id": run_id, "stale": stale_after_s, "include_stopped": include_stopped},
+    )
+
+
+def best_trials(conn: Conn, run_id: int, *, limit: int = 1) -> list[Row]:
+    """The ``limit`` fastest finished (``done``) trials of a run with their measurement and
+    device, fastest first (by median time, as ``best_per_run`` orders).
+
+    Read-only, no locks."""
+    return _all(
+        conn,
+        """
+        SELECT t.id AS trial_id, t.config, t.config_hash, t.source, t.finished_at,
+               m.median_s, m.min_s, m.gflops, m.gbps, m.compile_s, m.protocol, m.validation,
+               m.versions, m.code IS NOT NULL AS has_code,
+               d.name AS device_name, d.device_class, d.platform, d.driver_version,
+               w.host AS worker_host
+          FROM tunefleet.trial t
+          JOIN tunefleet.measurement m ON m.trial_id = t.id
+          LEFT JOIN tunefleet.device d ON d.id = m.device_id
+          LEFT JOIN tunefleet.worker w ON w.id = m.worker_id
+         WHERE t.run_id = %(run_id)s AND t.state = 'done'
+         ORDER BY m.median_s, t.id
+         LIMIT %(limit)s
+        """,
+        {"run_id": run_id, "limit": limit},
+    )
+
+
+def trial_detail(conn: Conn, run_id: int, trial_id: int) -> Row | None:
+    """One trial of a run with its measurement (samples, protocol, validation, versions, the
+    generated code), device and worker, or ``None`` when the run has no such trial.
+
+    Read-only, no locks."""
+    return _one(
+        conn,
+        """
+        SELECT t.id AS trial_id, t.run_id, t.config, t.config_hash, t.state, t.source,
+               t.attempt, t.max_attempts, t.error, t.created_at, t.started_at, t.finished_at,
+               m.id AS measurement_id, m.median_s, m.min_s, m.samples_s, m.gflops, m.gbps,
+               m.flop_count, m.byte_count, m.compile_s, m.protocol, m.validation, m.versions,
+               m.code, m.source AS measurement_source,
+               d.name AS device_name, d.device_class, d.platform, d.vendor, d.driver_version,
+               w.host AS worker_host, coalesce(m.worker_id, t.lease_owner) AS worker_id
+          FROM tunefleet.trial t
+          LEFT JOIN tunefleet.measurement m ON m.trial_id = t.id
+          LEFT JOIN tunefleet.device d ON d.id = m.device_id
+          LEFT JOIN tunefleet.worker w ON w.id = coalesce(m.worker_id, t.lease_owner)
+         WHERE t.run_id = %(run_id)s AND t.id = %(trial_id)s
+        """,
+        {"run_id": run_id, "trial_id": trial_id},
+    )
+
+
+def trial_attempts(conn: Conn, trial_id: int) -> list[Row]:
+    """The claim history of one trial (who, when, how each attempt ended), oldest first.
+
+    Read-only, no locks."""
+    return _all(
+        conn,
+        """
+        SELECT a.attempt, a.worker_id, w.host AS worker_host, a.claimed_at, a.ended_at,
+               a.outcome, a.error
+          FROM tunefleet.attempt a
+          LEFT JOIN tunefleet.worker w ON w.id = a.worker_id
+         WHERE a.trial_id = %(trial_id)s
+         ORDER BY a.claimed_at, a.attempt
+        """,
+        {"trial_id": trial_id},
+    )
+
+
+def export_rows(conn: Conn, run_id: int) -> list[Row]:
+    """Every finished trial of a run (the ``results`` view's columns plus the raw samples,
+    protocol and validation verdict), in trial order: what ``tunefleet export`` writes.
+
+    Read-only, no locks."""
+    return _all(
+        conn,
+        """
+        SELECT res.*, m.samples_s, m.protocol, m.validation, m.flop_count, m.byte_count
+          FROM tunefleet.results res
+          LEFT JOIN tunefleet.measurement m ON m.trial_id = res.trial_id
+         WHERE res.run_id = %(run_id)s
+         ORDER BY res.trial_id
+        """,
+        {"run_id": run_id},
+    )
+
+
+def progress_series(conn: Conn, run_id: int) -> list[Row]:
+    """Finished trials of a run in completion order with the best GFLOP/s so far: ``n`` (the
+    n-th evaluation), ``elapsed_s`` (seconds since the run was created), the trial's own
+    ``gflops`` (NULL unless done) and ``best_gflops`` (running maximum). The data of the
+    best-so-far plots, against time and against trials.
+
+    Read-only, no locks."""
+    return _all(
+        conn,
+        """
+        SELECT row_number() OVER w AS n,
+               t.id AS trial_id, t.state,
+               extract(epoch FROM t.finished_at - r.created_at)::float8 AS elapsed_s,
+               m.gflops,
+               max(m.gflops) OVER w AS best_gflops
+          FROM tunefleet.trial t
+          JOIN tunefleet.run r ON r.id = t.run_id
+          LEFT JOIN tunefleet.measurement m ON m.trial_id = t.id AND t.state = 'done'
+         WHERE t.run_id = %(run_id)s
+           AND t.state IN ('done', 'invalid', 'failed', 'timed_out')
+           AND t.finished_at IS NOT NULL
+        WINDOW w AS (ORDER BY t.finished_at, t.id)
+         ORDER BY t.finished_at, t.id
+        """,
+        {"run_id": run_id},
+    )
+
+
+def worker_intervals(conn: Conn, run_id: int) -> list[Row]:
+    """Busy intervals of each worker on a run: one row per evaluated trial (cache hits
+    excluded) with the worker that finished it, ``start_s``/``end_s`` in seconds since the
+    run was created, and the outcome. The data of the per-worker timeline (utilisation) plot.
+
+    Read-only, no locks."""
+    return _all(
+        conn,
+        """
+        SELECT coalesce(m.worker_id, t.lease_owner) AS worker_id,
+               coalesce(w.host, '?') AS worker_host, w.pid AS worker_pid,
+               t.id AS trial_id, t.state,
+               extract(epoch FROM t.started_at - r.created_at)::float8 AS start_s,
+               extract(epoch FROM t.finished_at - r.created_at)::float8 AS end_s
+          FROM tunefleet.trial t
+          JOIN tunefleet.run r ON r.id = t.run_id
+          LEFT JOIN tunefleet.measurement m ON m.trial_id = t.id
+          LEFT JOIN tunefleet.worker w ON w.id = coalesce(m.worker_id, t.lease_owner)
+         WHERE t.run_id = %(run_id)s
+           AND t.state IN ('done', 'invalid', 'failed', 'timed_out')
+           AND t.started_at IS NOT NULL AND t.finished_at IS NOT NULL
+           AND t.source <> 'cache'  -- answered from the database: nobody worked on it
+           AND coalesce(m.worker_id, t.lease_owner) IS NOT NULL
+         ORDER BY worker_host, worker_id, t.started_at
+        """,
+        {"run_id": run_id},
+    )
+
+
+def failure_summary(conn: Conn, run_id: int) -> list[Row]:
+    """Counts of unsuccessful trials of a run by state and error text (most frequent first),
+    for the one-line failure summary of ``status`` and ``best``.
+
+    Read-only, no locks."""
+    return _all(
+        conn,
+        """
+        SELECT t.state, coalesce(t.error, '(no reason recorded)') AS error, count(*) AS trials
+          FROM tunefleet.trial t
+         WHERE t.run_id = %(run_id)s AND t.state IN ('invalid', 'failed', 'timed_out')
+         GROUP BY t.state, t.error
+         ORDER BY count(*) DESC, t.state
+        """,
+        {"run_id": run_id},
+    )
