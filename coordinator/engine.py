@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import random
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -43,8 +45,15 @@ from coordinator.rules import Budget, RunStats, queue_target, stop_reason, trial
 from coordinator.settings import CoordinatorSettings
 from tunefleet.db.engine import connect
 from tunefleet.devices import ANY_DEVICE_CLASS
-from tunefleet.errors import InvalidConfiguration, ProblemError, RunError, UsageError
-from tunefleet.problems.base import Protocol, cache_key
+from tunefleet.errors import (
+    DatabaseUnavailable,
+    InvalidConfiguration,
+    ProblemError,
+    RunError,
+    TunefleetError,
+    UsageError,
+)
+from tunefleet.problems.base import Problem, Protocol, cache_key
 from tunefleet.queries import search as q
 from tunefleet.settings import DatabaseSettings
 from tunefleet.space import Config, Space, config_hash
@@ -104,8 +113,7 @@ def create_run(
     if not settings.problem:
         raise UsageError("name a PROBLEM to create a run for")
     problem = get_problem(settings.problem)
-    args = problem.normalise_args(settings.problem_args)
-    space = problem.space(args)
+    args, space = _args_and_space(problem, settings.problem, settings.problem_args)
     SpaceMapping(space)  # a space the search cannot represent fails here, not mid-run
     protocol = _protocol(settings.protocol)
     seeds = [_checked_seed(space, config, i) for i, config in enumerate(settings.seed_configs)]
@@ -153,6 +161,44 @@ def create_run(
             )
     _log.info("created run %d (%s, class %s, %d seeds)", run_id, key, device_class, len(seeds))
     return run_id
+
+
+def _args_and_space(
+    problem: Problem, spec: str, raw_args: Mapping[str, Any]
+) -> tuple[dict[str, Any], Space]:
+    """Run the problem's own code that a run is made of. User problems are arbitrary code:
+    an exception they raise, or a space that is not a :class:`Space`, becomes a one-line
+    ProblemError naming the problem and the method to fix (not a traceback)."""
+    try:
+        args = problem.normalise_args(raw_args)
+    except TunefleetError:
+        raise
+    except Exception as exc:
+        raise ProblemError(f"problem {spec!r}: normalise_args raised {_one_line(exc)}") from None
+    try:
+        space = problem.space(args)
+    except TunefleetError:
+        raise
+    except Exception as exc:
+        raise ProblemError(
+            f"problem {spec!r}: space() raised {_one_line(exc)}; fix its space definition"
+        ) from None
+    if not isinstance(space, Space):
+        raise ProblemError(
+            f"problem {spec!r}: space() returned a {type(space).__name__}, not a Space; "
+            "build it with Space.of([...]) from tunefleet.space"
+        )
+    return args, space
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message (at file:line)``, on one line."""
+    text = " ".join(str(exc).split())
+    out = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames:
+        out += f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})"
+    return out
 
 
 def _db_settings(db_url: str) -> DatabaseSettings:
@@ -226,6 +272,16 @@ class _Flight:
     suggestions: list[Any] = field(default_factory=list)
 
 
+#: After losing the database mid-run, the coordinator keeps reconnecting this long (seconds).
+RECONNECT_FOR_S = 600.0
+_RECONNECT_FIRST_S = 0.2
+_RECONNECT_MAX_S = 5.0
+
+
+class _OwnLockLingers(Exception):
+    """The run's lock is held by this coordinator's own lost session, which is still ending."""
+
+
 class Coordinator:
     """Drives one run at a time. ``request_stop()`` may be called from any thread (or a
     signal handler): the loop then cancels pending trials and marks the run ``stopped``."""
@@ -256,21 +312,61 @@ class Coordinator:
             run_id = self.settings.resume
         if run_id is None:
             run_id = create_run(self.settings, self.db_url, self.db_settings)
-        with connect(self.db_url, self.db_settings) as conn:
-            self._own(conn, run_id)
+        # Once the run is ours, a lost connection (server restart, failover, a terminated
+        # session) is survived like a crash: reconnect, take the run again and resume it from
+        # the database, which holds everything the search knows.
+        lost_at: float | None = None
+        delay = _RECONNECT_FIRST_S
+        connected = False
+        while True:
             try:
-                return _Session(self, conn, run_id, progress_callback).drive()
-            finally:
-                try:
-                    q.unlock_run(conn, run_id)
-                except psycopg.Error:
-                    pass  # the connection is gone, and the lock with it
+                with connect(self.db_url, self.db_settings) as conn:
+                    connected = True
+                    self._own(conn, run_id, ours_may_linger=lost_at is not None)
+                    if lost_at is not None:
+                        _log.warning(
+                            "run %d: database reachable again after %.1f s; resuming",
+                            run_id,
+                            time.monotonic() - lost_at,
+                        )
+                    lost_at, delay = None, _RECONNECT_FIRST_S
+                    try:
+                        return _Session(self, conn, run_id, progress_callback).drive()
+                    finally:
+                        try:
+                            q.unlock_run(conn, run_id)
+                        except psycopg.Error:
+                            pass  # the connection is gone, and the lock with it
+            except (psycopg.OperationalError, psycopg.InterfaceError, DatabaseUnavailable) as exc:
+                if not connected:
+                    raise  # never reached the database: the caller's error (bad URL, down)
+                reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            except _OwnLockLingers:
+                reason = "the lock of our lost session is not released yet"
+            now = time.monotonic()
+            if lost_at is None:
+                lost_at = now
+                _log.warning("run %d: database connection lost (%s); reconnecting", run_id, reason)
+            if self._stop.is_set() or now - lost_at > RECONNECT_FOR_S:
+                why = "a stop was requested" if self._stop.is_set() else "giving up"
+                raise DatabaseUnavailable(
+                    f"lost the database while driving run {run_id} ({reason}); {why} after "
+                    f"{now - lost_at:.0f} s; the run is intact: continue it with --resume "
+                    f"{run_id} once the database is back"
+                )
+            self._stop.wait(delay)
+            delay = min(delay * 2, _RECONNECT_MAX_S)
 
-    def _own(self, conn: psycopg.Connection[Any], run_id: int) -> None:
+    def _own(
+        self, conn: psycopg.Connection[Any], run_id: int, *, ours_may_linger: bool = False
+    ) -> None:
         run = q.get_run(conn, run_id)
         if run is None:
             raise RunError(f"run {run_id} does not exist; check the id with `tunefleet status`")
         if not q.try_lock_run(conn, run_id):
+            if ours_may_linger and run["coordinator_id"] == self.coordinator_id:
+                # Our previous session is still ending on the server (its lock goes with it).
+                raise _OwnLockLingers
             beat = run["coordinator_heartbeat_at"]
             raise RunError(
                 f"run {run_id} is already driven by coordinator {run['coordinator_id']} "
