@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import random
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -43,8 +45,15 @@ from coordinator.rules import Budget, RunStats, queue_target, stop_reason, trial
 from coordinator.settings import CoordinatorSettings
 from tunefleet.db.engine import connect
 from tunefleet.devices import ANY_DEVICE_CLASS
-from tunefleet.errors import InvalidConfiguration, ProblemError, RunError, UsageError
-from tunefleet.problems.base import Protocol, cache_key
+from tunefleet.errors import (
+    DatabaseUnavailable,
+    InvalidConfiguration,
+    ProblemError,
+    RunError,
+    TunefleetError,
+    UsageError,
+)
+from tunefleet.problems.base import Problem, Protocol, cache_key
 from tunefleet.queries import search as q
 from tunefleet.settings import DatabaseSettings
 from tunefleet.space import Config, Space, config_hash
@@ -104,11 +113,12 @@ def create_run(
     if not settings.problem:
         raise UsageError("name a PROBLEM to create a run for")
     problem = get_problem(settings.problem)
-    args = problem.normalise_args(settings.problem_args)
-    space = problem.space(args)
+    args, space = _args_and_space(problem, settings.problem, settings.problem_args)
     SpaceMapping(space)  # a space the search cannot represent fails here, not mid-run
     protocol = _protocol(settings.protocol)
-    seeds = [_checked_seed(space, config, i) for i, config in enumerate(settings.seed_configs)]
+    seeds = [
+        _checked_seed(problem, args, config, i) for i, config in enumerate(settings.seed_configs)
+    ]
 
     with connect(db_url, db_settings or _db_settings(db_url)) as conn:
         device_class = settings.device_class or _default_device_class(
@@ -155,6 +165,44 @@ def create_run(
     return run_id
 
 
+def _args_and_space(
+    problem: Problem, spec: str, raw_args: Mapping[str, Any]
+) -> tuple[dict[str, Any], Space]:
+    """Run the problem's own code that a run is made of. User problems are arbitrary code:
+    an exception they raise, or a space that is not a :class:`Space`, becomes a one-line
+    ProblemError naming the problem and the method to fix (not a traceback)."""
+    try:
+        args = problem.normalise_args(raw_args)
+    except TunefleetError:
+        raise
+    except Exception as exc:
+        raise ProblemError(f"problem {spec!r}: normalise_args raised {_one_line(exc)}") from None
+    try:
+        space = problem.space(args)
+    except TunefleetError:
+        raise
+    except Exception as exc:
+        raise ProblemError(
+            f"problem {spec!r}: space() raised {_one_line(exc)}; fix its space definition"
+        ) from None
+    if not isinstance(space, Space):
+        raise ProblemError(
+            f"problem {spec!r}: space() returned a {type(space).__name__}, not a Space; "
+            "build it with Space.of([...]) from tunefleet.space"
+        )
+    return args, space
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message (at file:line)``, on one line."""
+    text = " ".join(str(exc).split())
+    out = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames:
+        out += f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})"
+    return out
+
+
 def _db_settings(db_url: str) -> DatabaseSettings:
     return DatabaseSettings(url=db_url, application_name="tunefleet-coordinator")
 
@@ -169,11 +217,17 @@ def _protocol(overrides: Mapping[str, Any]) -> dict[str, Any]:
     return Protocol.from_json({**base, **overrides}).to_json()
 
 
-def _checked_seed(space: Space, config: Mapping[str, Any], index: int) -> Config:
+def _checked_seed(
+    problem: Problem, args: Mapping[str, Any], config: Mapping[str, Any], index: int
+) -> Config:
     try:
-        return space.check(config)
+        return problem.check_config(args, config)
     except InvalidConfiguration as exc:
         raise UsageError(f"seed configuration {index + 1}: {exc}") from None
+    except TunefleetError:
+        raise
+    except Exception as exc:  # a user problem's own bug
+        raise ProblemError(f"problem check_config raised {_one_line(exc)}") from None
 
 
 def _default_device_class(
@@ -226,6 +280,16 @@ class _Flight:
     suggestions: list[Any] = field(default_factory=list)
 
 
+#: After losing the database mid-run, the coordinator keeps reconnecting this long (seconds).
+RECONNECT_FOR_S = 600.0
+_RECONNECT_FIRST_S = 0.2
+_RECONNECT_MAX_S = 5.0
+
+
+class _OwnLockLingers(Exception):
+    """The run's lock is held by this coordinator's own lost session, which is still ending."""
+
+
 class Coordinator:
     """Drives one run at a time. ``request_stop()`` may be called from any thread (or a
     signal handler): the loop then cancels pending trials and marks the run ``stopped``."""
@@ -256,21 +320,61 @@ class Coordinator:
             run_id = self.settings.resume
         if run_id is None:
             run_id = create_run(self.settings, self.db_url, self.db_settings)
-        with connect(self.db_url, self.db_settings) as conn:
-            self._own(conn, run_id)
+        # Once the run is ours, a lost connection (server restart, failover, a terminated
+        # session) is survived like a crash: reconnect, take the run again and resume it from
+        # the database, which holds everything the search knows.
+        lost_at: float | None = None
+        delay = _RECONNECT_FIRST_S
+        connected = False
+        while True:
             try:
-                return _Session(self, conn, run_id, progress_callback).drive()
-            finally:
-                try:
-                    q.unlock_run(conn, run_id)
-                except psycopg.Error:
-                    pass  # the connection is gone, and the lock with it
+                with connect(self.db_url, self.db_settings) as conn:
+                    connected = True
+                    self._own(conn, run_id, ours_may_linger=lost_at is not None)
+                    if lost_at is not None:
+                        _log.warning(
+                            "run %d: database reachable again after %.1f s; resuming",
+                            run_id,
+                            time.monotonic() - lost_at,
+                        )
+                    lost_at, delay = None, _RECONNECT_FIRST_S
+                    try:
+                        return _Session(self, conn, run_id, progress_callback).drive()
+                    finally:
+                        try:
+                            q.unlock_run(conn, run_id)
+                        except psycopg.Error:
+                            pass  # the connection is gone, and the lock with it
+            except (psycopg.OperationalError, psycopg.InterfaceError, DatabaseUnavailable) as exc:
+                if not connected:
+                    raise  # never reached the database: the caller's error (bad URL, down)
+                reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            except _OwnLockLingers:
+                reason = "the lock of our lost session is not released yet"
+            now = time.monotonic()
+            if lost_at is None:
+                lost_at = now
+                _log.warning("run %d: database connection lost (%s); reconnecting", run_id, reason)
+            if self._stop.is_set() or now - lost_at > RECONNECT_FOR_S:
+                why = "a stop was requested" if self._stop.is_set() else "giving up"
+                raise DatabaseUnavailable(
+                    f"lost the database while driving run {run_id} ({reason}); {why} after "
+                    f"{now - lost_at:.0f} s; the run is intact: continue it with --resume "
+                    f"{run_id} once the database is back"
+                )
+            self._stop.wait(delay)
+            delay = min(delay * 2, _RECONNECT_MAX_S)
 
-    def _own(self, conn: psycopg.Connection[Any], run_id: int) -> None:
+    def _own(
+        self, conn: psycopg.Connection[Any], run_id: int, *, ours_may_linger: bool = False
+    ) -> None:
         run = q.get_run(conn, run_id)
         if run is None:
             raise RunError(f"run {run_id} does not exist; check the id with `tunefleet status`")
         if not q.try_lock_run(conn, run_id):
+            if ours_may_linger and run["coordinator_id"] == self.coordinator_id:
+                # Our previous session is still ending on the server (its lock goes with it).
+                raise _OwnLockLingers
             beat = run["coordinator_heartbeat_at"]
             raise RunError(
                 f"run {run_id} is already driven by coordinator {run['coordinator_id']} "
@@ -321,6 +425,8 @@ class _Session:
         except ProblemError as exc:
             raise RunError(f"run {run_id} has an unreadable space: {exc}") from None
         self.space_size = self.space.size()
+        self.problem_args: dict[str, Any] = dict(row["problem_args"] or {})
+        self.problem = _rules_of(row["problem"])
         techniques = s.techniques or tuple((row["search"] or {}).get("techniques") or ())
         from coordinator.tuner import Tuner
 
@@ -518,7 +624,9 @@ class _Session:
         return self._enqueue(batch) if batch else 0
 
     def _enqueue(self, batch: dict[str, _Flight]) -> int:
-        moved = 0
+        moved = self._reject_illegal(batch)
+        if not batch:
+            return moved
         hits = q.insert_cached_trials(
             self.conn, self.run_id, self.device_class, self.cache_key, list(batch)
         )
@@ -560,6 +668,46 @@ class _Session:
             self.tuner.tell_many([(sug, None) for sug in flight.suggestions])
         return moved + len(rows)
 
+    def _reject_illegal(self, batch: dict[str, _Flight]) -> int:
+        """Configurations the problem's device-free rules reject (divisibility, register
+        budget, ...) become ``invalid`` trials at once: no worker spends a build on them."""
+        if self.problem is None:
+            return 0
+        illegal = []
+        for h, flight in batch.items():
+            try:
+                self.problem.check_config(self.problem_args, flight.config)
+            except InvalidConfiguration as exc:
+                illegal.append(
+                    {
+                        "config": flight.config,
+                        "config_hash": h,
+                        "source": _source(flight),
+                        "error": str(exc),
+                    }
+                )
+            except Exception as exc:  # a user problem's own bug: let the workers judge
+                _log.warning(
+                    "run %d: check_config raised %s; configurations go to the workers unchecked",
+                    self.run_id,
+                    _one_line(exc),
+                )
+                self.problem = None
+                return 0
+        if not illegal:
+            return 0
+        rows = q.insert_invalid_trials(self.conn, self.run_id, self.device_class, illegal)
+        for row in rows:
+            row.update(state="invalid", source=None, median_s=None, gflops=None, compile_s=None)
+            self.flights[row["config_hash"]] = batch.pop(row["config_hash"])
+        self._absorb(rows)
+        for item in illegal:  # already in the run in another state: never queue it again
+            if item["config_hash"] in batch:
+                self.tuner.tell_many(
+                    [(s, None) for s in batch.pop(item["config_hash"]).suggestions]
+                )
+        return len(rows)
+
     def _unexplored(self, need: int, taken: Mapping[str, _Flight]) -> dict[str, _Flight]:
         """Up to ``need`` configurations without an outcome, not in flight, not in ``taken``."""
         found: dict[str, _Flight] = {}
@@ -588,6 +736,20 @@ class _Session:
             for combo in self._walk:
                 yield {p.name: v for p, v in zip(params, combo, strict=True)}
             self._walk = None
+
+
+def _rules_of(spec: str) -> Problem | None:
+    """The run's problem, for its device-free configuration rules; None (the workers judge
+    alone) when it cannot be loaded here, e.g. a user file that lives on the workers only."""
+    from tunefleet.problems.registry import get_problem
+
+    try:
+        return get_problem(spec)
+    except (ProblemError, ImportError) as exc:
+        _log.warning(
+            "problem %r cannot be loaded here (%s); workers check configurations", spec, exc
+        )
+        return None
 
 
 def _source(flight: _Flight) -> str:

@@ -54,3 +54,7 @@ class DeviceError(TunefleetError):
 
 class RunError(TunefleetError):
     """A run that does not exist, is already driven by another coordinator, or cannot resume."""
+
+
+class ArchiveError(TunefleetError):
+    """A foreign results archive (a feinsum SQLite file) that cannot be read or written."""

@@ -37,8 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--drain",
         action="store_true",
         default=None,
-        help="exit once no trial of this device's classes is pending or running "
-        "(default: wait for more work)",
+        help="exit once no trial of this device's classes is pending or running and no live "
+        "coordinator drives a run of them (default: wait for more work)",
     )
     p.add_argument("--max-trials", type=int, metavar="N", default=None, help="stop after N trials")
     p.add_argument(

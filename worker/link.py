@@ -110,11 +110,20 @@ class Link:
         conn = self.get()
         if conn is None:
             raise DatabaseDown(self.last_error)
+        started = time.perf_counter()
         try:
             return fn(conn, *args, **kwargs)
         except CONNECTION_ERRORS as exc:
             self.broken(exc)
             raise DatabaseDown(self.last_error) from exc
+        finally:
+            # Statement latency at debug level (-vv): what benchmarks/fleet_scaling.py reads.
+            log.debug(
+                "%s connection: %s took %.3f ms",
+                self.name,
+                getattr(fn, "__name__", "statement"),
+                (time.perf_counter() - started) * 1e3,
+            )
 
     def broken(self, exc: BaseException) -> None:
         """Forget a connection that failed; reconnect later."""

@@ -314,7 +314,11 @@ class Worker:
                 return
             self.drained = not open_work
             if self.drained:
-                log.info("drained: no trial of classes %s is pending or running", self.classes)
+                log.info(
+                    "drained: no trial of classes %s is pending or running, and no live "
+                    "coordinator drives a run of them",
+                    self.classes,
+                )
 
     def step_dispatch(self) -> None:
         if self.stopping:

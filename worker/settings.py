@@ -44,7 +44,8 @@ class WorkerSettings:
     #: Device to serve: index, substring of platform/device name/class, or ``host``;
     #: ``None`` = the first GPU, else the first device.
     device: str | None = None
-    #: Exit when no trial of our classes is pending or running (instead of waiting for work).
+    #: Exit when no trial of our classes is pending or running and no live coordinator drives
+    #: a run of them (instead of waiting for work).
     drain: bool = False
     #: Stop claiming after this many trials (``None`` = no limit).
     max_trials: int | None = None

@@ -11,13 +11,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from coordinator_support import ANALYTIC, FakeWorker, wait_until
 
+from tests.helpers.coordinator import fleet, logs, measured_twice, trial_counts
+from tests.helpers.queue_data import wait_until
 from tunefleet.db.engine import connect
 from tunefleet.queries import search as q
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.acceptance
+
+
+#: Quick synthetic evaluations timed with one launch.
+FAST = [
+    "synthetic",
+    "--size",
+    "duration=0.02",
+    "--size",
+    "invalid_rate=0.1",
+]
 
 
 def env_for(cli_env: dict[str, str]) -> dict[str, str]:
@@ -34,27 +45,19 @@ def cli(args: list[str], env: dict[str, str], cwd: Path | None = None) -> Any:
     )
 
 
-def counts(db: Any, run_id: int) -> dict[str, int]:
-    rows = db.execute(
-        "SELECT state, count(*) AS n FROM tunefleet.trial WHERE run_id = %s GROUP BY state",
-        (run_id,),
-    ).fetchall()
-    return {r["state"]: r["n"] for r in rows}
+counts = trial_counts
 
 
 def test_sigkilled_coordinator_resumes_and_finishes_without_measuring_anything_twice(
     db_url, db, cli_env, tmp_path
 ):
+    (tmp_path / "cwd").mkdir()
     env = env_for(cli_env)
-    evaluated: list[tuple[int, str]] = []
-    fleet = [FakeWorker(db_url, evaluated=evaluated, delay_s=0.02) for _ in range(3)]
-    for w in fleet:
-        w.start()
-    try:
+    with fleet(db_url, 3, tmp_path / "logs") as procs:
         proc = subprocess.Popen(
-            coordinator_argv(ANALYTIC, "--max-trials", "60", "--db", db_url),
+            coordinator_argv(*FAST, "--max-trials", "60", "--db", db_url),
             env=env,
-            cwd=tmp_path,
+            cwd=tmp_path / "cwd",
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -64,7 +67,11 @@ def test_sigkilled_coordinator_resumes_and_finishes_without_measuring_anything_t
                 lambda: (db.execute("SELECT max(id) AS id FROM tunefleet.run").fetchone())["id"],
                 what="the run to be created",
             )
-            wait_until(lambda: counts(db, run_id).get("done", 0) >= 15, what="15 done trials")
+            wait_until(
+                lambda: counts(db, run_id).get("done", 0) >= 15,
+                timeout=60,
+                what="15 done trials",
+            )
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.communicate(timeout=30)
@@ -74,31 +81,25 @@ def test_sigkilled_coordinator_resumes_and_finishes_without_measuring_anything_t
         assert sum(counts(db, run_id).values()) < 60  # it really died mid-run
 
         # The lock died with the process: a new coordinator takes over and finishes.
-        done = cli(["--resume", str(run_id), "--db", db_url], env, cwd=tmp_path)
-    finally:
-        for w in fleet:
-            w.shutdown()
+        done = cli(["--resume", str(run_id), "--db", db_url], env, cwd=tmp_path / "cwd")
+        final = counts(db, run_id)
+    assert done.returncode == 0, done.stderr + logs(procs)
     assert done.returncode == 0, done.stderr
     assert f"run {run_id} finished: the trial budget is spent (max_trials)" in done.stdout
     best = json.loads(done.stdout.strip().splitlines()[-1])
-    assert set(best) == {"x", "y", "p", "flag", "mode", "wg"}
-    final = counts(db, run_id)
+    assert set(best) == {"tile", "unroll", "vector", "order"}
     assert sum(final.get(s, 0) for s in ("done", "invalid", "failed", "timed_out")) == 60
     assert final.get("pending", 0) == final.get("running", 0) == 0
-    assert len(evaluated) == len(set(evaluated)), "a configuration was measured twice"
-    measured = db.execute(
-        "SELECT count(*) AS n, count(DISTINCT config_hash) AS distinct_n "
-        "FROM tunefleet.measurement WHERE run_id = %s",
-        (run_id,),
-    ).fetchone()
-    assert measured["n"] == measured["distinct_n"] == final["done"]
-    assert list(tmp_path.iterdir()) == []  # OpenTuner left nothing in the working directory
+    assert measured_twice(db) == [], "a configuration was measured twice"
+    assert final.get("invalid", 0) > 0  # learned as infinitely slow, not retried
+    # OpenTuner left nothing in the working directory of either coordinator.
+    assert list((tmp_path / "cwd").iterdir()) == []
 
 
 def test_a_second_coordinator_process_is_refused_with_one_line(db_url, db, cli_env):
     env = env_for(cli_env)
     proc = subprocess.Popen(
-        coordinator_argv(ANALYTIC, "--max-time", "60", "--db", db_url),
+        coordinator_argv(*FAST, "--max-time", "60", "--db", db_url),
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -128,11 +129,12 @@ def test_a_second_coordinator_process_is_refused_with_one_line(db_url, db, cli_e
     ("args", "code", "message"),
     [
         (["nope"], 1, "unknown problem 'nope'; built-ins are"),
-        ([ANALYTIC, "--size", "n=-4"], 1, "analytic: n=-4 must be a positive integer"),
-        ([ANALYTIC, "--size", "n"], 2, "--size 'n' is not KEY=VALUE"),
-        ([ANALYTIC, "--seed-config", "{x: 1}"], 2, "--seed-config is not valid JSON"),
-        ([ANALYTIC, "--seed-config", '{"x": 1}'], 2, "seed configuration 1: configuration"),
-        ([ANALYTIC, "--resume", "3"], 2, "--resume continues run 3 as it was created; drop"),
+        (["synthetic", "--size", "noise=-4"], 1, "synthetic: noise=-4 must be >= 0"),
+        (["synthetic", "--size", "noise"], 2, "--size 'noise' is not KEY=VALUE"),
+        (["synthetic", "--seed-config", "{x: 1}"], 2, "--seed-config is not valid JSON"),
+        (["synthetic", "--seed-config", '{"x": 1}'], 2, "seed configuration 1: configuration"),
+        (["synthetic", "--resume", "3"], 2, "--resume continues run 3 as it was created; drop"),
+        (["synthetic", "--technique", "Magic"], 2, "unknown search technique 'Magic'"),
         (["--resume", "77"], 1, "run 77 does not exist"),
         ([], 2, "name a PROBLEM to tune, or --resume RUN"),
     ],
@@ -167,11 +169,17 @@ def test_the_coordinator_imports_without_opencl(tmp_path):
     assert "--warm-start-from CLASS" in done.stdout
 
 
-def test_the_lock_of_a_finished_coordinator_is_released(db_url, db, cli_env):
-    with FakeWorker(db_url):
-        done = cli([ANALYTIC, "--max-trials", "5", "--db", db_url], env_for(cli_env))
+def test_a_finished_coordinator_releases_its_run(db_url, db, cli_env, tmp_path):
+    with fleet(db_url, 1, tmp_path):
+        done = cli([*FAST, "--max-trials", "5", "--db", db_url], env_for(cli_env))
     assert done.returncode == 0, done.stderr
     run_id = int(done.stderr.split("created run ")[1].split()[0])
     other = connect(db_url)
     assert q.try_lock_run(other, run_id)
     other.close()
+    run = db.execute("SELECT * FROM tunefleet.run WHERE id = %s", (run_id,)).fetchone()
+    assert (run["state"], run["stop_reason"], run["coordinator_id"]) == (
+        "finished",
+        "max_trials",
+        None,
+    )

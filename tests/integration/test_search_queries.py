@@ -6,9 +6,9 @@ import uuid
 from typing import Any
 
 import pytest
-from coordinator_support import FakeWorker
 from psycopg.types.json import Jsonb
 
+from tests.helpers.coordinator import register_worker
 from tunefleet.db.engine import connect
 from tunefleet.db.schema import NOTIFY_CHANNEL
 from tunefleet.problems.base import Protocol, cache_key
@@ -109,20 +109,19 @@ def test_cancelled_trials_come_back_when_asked_again(db):
     assert q.queue_depth(db, run_id) == 1
 
 
-def test_cancel_leaves_running_and_finished_trials_alone(db_url, db):
+def test_cancel_leaves_running_and_finished_trials_alone(db):
     run_id = new_run(db)
     ids = [r["id"] for r in q.insert_trials(db, run_id, "any", items(1, 2, 3))]
-    owner = FakeWorker(db_url)  # a registered worker to own the lease
+    owner = register_worker(db)  # a registered worker to own the lease
     db.execute(
         "UPDATE tunefleet.trial SET state = 'running', lease_owner = %s, attempt = 1, "
         "lease_expires_at = now() + interval '1 minute' WHERE id = %s",
-        (owner.id, ids[0]),
+        (owner, ids[0]),
     )
     finish(db, ids[1], "done", 0.5)
     assert q.cancel_pending(db, run_id) == 1
     rows = db.execute("SELECT id, state FROM tunefleet.trial WHERE run_id = %s", (run_id,))
     states = {r["id"]: r["state"] for r in rows.fetchall()}
-    owner.shutdown()
     assert states == {ids[0]: "running", ids[1]: "done", ids[2]: "cancelled"}
 
 
@@ -201,23 +200,17 @@ def test_taking_a_run_sets_the_owner_and_replaces_only_given_budget_values(db):
     assert q.take_run(db, 999, me) is None
 
 
-def test_live_workers_are_counted_per_class_and_by_heartbeat(db_url, db):
-    fleet = [FakeWorker(db_url, device_class=c) for c in ("nvidia-h200", "nvidia-h200", "host-cpu")]
-    stale = FakeWorker(db_url, device_class="nvidia-h200")
-    db.execute(
-        "UPDATE tunefleet.worker SET heartbeat_at = now() - interval '5 minutes' WHERE id = %s",
-        (stale.id,),
-    )
-    gone = FakeWorker(db_url, device_class="nvidia-h200")
-    gone.shutdown()
+def test_live_workers_are_counted_per_class_and_by_heartbeat(db):
+    for device_class in ("nvidia-h200", "nvidia-h200", "host-cpu"):
+        register_worker(db, device_class)
+    register_worker(db, "nvidia-h200", age_s=300)  # quiet for five minutes
+    register_worker(db, "nvidia-h200", state="stopped")
     assert q.count_live_workers(db, "nvidia-h200", 60.0) == 2
     assert q.count_live_workers(db, "host-cpu", 60.0) == 1
     assert q.count_live_workers(db, "any", 60.0) == 3
     assert q.count_live_workers(db, "amd-mi300", 60.0) == 0
     assert q.count_live_workers(db, "nvidia-h200", 600.0) == 3
     assert q.live_worker_classes(db, 60.0) == ["host-cpu", "nvidia-h200"]
-    for w in [*fleet, stale]:
-        w.shutdown()
 
 
 @pytest.mark.parametrize("limit", [1, 3])

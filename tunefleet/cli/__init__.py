@@ -21,6 +21,7 @@ from tunefleet.errors import TunefleetError
 _COMMAND_MODULES = (
     "tunefleet.cli.front",
     "tunefleet.cli.db",
+    "tunefleet.cli.feinsum",
     "worker.cli",
     "coordinator.cli",
 )

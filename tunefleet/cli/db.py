@@ -1,10 +1,12 @@
-"""``tunefleet db start | stop | status | url | upgrade``: the embedded server and migrations."""
+"""``tunefleet db start | stop | status | url | upgrade | roles``: the embedded server,
+migrations and the least-privilege roles of a shared deployment."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from tunefleet.db.embedded import default_server
 from tunefleet.errors import SchemaOutOfDate, UsageError
@@ -47,6 +49,37 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_db_flag(upgrade)
     upgrade.add_argument("--revision", default="head", help="target revision (default head)")
     upgrade.set_defaults(func=_upgrade)
+
+    roles = dbsub.add_parser(
+        "roles",
+        help="create/refresh the migrator, coordinator, worker and reader roles (least privilege)",
+        description="Create (idempotently) the roles PREFIXmigrator, PREFIXcoordinator, "
+        "PREFIXworker and PREFIXreader and grant each the least it needs. Run it as a superuser "
+        "after `tunefleet db upgrade` (and again after every upgrade). Passwords come from "
+        "TUNEFLEET_MIGRATOR_PASSWORD, TUNEFLEET_COORDINATOR_PASSWORD, TUNEFLEET_WORKER_PASSWORD "
+        "and TUNEFLEET_READER_PASSWORD; a new role without one gets a generated password "
+        "written to the pgpass file.",
+    )
+    add_db_flag(roles)
+    roles.add_argument(
+        "--prefix",
+        default=None,
+        help="role name prefix (default: $TUNEFLEET_ROLE_PREFIX, else tunefleet_)",
+    )
+    roles.add_argument(
+        "--pgpass",
+        type=Path,
+        metavar="FILE",
+        default=None,
+        help="pgpass file that receives generated passwords (default: "
+        "$TUNEFLEET_HOME/roles.pgpass); hand it to workers as PGPASSFILE",
+    )
+    roles.add_argument(
+        "--rotate",
+        action="store_true",
+        help="generate new passwords for existing roles that have no password variable set",
+    )
+    roles.set_defaults(func=_roles)
 
     check = dbsub.add_parser(
         "check", help="is the database at the schema this tunefleet needs (exit 1 if not)"
@@ -137,6 +170,30 @@ def _upgrade(args: argparse.Namespace) -> int:
     with connection(url, settings) as conn:
         rev = current_revision(conn)
     print(f"database at revision {rev} (head is {head_revision()})")
+    return 0
+
+
+def _roles(args: argparse.Namespace) -> int:
+    from tunefleet.db.engine import database_url
+    from tunefleet.db.roles import RolesSettings, setup_roles
+
+    db_settings = DatabaseSettings.build(args.db)
+    settings = RolesSettings.build(
+        prefix=args.prefix,
+        pgpass=args.pgpass,
+        rotate=args.rotate,
+        statement_timeout_ms=db_settings.statement_timeout_ms,
+        idle_in_transaction_timeout_ms=db_settings.idle_in_transaction_timeout_ms,
+    )
+    reports = setup_roles(database_url(db_settings), settings)
+    for r in reports:
+        state = "created" if r.created else "updated"
+        print(f"{r.role:28} {state:8} password {r.password:11} {r.url}")
+    if any(r.password == "generated" for r in reports):
+        print(
+            f"generated passwords written to {settings.pgpass} "
+            "(mode 0600; give it to workers as PGPASSFILE)"
+        )
     return 0
 
 

@@ -24,6 +24,11 @@ from tunefleet.devices import DeviceInfo
 from tunefleet.errors import ProblemError
 from tunefleet.space import Config, Space, canonical_json
 
+#: How a measurement's headline time comes from its samples: the median or the minimum of the
+#: event-timed launches, or ``feinsum-wall-mean``: feinsum's own timing (its wall-clock mean per
+#: launch, with its own warm-up and launch counts), which only the feinsum problem offers.
+STATISTICS = ("median", "min", "feinsum-wall-mean")
+
 
 @dataclass(frozen=True)
 class Protocol:
@@ -60,8 +65,10 @@ class Protocol:
             )
         if self.min_seconds < 0:
             raise ProblemError(f"bad protocol: min_seconds={self.min_seconds} is negative")
-        if self.statistic not in ("median", "min"):
-            raise ProblemError(f"bad protocol statistic {self.statistic!r}; use 'median' or 'min'")
+        if self.statistic not in STATISTICS:
+            raise ProblemError(
+                f"bad protocol statistic {self.statistic!r}; use one of {', '.join(STATISTICS)}"
+            )
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

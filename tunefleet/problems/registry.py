@@ -28,6 +28,7 @@ BUILTINS: dict[str, str] = {
     "dg_diff": "tunefleet.problems.dg:DGDiff",
     "face_mass": "tunefleet.problems.dg:FaceMass",
     "transpose": "tunefleet.problems.transpose:Transpose",
+    "feinsum": "tunefleet.problems.feinsum_problem:FeinsumProblem",
 }
 
 
@@ -109,9 +110,14 @@ def get_problem(spec: str) -> Problem:
         return _load_file(Path(file_part), attr or None, spec)
     if sep:
         try:
-            return _instantiate(_import_attr(spec), spec)
+            target = _import_attr(spec)
         except (ImportError, AttributeError) as exc:
             raise ProblemError(f"cannot load problem {spec!r}: {exc}") from None
+        except Exception as exc:  # the module's own code failed while importing
+            raise ProblemError(
+                f"cannot load problem {spec!r}: importing it raised {type(exc).__name__}: {exc}"
+            ) from None
+        return _instantiate(target, spec)
     raise ProblemError(
         f"unknown problem {spec!r}; built-ins are {', '.join(builtin_names())} "
         "(or give a path/to/problem.py or module:attr)"
@@ -172,7 +178,14 @@ def _load_file(path: Path, attr: str | None, spec: str) -> Problem:
 
 def _instantiate(obj: Any, spec: str) -> Problem:
     if inspect.isclass(obj) and issubclass(obj, Problem):
-        obj = obj()
+        try:
+            obj = obj()
+        except TunefleetError:
+            raise
+        except Exception as exc:  # user code: one line, not a traceback
+            raise ProblemError(
+                f"problem {spec!r}: {obj.__name__}() raised {type(exc).__name__}: {exc}"
+            ) from None
     if not isinstance(obj, Problem):
         raise ProblemError(f"{spec!r} is not a tunefleet Problem (got {type(obj).__name__})")
     return obj

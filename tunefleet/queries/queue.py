@@ -589,20 +589,36 @@ def reap_expired_leases(
 # --- drain -------------------------------------------------------------------------------------
 
 
-def has_open_trials(conn: psycopg.Connection[Any], device_classes: Sequence[str]) -> bool:
-    """Is any trial of these classes still pending or running (a running one may come back
-    when its lease expires)? A draining worker exits only when this is False.
+#: A draining worker stays while a coordinator whose heartbeat is at most this old (seconds)
+#: drives a run of its classes: the queue of a live run is empty only between refills.
+COORDINATOR_ALIVE_S = 30.0
 
-    Locking: none (a read through the pending and running partial indexes).
+
+def has_open_trials(
+    conn: psycopg.Connection[Any],
+    device_classes: Sequence[str],
+    coordinator_alive_s: float = COORDINATOR_ALIVE_S,
+) -> bool:
+    """Is there work for these classes, now or soon: a trial pending or running (a running
+    one may come back when its lease expires), or a run of these classes still driven by a
+    live coordinator (``state = 'running'``, heartbeat younger than ``coordinator_alive_s``),
+    which refills the queue? A draining worker exits only when this is False.
+
+    Locking: none (reads through the pending and running partial indexes and the run table).
     """
     row = conn.execute(
         """
         SELECT EXISTS (SELECT 1 FROM tunefleet.trial
                         WHERE state = 'pending' AND device_class = ANY(%(classes)s))
             OR EXISTS (SELECT 1 FROM tunefleet.trial
-                        WHERE state = 'running' AND device_class = ANY(%(classes)s)) AS open
+                        WHERE state = 'running' AND device_class = ANY(%(classes)s))
+            OR EXISTS (SELECT 1 FROM tunefleet.run
+                        WHERE state = 'running' AND device_class = ANY(%(classes)s)
+                          AND coordinator_id IS NOT NULL
+                          AND coordinator_heartbeat_at
+                              > now() - make_interval(secs => %(alive)s)) AS open
         """,
-        {"classes": list(device_classes)},
+        {"classes": list(device_classes), "alive": float(coordinator_alive_s)},
     ).fetchone()
     assert row is not None
     return bool(row["open"])

@@ -349,6 +349,45 @@ def insert_cached_trials(
     return rows
 
 
+def insert_invalid_trials(
+    conn: Conn, run_id: int, device_class: str, trials: Sequence[Mapping[str, Any]]
+) -> list[Row]:
+    """Record configurations the coordinator already knows to be illegal (the problem's
+    device-free rules rejected them) as ``invalid`` trials, reported, never queued.
+
+    ``trials`` items: ``config``, ``config_hash``, ``source``, ``error``. A configuration the
+    run already has is left alone, except a ``cancelled`` one. Returns ``id``,
+    ``config_hash``, ``config``, ``error`` of the rows written. Locks: those rows, for this
+    statement."""
+    if not trials:
+        return []
+    payload = [
+        {
+            "config": t["config"],
+            "config_hash": t["config_hash"],
+            "source": t.get("source"),
+            "error": t["error"],
+        }
+        for t in trials
+    ]
+    return conn.execute(
+        """
+        INSERT INTO tunefleet.trial AS t
+               (run_id, device_class, config, config_hash, state, source, reported,
+                started_at, finished_at, error)
+        SELECT %(run)s, %(class)s, c.config, c.config_hash, 'invalid',
+               coalesce(c.source, 'search'), true, now(), now(), c.error
+          FROM jsonb_to_recordset(%(trials)s) AS c(config jsonb, config_hash text,
+                                                   source text, error text)
+        ON CONFLICT (run_id, config_hash) DO UPDATE
+           SET state = 'invalid', reported = true, finished_at = now(), error = excluded.error
+         WHERE t.state = 'cancelled'
+        RETURNING t.id, t.config_hash, t.config, t.error
+        """,
+        {"run": run_id, "class": device_class, "trials": Jsonb(payload)},
+    ).fetchall()
+
+
 def cancel_pending(conn: Conn, run_id: int) -> int:
     """Cancel the run's pending trials (running ones finish and are kept); returns how many.
     Locks: the pending rows of the run, for this statement; a row a worker is claiming at
@@ -471,17 +510,19 @@ def warm_start_configs(
 
 
 def measured_device_classes(conn: Conn, problem: str, problem_args: Mapping[str, Any]) -> list[str]:
-    """Device classes with measurements of this problem and these arguments (to name the
-    choices when a warm start finds nothing). Locks: none."""
+    """Device classes with measurements of this problem and these arguments, both the
+    classes of the measuring devices and those of their runs (to name the choices when a
+    warm start finds nothing). Locks: none."""
     rows = conn.execute(
         """
-        SELECT DISTINCT coalesce(d.device_class, r.device_class) AS device_class
+        SELECT DISTINCT c.device_class
           FROM tunefleet.measurement m
           LEFT JOIN tunefleet.device d ON d.id = m.device_id
           LEFT JOIN tunefleet.run r ON r.id = m.run_id
-         WHERE m.problem = %s AND m.problem_args = %s
+         CROSS JOIN LATERAL (VALUES (d.device_class), (r.device_class)) AS c(device_class)
+         WHERE m.problem = %s AND m.problem_args = %s AND c.device_class IS NOT NULL
          ORDER BY 1
         """,
         (problem, Jsonb(dict(problem_args))),
     ).fetchall()
-    return [r["device_class"] for r in rows if r["device_class"]]
+    return [r["device_class"] for r in rows]

@@ -1,0 +1,131 @@
+"""Each benchmark script runs end to end with tiny parameters against a real database and
+writes a JSON file with the numbers its table shows. No timing is asserted: speed belongs to
+the scripts' own output, not to the test suite."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.acceptance
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_script(name: str, db_url: str, out: Path, *args: str, timeout: float = 240) -> Any:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / name), "--db", db_url, "--out", str(out), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"wrote {out}" in proc.stdout
+    assert "|" in proc.stdout  # the table
+    return json.loads(out.read_text())
+
+
+def test_fleet_scaling_smoke(db_url: str, tmp_path: Path) -> None:
+    data = run_script(
+        "fleet_scaling.py",
+        db_url,
+        tmp_path / "fleet.json",
+        "--workers", "1,2", "--durations", "0.05", "--ideal-seconds", "0.3",
+        "--prepare-workers", "0",
+    )  # fmt: skip
+    assert [f["workers"] for f in data["fleets"]] == [1, 2]
+    for fleet in data["fleets"]:
+        (batch,) = fleet["batches"]
+        assert batch["trials"] == 6 * fleet["workers"]
+        assert batch["done"] == batch["trials"] and batch["not_done"] == 0
+        assert 0 < batch["efficiency"] <= 1.5
+        # Every trial's overhead came from the worker logs: a claim and a completion each.
+        assert batch["overhead_ms"]["n"] == batch["trials"]
+        assert batch["statements_ms"]["complete_trial"]["n"] == batch["trials"]
+        assert fleet["memory_mib"]["pss_per_worker"] > 0
+
+
+def test_raw_queue_smoke(db_url: str, tmp_path: Path) -> None:
+    data = run_script(
+        "raw_queue.py",
+        db_url,
+        tmp_path / "raw.json",
+        "--clients", "1,2", "--batch", "1,3", "--seconds", "0.3", "--repeat", "1",
+    )  # fmt: skip
+    cells = {(c["batch"], c["clients"]): c for c in data["cells"]}
+    assert set(cells) == {(1, 1), (1, 2), (3, 1), (3, 2)}
+    for cell in cells.values():
+        for mode in ("tunefleet", "raw"):
+            assert cell[mode]["rate"] > 0
+            assert cell[mode]["runs"][0]["empty_claims"] == 0
+        assert cell["ratio"] == pytest.approx(cell["tunefleet"]["rate"] / cell["raw"]["rate"])
+
+
+def test_worker_memory_smoke(db_url: str, tmp_path: Path) -> None:
+    data = run_script(
+        "worker_memory.py", db_url, tmp_path / "mem.json", "--trials", "20", "--every", "10"
+    )
+    assert [s["trials"] >= t for s, t in zip(data["samples"], (10, 20), strict=True)] == [
+        True,
+        True,
+    ]
+    roles = {p["role"] for p in data["samples"][-1]["processes"]}
+    assert {"worker", "device process"} <= roles
+    assert data["verdict"] in ("flat", "grows")
+
+
+def test_coordinator_rate_smoke(db_url: str, tmp_path: Path) -> None:
+    data = run_script(
+        "coordinator_rate.py",
+        db_url,
+        tmp_path / "coord.json",
+        "--clients", "2", "--trials", "30", "--tuner-batches", "4",
+        "--latency-trials", "8", "--latency-clients", "1", "--latency-delay", "0.02",
+    )  # fmt: skip
+    (alone,) = data["tuner_alone"]
+    assert alone["suggestions"] == 30 and alone["suggestions_per_s"] > 0
+    (rate,) = data["rate"]
+    assert rate["evaluations"] >= 30 and rate["stop_reason"]
+    assert rate["ask"]["suggestions"] >= 30
+    latency = data["latency"]
+    assert latency["evaluations"] >= 8
+    # Every completion but the last few is followed by a newly enqueued trial.
+    assert latency["latency_ms"]["n"] >= 4
+    assert latency["latency_ms"]["median"] >= 0
+
+
+@pytest.mark.opencl
+def test_gpu_tuning_runs_its_gemm_part_on_any_opencl_device(tmp_path: Path) -> None:
+    """The GPU script end to end on whatever OpenCL device there is (PoCL here), tiny GEMM:
+    a tuning run on its own embedded server, the best configuration timed again, the part's
+    JSON written. Without PyTorch the cuBLAS comparison records why it is missing."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    env["OUT"] = str(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_tuning.py"), "--parts", "gemm",
+         "--budget", "12", "--device-type", "any", "--gemm-args", "n=32,m=32,k=32"],
+        env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads((tmp_path / "gpu_gemm.json").read_text())
+    tuning = data["tuning"]
+    assert tuning["stop_reason"] == "max_seconds" and tuning["workers"] == 1
+    assert tuning["evaluations"] >= 1 and tuning["states"].get("done", 0) >= 1
+    assert data["best_retimed"]["state"] == "done" and data["best_retimed"]["gflops"] > 0
+    cublas = data["cublas"]
+    assert ("cublas_gflops" in cublas) != ("error" in cublas)
+    if "error" in cublas:
+        assert data["ratio_to_cublas"] is None

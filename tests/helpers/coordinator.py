@@ -1,0 +1,96 @@
+"""Coordinator test helpers: settings for fast runs, idle worker rows, a real worker fleet,
+and the checks that nothing was measured twice."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from coordinator.settings import CoordinatorSettings
+from tunefleet.problems.synthetic import FLOP_COUNT, OPTIMUM_SECONDS
+from worker.launch import WorkerProcess, start_workers, wait_all
+
+#: GFLOP/s of the synthetic optimum: a target only the optimum reaches.
+OPTIMUM_GFLOPS = FLOP_COUNT / OPTIMUM_SECONDS / 1e9
+
+
+def settings(**kw: Any) -> CoordinatorSettings:
+    """Fast-polling settings for the synthetic problem with quick evaluations."""
+    base: dict[str, Any] = {
+        "problem": "synthetic",
+        "problem_args": {"duration": 0.005},
+        "protocol": {"warmup": 0, "min_launches": 1, "min_seconds": 0.0, "max_launches": 1},
+        "poll_s": 0.02,
+    }
+    return CoordinatorSettings.build(**{**base, **kw})
+
+
+def register_worker(
+    db: Any, device_class: str = "host-cpu", age_s: float = 0.0, state: str = "active"
+) -> uuid.UUID:
+    """A worker row without a process: counts as live (heartbeat ``age_s`` ago) but never
+    claims, so the trials queued for it stay pending."""
+    worker_id = uuid.uuid4()
+    db.execute(
+        """
+        INSERT INTO tunefleet.worker (id, host, pid, device_class, version, heartbeat_at, state)
+        VALUES (%s, 'test', %s, %s, 'test', now() - make_interval(secs => %s), %s)
+        """,
+        (worker_id, os.getpid(), device_class, age_s, state),
+    )
+    return worker_id
+
+
+@contextlib.contextmanager
+def fleet(db_url: str, n: int, log_dir: Path, **options: Any) -> Iterator[list[WorkerProcess]]:
+    """``n`` real ``tunefleet worker --device host`` processes that wait for work until the
+    block ends, then stop gracefully (SIGKILL if they do not)."""
+    opts: dict[str, Any] = {"drain": False, "poll_s": 0.05, "lease_s": 5, "prepare_workers": 0}
+    workers = start_workers(db_url, n, log_dir=log_dir, **{**opts, **options})
+    try:
+        yield workers
+    finally:
+        for w in workers:
+            w.stop()
+        try:
+            wait_all(workers, 30)
+        finally:
+            for w in workers:
+                w.kill()
+
+
+def logs(workers: list[WorkerProcess]) -> str:
+    return "\n".join(f"--- worker {w.pid}\n{w.log()[-3000:]}" for w in workers)
+
+
+def measured_twice(db: Any) -> list[dict[str, Any]]:
+    """Configurations measured more than once under one cache key (cache answers excluded),
+    and trials claimed more than once: both must be empty."""
+    twice = db.execute(
+        """
+        SELECT m.cache_key, m.config_hash, count(*) AS n
+          FROM tunefleet.measurement m JOIN tunefleet.trial t ON t.id = m.trial_id
+         WHERE t.source <> 'cache'
+         GROUP BY m.cache_key, m.config_hash HAVING count(*) > 1
+        """
+    ).fetchall()
+    reclaimed = db.execute(
+        """
+        SELECT trial_id, count(*) AS n FROM tunefleet.attempt
+         WHERE outcome IS DISTINCT FROM 'released'
+         GROUP BY trial_id HAVING count(*) > 1
+        """
+    ).fetchall()
+    return twice + reclaimed
+
+
+def trial_counts(db: Any, run_id: int) -> dict[str, int]:
+    rows = db.execute(
+        "SELECT state, count(*) AS n FROM tunefleet.trial WHERE run_id = %s GROUP BY state",
+        (run_id,),
+    ).fetchall()
+    return {r["state"]: r["n"] for r in rows}

@@ -1,0 +1,55 @@
+"""Problems for coordinator tests that the built-in synthetic one cannot play: loaded by file
+path (``path.py:Class``) by the coordinator and by real worker processes alike, so this module
+imports nothing but tunefleet."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tunefleet.errors import InvalidConfiguration
+from tunefleet.problems.base import Protocol
+from tunefleet.problems.synthetic import Synthetic
+from tunefleet.space import Bool, Config, IntRange, Space
+
+_HERE = Path(__file__).resolve()
+#: A six-point space: small enough for the search to run out of new configurations.
+TINY = f"{_HERE}:Tiny"
+#: The synthetic objective declared as needing an OpenCL device (a device class is required).
+KERNEL = f"{_HERE}:Kernel"
+#: The synthetic problem with a device-free rule: tiles of 64 and more are illegal.
+RULED = f"{_HERE}:Ruled"
+
+
+class Tiny(Synthetic):
+    name = "tiny"
+
+    def space(self, args: Mapping[str, Any]) -> Space:
+        return Space.of([IntRange("unroll", 3, 5), Bool("vector")])
+
+    def prepare(self, args: Mapping[str, Any], config: Any, device: Any) -> Any:
+        full = {**config, "tile": 16, "order": "ikj"}
+        return {"args": self.normalise_args(args), "config": full, "fault": "none"}
+
+    def measure(self, prepared: Any, session: Any, protocol: Protocol) -> Any:
+        return super().measure(prepared, session, protocol)
+
+
+class Kernel(Synthetic):
+    name = "kernel"
+    needs_opencl = True
+
+
+class Ruled(Synthetic):
+    name = "ruled"
+
+    def check_config(self, args: Mapping[str, Any], config: Mapping[str, Any]) -> Config:
+        checked = super().check_config(args, config)
+        if checked["tile"] >= 64:
+            raise InvalidConfiguration(f"tile={checked['tile']} needs too much local memory")
+        return checked
+
+    def prepare(self, args: Mapping[str, Any], config: Any, device: Any) -> Any:
+        self.check_config(args, config)
+        return super().prepare(args, config, device)

@@ -1,0 +1,176 @@
+"""The coordinator survives losing its database session mid-run (server restart, failover,
+``pg_terminate_backend``): it reconnects, takes its run again and resumes it; when the database
+stays away it gives up with one line that says how to continue.
+
+Regression: the coordinator used to die with a psycopg traceback on the first lost
+connection, leaving the run to a human to resume.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+import coordinator.engine as engine
+from coordinator.engine import Coordinator, RunResult, create_run
+from tests.helpers.coordinator import fleet, logs, measured_twice, settings
+from tests.helpers.queue_data import wait_until
+from tunefleet.db.engine import connect
+from tunefleet.errors import DatabaseUnavailable
+
+
+def coordinator_sessions(db: Any) -> list[int]:
+    rows = db.execute(
+        """
+        SELECT pid FROM pg_stat_activity
+         WHERE datname = current_database() AND application_name = 'tunefleet-coordinator'
+        """
+    ).fetchall()
+    return [int(r["pid"]) for r in rows]
+
+
+def waiting_sessions(db: Any) -> list[int]:
+    """Coordinator sessions waiting for a lock."""
+    rows = db.execute(
+        """
+        SELECT pid FROM pg_stat_activity
+         WHERE datname = current_database() AND application_name = 'tunefleet-coordinator'
+           AND wait_event_type = 'Lock'
+        """
+    ).fetchall()
+    return [int(r["pid"]) for r in rows]
+
+
+def driven(db: Any, run_id: int) -> bool:
+    row = db.execute("SELECT coordinator_id FROM tunefleet.run WHERE id = %s", (run_id,))
+    return row.fetchone()["coordinator_id"] is not None
+
+
+def finished(db: Any, run_id: int) -> int:
+    row = db.execute(
+        "SELECT count(*) AS n FROM tunefleet.trial WHERE run_id = %s "
+        "AND state IN ('done', 'invalid', 'failed', 'timed_out')",
+        (run_id,),
+    ).fetchone()
+    return int(row["n"])
+
+
+class Driver(threading.Thread):
+    def __init__(self, coordinator: Coordinator, run_id: int) -> None:
+        super().__init__(daemon=True)
+        self.coordinator, self.run_id = coordinator, run_id
+        self.result: RunResult | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.coordinator.run(self.run_id)
+        except BaseException as exc:
+            self.error = exc
+
+
+def test_terminated_sessions_are_survived_and_nothing_is_measured_twice(
+    db_url, db, caplog, tmp_path
+):
+    caplog.set_level(logging.WARNING, logger="coordinator.engine")
+    s = settings(max_trials=40, min_depth=2, problem_args={"duration": 0.02})
+    run_id = create_run(s, db_url)
+    driver = Driver(Coordinator(s, db_url), run_id)
+    with fleet(db_url, 2, tmp_path) as procs:
+        driver.start()
+        for due in (8, 16, 24):
+            wait_until(
+                lambda due=due: finished(db, run_id) >= due,
+                timeout=60,
+                what=f"{due} finished trials\n{logs(procs)}",
+            )
+            pids = wait_until(lambda: coordinator_sessions(db), what="the coordinator session")
+            for pid in pids:
+                db.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        driver.join(60)
+    assert not driver.is_alive()
+    assert driver.error is None, repr(driver.error)
+    assert driver.result is not None
+    assert (driver.result.state, driver.result.stop_reason) == ("finished", "max_trials")
+    assert driver.result.trials == 40
+    assert finished(db, run_id) == 40 and measured_twice(db) == []
+    run = db.execute("SELECT state, coordinator_id FROM tunefleet.run").fetchone()
+    assert run == {"state": "finished", "coordinator_id": None}
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("database connection lost" in m for m in messages) == 3, messages
+    assert sum("reachable again" in m for m in messages) == 3, messages
+
+
+def test_a_database_that_stays_away_ends_the_coordinator_with_one_line(
+    db_url, db, pg_admin_url, monkeypatch
+):
+    monkeypatch.setattr(engine, "RECONNECT_FOR_S", 1.0)
+    s = settings(max_trials=1000)
+    run_id = create_run(s, db_url)
+    driver = Driver(Coordinator(s, db_url), run_id)
+    driver.start()
+    name = db.info.dbname
+    admin = psycopg.connect(pg_admin_url, autocommit=True)
+    try:
+        wait_until(lambda: driven(db, run_id), what="the coordinator to take its run")
+        pids = wait_until(lambda: coordinator_sessions(db), what="the coordinator session")
+        admin.execute(
+            sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS false").format(sql.Identifier(name))
+        )
+        for pid in pids:
+            db.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        driver.join(30)
+        assert not driver.is_alive()
+    finally:
+        admin.execute(
+            sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS true").format(sql.Identifier(name))
+        )
+        admin.close()
+    assert isinstance(driver.error, DatabaseUnavailable), repr(driver.error)
+    message = str(driver.error)
+    assert "\n" not in message
+    assert f"lost the database while driving run {run_id}" in message
+    assert f"--resume {run_id}" in message
+    # The run was left as a crash leaves it: resumable, nothing cancelled.
+    run = db.execute("SELECT state FROM tunefleet.run WHERE id = %s", (run_id,)).fetchone()
+    assert run["state"] == "running"
+    assert not db.execute("SELECT 1 FROM tunefleet.trial WHERE state = 'cancelled'").fetchall()
+
+
+def test_an_unreachable_database_before_the_run_is_taken_fails_at_once(db_url):
+    s = settings(max_trials=5)
+    run_id = create_run(s, db_url)
+    bad = db_url.replace("dbname=", "dbname=no_such_db_")
+    with pytest.raises(DatabaseUnavailable, match="no_such_db_"):
+        Coordinator(s, bad).run(run_id)
+
+
+def test_a_session_lost_before_the_run_is_taken_is_retried(db_url, db, tmp_path):
+    """Between connecting and taking the run's lock the session may die too: that is a lost
+    connection like any other, retried, never a raw driver error."""
+    s = settings(max_trials=4)
+    run_id = create_run(s, db_url)
+    driver = Driver(Coordinator(s, db_url), run_id)
+    blocker = connect(db_url)
+    try:
+        with blocker.transaction():
+            # The coordinator's first read of the run waits behind this lock...
+            blocker.execute("LOCK TABLE tunefleet.run IN ACCESS EXCLUSIVE MODE")
+            driver.start()
+            [first] = wait_until(lambda: waiting_sessions(db), what="the coordinator to wait")
+            db.execute("SELECT pg_terminate_backend(%s)", (first,))  # ...and dies there.
+            wait_until(
+                lambda: [p for p in waiting_sessions(db) if p != first],
+                what="the coordinator to come back",
+            )
+    finally:
+        blocker.close()
+    with fleet(db_url, 1, tmp_path):
+        driver.join(60)
+    assert driver.error is None, repr(driver.error)
+    assert driver.result is not None and driver.result.stop_reason == "max_trials"
