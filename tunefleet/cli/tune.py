@@ -344,6 +344,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     coord_settings = CoordinatorSettings.build(
         problem=None if args.resume is not None else args.problem,
         problem_args=problem_args,
+        seed_configs=() if args.resume is not None else _baseline(problem, problem_args),
         device_class=plan.device_class,
         name=args.name,
         resume=args.resume,
@@ -442,6 +443,17 @@ def cmd_tune(args: argparse.Namespace) -> int:
     except RunError as exc:
         print(f"tunefleet: {exc}", file=sys.stderr)
         return 1
+
+
+def _baseline(problem: Any, problem_args: dict[str, Any]) -> tuple[dict[str, Any], ...]:
+    """The problem's default configuration, measured first: every run then has a baseline
+    to compare the search's best against (none when the default breaks the problem's rules)."""
+    from tunefleet.errors import InvalidConfiguration
+
+    try:
+        return (problem.check_config(problem_args, problem.default_config(problem_args)),)
+    except (InvalidConfiguration, TunefleetError):
+        return ()
 
 
 def _changed_args(problem: Any, problem_args: dict[str, Any]) -> dict[str, Any]:
