@@ -116,7 +116,9 @@ def create_run(
     args, space = _args_and_space(problem, settings.problem, settings.problem_args)
     SpaceMapping(space)  # a space the search cannot represent fails here, not mid-run
     protocol = _protocol(settings.protocol)
-    seeds = [_checked_seed(space, config, i) for i, config in enumerate(settings.seed_configs)]
+    seeds = [
+        _checked_seed(problem, args, config, i) for i, config in enumerate(settings.seed_configs)
+    ]
 
     with connect(db_url, db_settings or _db_settings(db_url)) as conn:
         device_class = settings.device_class or _default_device_class(
@@ -215,11 +217,17 @@ def _protocol(overrides: Mapping[str, Any]) -> dict[str, Any]:
     return Protocol.from_json({**base, **overrides}).to_json()
 
 
-def _checked_seed(space: Space, config: Mapping[str, Any], index: int) -> Config:
+def _checked_seed(
+    problem: Problem, args: Mapping[str, Any], config: Mapping[str, Any], index: int
+) -> Config:
     try:
-        return space.check(config)
+        return problem.check_config(args, config)
     except InvalidConfiguration as exc:
         raise UsageError(f"seed configuration {index + 1}: {exc}") from None
+    except TunefleetError:
+        raise
+    except Exception as exc:  # a user problem's own bug
+        raise ProblemError(f"problem check_config raised {_one_line(exc)}") from None
 
 
 def _default_device_class(
@@ -417,6 +425,8 @@ class _Session:
         except ProblemError as exc:
             raise RunError(f"run {run_id} has an unreadable space: {exc}") from None
         self.space_size = self.space.size()
+        self.problem_args: dict[str, Any] = dict(row["problem_args"] or {})
+        self.problem = _rules_of(row["problem"])
         techniques = s.techniques or tuple((row["search"] or {}).get("techniques") or ())
         from coordinator.tuner import Tuner
 
@@ -614,7 +624,9 @@ class _Session:
         return self._enqueue(batch) if batch else 0
 
     def _enqueue(self, batch: dict[str, _Flight]) -> int:
-        moved = 0
+        moved = self._reject_illegal(batch)
+        if not batch:
+            return moved
         hits = q.insert_cached_trials(
             self.conn, self.run_id, self.device_class, self.cache_key, list(batch)
         )
@@ -656,6 +668,46 @@ class _Session:
             self.tuner.tell_many([(sug, None) for sug in flight.suggestions])
         return moved + len(rows)
 
+    def _reject_illegal(self, batch: dict[str, _Flight]) -> int:
+        """Configurations the problem's device-free rules reject (divisibility, register
+        budget, ...) become ``invalid`` trials at once: no worker spends a build on them."""
+        if self.problem is None:
+            return 0
+        illegal = []
+        for h, flight in batch.items():
+            try:
+                self.problem.check_config(self.problem_args, flight.config)
+            except InvalidConfiguration as exc:
+                illegal.append(
+                    {
+                        "config": flight.config,
+                        "config_hash": h,
+                        "source": _source(flight),
+                        "error": str(exc),
+                    }
+                )
+            except Exception as exc:  # a user problem's own bug: let the workers judge
+                _log.warning(
+                    "run %d: check_config raised %s; configurations go to the workers unchecked",
+                    self.run_id,
+                    _one_line(exc),
+                )
+                self.problem = None
+                return 0
+        if not illegal:
+            return 0
+        rows = q.insert_invalid_trials(self.conn, self.run_id, self.device_class, illegal)
+        for row in rows:
+            row.update(state="invalid", source=None, median_s=None, gflops=None, compile_s=None)
+            self.flights[row["config_hash"]] = batch.pop(row["config_hash"])
+        self._absorb(rows)
+        for item in illegal:  # already in the run in another state: never queue it again
+            if item["config_hash"] in batch:
+                self.tuner.tell_many(
+                    [(s, None) for s in batch.pop(item["config_hash"]).suggestions]
+                )
+        return len(rows)
+
     def _unexplored(self, need: int, taken: Mapping[str, _Flight]) -> dict[str, _Flight]:
         """Up to ``need`` configurations without an outcome, not in flight, not in ``taken``."""
         found: dict[str, _Flight] = {}
@@ -684,6 +736,20 @@ class _Session:
             for combo in self._walk:
                 yield {p.name: v for p, v in zip(params, combo, strict=True)}
             self._walk = None
+
+
+def _rules_of(spec: str) -> Problem | None:
+    """The run's problem, for its device-free configuration rules; None (the workers judge
+    alone) when it cannot be loaded here, e.g. a user file that lives on the workers only."""
+    from tunefleet.problems.registry import get_problem
+
+    try:
+        return get_problem(spec)
+    except (ProblemError, ImportError) as exc:
+        _log.warning(
+            "problem %r cannot be loaded here (%s); workers check configurations", spec, exc
+        )
+        return None
 
 
 def _source(flight: _Flight) -> str:

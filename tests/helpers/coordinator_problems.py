@@ -8,15 +8,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tunefleet.errors import InvalidConfiguration
 from tunefleet.problems.base import Protocol
 from tunefleet.problems.synthetic import Synthetic
-from tunefleet.space import Bool, IntRange, Space
+from tunefleet.space import Bool, Config, IntRange, Space
 
 _HERE = Path(__file__).resolve()
 #: A six-point space: small enough for the search to run out of new configurations.
 TINY = f"{_HERE}:Tiny"
 #: The synthetic objective declared as needing an OpenCL device (a device class is required).
 KERNEL = f"{_HERE}:Kernel"
+#: The synthetic problem with a device-free rule: tiles of 64 and more are illegal.
+RULED = f"{_HERE}:Ruled"
 
 
 class Tiny(Synthetic):
@@ -36,3 +39,17 @@ class Tiny(Synthetic):
 class Kernel(Synthetic):
     name = "kernel"
     needs_opencl = True
+
+
+class Ruled(Synthetic):
+    name = "ruled"
+
+    def check_config(self, args: Mapping[str, Any], config: Mapping[str, Any]) -> Config:
+        checked = super().check_config(args, config)
+        if checked["tile"] >= 64:
+            raise InvalidConfiguration(f"tile={checked['tile']} needs too much local memory")
+        return checked
+
+    def prepare(self, args: Mapping[str, Any], config: Any, device: Any) -> Any:
+        self.check_config(args, config)
+        return super().prepare(args, config, device)

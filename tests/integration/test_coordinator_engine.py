@@ -20,7 +20,7 @@ from tests.helpers.coordinator import (
     settings,
     trial_counts,
 )
-from tests.helpers.coordinator_problems import KERNEL, TINY
+from tests.helpers.coordinator_problems import KERNEL, RULED, TINY
 from tests.helpers.queue_data import wait_until
 from tunefleet.errors import ProblemError, RunError, UsageError
 from tunefleet.problems.synthetic import OPTIMUM, Synthetic, fault_of
@@ -301,6 +301,29 @@ def test_a_small_space_is_evaluated_completely_once_and_the_run_ends(db_url, db,
     assert (result.state, result.stop_reason, result.trials) == ("finished", "space_exhausted", 6)
     assert result.best_config == {"unroll": 4, "vector": True}
     assert measured_twice(db) == []
+
+
+def test_configurations_the_problem_rules_out_never_reach_a_worker(db_url, db, tmp_path):
+    illegal = {**OPTIMUM, "tile": 128}
+    s = settings(problem=RULED, max_trials=40)
+    with pytest.raises(UsageError, match="seed configuration 1: tile=128 needs too much local"):
+        create_run(settings(problem=RULED, seed_configs=[illegal]), db_url)
+    result, _ = drive(db_url, s, tmp_path)
+    assert result.trials == 40
+    rows = db.execute(
+        """
+        SELECT t.config, t.state, t.attempt, t.error,
+               (SELECT count(*) FROM tunefleet.attempt a WHERE a.trial_id = t.id) AS claims
+          FROM tunefleet.trial t WHERE t.run_id = %s
+        """,
+        (result.run_id,),
+    ).fetchall()
+    ruled_out = [r for r in rows if r["config"]["tile"] >= 64]
+    assert ruled_out, "the search proposed no large tile in 40 trials"
+    for row in ruled_out:
+        assert (row["state"], row["attempt"], row["claims"]) == ("invalid", 0, 0)
+        assert "needs too much local memory" in row["error"]
+    assert all(r["claims"] == 1 for r in rows if r["config"]["tile"] < 64)
 
 
 @pytest.mark.parametrize(

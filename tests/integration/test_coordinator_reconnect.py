@@ -14,12 +14,12 @@ from typing import Any
 
 import psycopg
 import pytest
-from coordinator_support import ANALYTIC, FakeWorker, wait_until
 from psycopg import sql
 
 import coordinator.engine as engine
 from coordinator.engine import Coordinator, RunResult, create_run
-from coordinator.settings import CoordinatorSettings
+from tests.helpers.coordinator import fleet, logs, measured_twice, settings
+from tests.helpers.queue_data import wait_until
 from tunefleet.db.engine import connect
 from tunefleet.errors import DatabaseUnavailable
 
@@ -74,32 +74,31 @@ class Driver(threading.Thread):
             self.error = exc
 
 
-def test_terminated_sessions_are_survived_and_nothing_is_measured_twice(db_url, db, caplog):
+def test_terminated_sessions_are_survived_and_nothing_is_measured_twice(
+    db_url, db, caplog, tmp_path
+):
     caplog.set_level(logging.WARNING, logger="coordinator.engine")
-    s = CoordinatorSettings.build(problem=ANALYTIC, max_trials=40, poll_s=0.01, min_depth=2)
+    s = settings(max_trials=40, min_depth=2, problem_args={"duration": 0.02})
     run_id = create_run(s, db_url)
-    evaluated: list[tuple[int, str]] = []
-    fleet = [FakeWorker(db_url, evaluated=evaluated, delay_s=0.02) for _ in range(2)]
-    for w in fleet:
-        w.start()
     driver = Driver(Coordinator(s, db_url), run_id)
-    driver.start()
-    try:
+    with fleet(db_url, 2, tmp_path) as procs:
+        driver.start()
         for due in (8, 16, 24):
-            wait_until(lambda due=due: finished(db, run_id) >= due, what=f"{due} finished trials")
+            wait_until(
+                lambda due=due: finished(db, run_id) >= due,
+                timeout=60,
+                what=f"{due} finished trials\n{logs(procs)}",
+            )
             pids = wait_until(lambda: coordinator_sessions(db), what="the coordinator session")
             for pid in pids:
                 db.execute("SELECT pg_terminate_backend(%s)", (pid,))
         driver.join(60)
-    finally:
-        for w in fleet:
-            w.shutdown()
     assert not driver.is_alive()
     assert driver.error is None, repr(driver.error)
     assert driver.result is not None
     assert (driver.result.state, driver.result.stop_reason) == ("finished", "max_trials")
     assert driver.result.trials == 40
-    assert len(evaluated) == len(set(evaluated)) == finished(db, run_id) == 40
+    assert finished(db, run_id) == 40 and measured_twice(db) == []
     run = db.execute("SELECT state, coordinator_id FROM tunefleet.run").fetchone()
     assert run == {"state": "finished", "coordinator_id": None}
     messages = [r.getMessage() for r in caplog.records]
@@ -111,7 +110,7 @@ def test_a_database_that_stays_away_ends_the_coordinator_with_one_line(
     db_url, db, pg_admin_url, monkeypatch
 ):
     monkeypatch.setattr(engine, "RECONNECT_FOR_S", 1.0)
-    s = CoordinatorSettings.build(problem=ANALYTIC, max_trials=1000, poll_s=0.01)
+    s = settings(max_trials=1000)
     run_id = create_run(s, db_url)
     driver = Driver(Coordinator(s, db_url), run_id)
     driver.start()
@@ -144,17 +143,17 @@ def test_a_database_that_stays_away_ends_the_coordinator_with_one_line(
 
 
 def test_an_unreachable_database_before_the_run_is_taken_fails_at_once(db_url):
-    s = CoordinatorSettings.build(problem=ANALYTIC, max_trials=5)
+    s = settings(max_trials=5)
     run_id = create_run(s, db_url)
     bad = db_url.replace("dbname=", "dbname=no_such_db_")
     with pytest.raises(DatabaseUnavailable, match="no_such_db_"):
         Coordinator(s, bad).run(run_id)
 
 
-def test_a_session_lost_before_the_run_is_taken_is_retried(db_url, db):
+def test_a_session_lost_before_the_run_is_taken_is_retried(db_url, db, tmp_path):
     """Between connecting and taking the run's lock the session may die too: that is a lost
     connection like any other, retried, never a raw driver error."""
-    s = CoordinatorSettings.build(problem=ANALYTIC, max_trials=4, poll_s=0.01)
+    s = settings(max_trials=4)
     run_id = create_run(s, db_url)
     driver = Driver(Coordinator(s, db_url), run_id)
     blocker = connect(db_url)
@@ -171,7 +170,7 @@ def test_a_session_lost_before_the_run_is_taken_is_retried(db_url, db):
             )
     finally:
         blocker.close()
-    with FakeWorker(db_url):
+    with fleet(db_url, 1, tmp_path):
         driver.join(60)
     assert driver.error is None, repr(driver.error)
     assert driver.result is not None and driver.result.stop_reason == "max_trials"

@@ -349,6 +349,45 @@ def insert_cached_trials(
     return rows
 
 
+def insert_invalid_trials(
+    conn: Conn, run_id: int, device_class: str, trials: Sequence[Mapping[str, Any]]
+) -> list[Row]:
+    """Record configurations the coordinator already knows to be illegal (the problem's
+    device-free rules rejected them) as ``invalid`` trials, reported, never queued.
+
+    ``trials`` items: ``config``, ``config_hash``, ``source``, ``error``. A configuration the
+    run already has is left alone, except a ``cancelled`` one. Returns ``id``,
+    ``config_hash``, ``config``, ``error`` of the rows written. Locks: those rows, for this
+    statement."""
+    if not trials:
+        return []
+    payload = [
+        {
+            "config": t["config"],
+            "config_hash": t["config_hash"],
+            "source": t.get("source"),
+            "error": t["error"],
+        }
+        for t in trials
+    ]
+    return conn.execute(
+        """
+        INSERT INTO tunefleet.trial AS t
+               (run_id, device_class, config, config_hash, state, source, reported,
+                started_at, finished_at, error)
+        SELECT %(run)s, %(class)s, c.config, c.config_hash, 'invalid',
+               coalesce(c.source, 'search'), true, now(), now(), c.error
+          FROM jsonb_to_recordset(%(trials)s) AS c(config jsonb, config_hash text,
+                                                   source text, error text)
+        ON CONFLICT (run_id, config_hash) DO UPDATE
+           SET state = 'invalid', reported = true, finished_at = now(), error = excluded.error
+         WHERE t.state = 'cancelled'
+        RETURNING t.id, t.config_hash, t.config, t.error
+        """,
+        {"run": run_id, "class": device_class, "trials": Jsonb(payload)},
+    ).fetchall()
+
+
 def cancel_pending(conn: Conn, run_id: int) -> int:
     """Cancel the run's pending trials (running ones finish and are kept); returns how many.
     Locks: the pending rows of the run, for this statement; a row a worker is claiming at
