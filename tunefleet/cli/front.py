@@ -569,16 +569,20 @@ def problem_rows() -> list[Row]:
         try:
             problem = get_problem(name)
             defaults = problem.normalise_args({})
-            space = problem.space(defaults)
             specs = getattr(problem, "arguments", ()) or ()
             row.update(
                 description=problem.description,
                 needs_opencl=problem.needs_opencl,
                 default_args=defaults,
                 arguments=[spec.to_json() for spec in specs],
-                parameters=space.names(),
-                space_size=space.size(),
             )
+            try:
+                space = problem.space(defaults)
+                row.update(parameters=space.names(), space_size=space.size())
+            except TunefleetError as exc:
+                # The problem loads but its space needs something this machine lacks (the
+                # feinsum problem's shipped spaces without feinsum): say so, list it anyway.
+                row.update(parameters=[], space_size=None, space_error=str(exc))
         except Exception as exc:  # one broken problem must not hide the others
             row.update(description=f"(unavailable: {exc})", error=str(exc))
         rows.append(row)
@@ -605,7 +609,10 @@ def cmd_problems(args: argparse.Namespace) -> int:
         else:
             defaults = " ".join(command_line_args(r["default_args"])) or "(none)"
             _out(f"  arguments  {defaults}")
-        _out(f"  space      {r['space_size']} points over {', '.join(r['parameters'])}")
+        if r.get("space_error"):
+            _out(f"  space      not known here: {r['space_error']}")
+        else:
+            _out(f"  space      {r['space_size']} points over {', '.join(r['parameters'])}")
         _out(f"  needs      {device}")
     _out("")
     _out("user problems: tunefleet tune path/to/problem.py (or module:attr)")
