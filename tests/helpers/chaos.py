@@ -37,6 +37,7 @@ FAULTS = (
     "kill_worker",
     "stop_worker_past_lease",
     "kill_coordinator",
+    "stop_and_resume_coordinator",
     "terminate_worker_backends",
     "terminate_coordinator_backend",
     "restart_postgres",
@@ -74,6 +75,8 @@ class ChaosRun:
     run_id: int | None = None
     #: worker number -> (trial, attempt) claims it held when it was frozen
     frozen_claims: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    #: coordinators stopped cleanly by the schedule (exit 0 expected)
+    clean_exits: set[int] = field(default_factory=set)
     _logs: list[Path] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -280,6 +283,20 @@ class ChaosRun:
         self.coordinator.kill()
         self.coordinator.wait(10)
         self.log(f"SIGKILL coordinator {len(self.coordinators) - 1}")
+        time.sleep(self.rng.uniform(0.2, 1.5))
+        self.start_coordinator("--resume", str(self.run_id))
+
+    def stop_and_resume_coordinator(self) -> None:
+        """SIGTERM the coordinator (a clean stop: pending trials cancelled, run ``stopped``,
+        exit 0) and resume the run; the resumed search may queue cancelled ones again."""
+        assert self.run_id is not None
+        n = len(self.coordinators) - 1
+        self.coordinator.terminate()
+        code = self.coordinator.wait(60)
+        [run] = self.query("SELECT state FROM tunefleet.run WHERE id = %s", (self.run_id,))
+        self.log(f"SIGTERM coordinator {n}: exit {code}, run {run['state']}")
+        assert code == 0 and run["state"] == "stopped", self.report()
+        self.clean_exits.add(n)
         time.sleep(self.rng.uniform(0.2, 1.5))
         self.start_coordinator("--resume", str(self.run_id))
 

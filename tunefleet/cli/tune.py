@@ -4,9 +4,10 @@ It checks the problem and its arguments, opens the database (the embedded server
 ``--db``), plans the local workers (one per OpenCL device of the chosen class, the host
 pseudo-device for problems that need no OpenCL, none with ``--workers 0``), creates or resumes
 the run through the coordinator's engine, starts the workers as child processes, drives the
-search in this process and shows progress until a stop rule ends the run. Ctrl-C stops the
-search, marks the run stopped (resumable with ``--resume RUN``) and stops the workers with one
-SIGTERM each, so they hand back what they hold.
+search in this process and shows progress until a stop rule ends the run. Ctrl-C (or
+SIGTERM, SIGHUP) stops the search, marks the run stopped (resumable with ``--resume RUN``)
+and stops the workers with one SIGTERM each, so they hand back what they hold. Should this
+process be killed outright, its workers get SIGTERM from the kernel (parent-death signal).
 
 Workers run in their own session: the terminal's Ctrl-C reaches only this process, which then
 signals each worker exactly once (a second signal would make a worker abort without handing
@@ -195,6 +196,7 @@ class LocalWorkers:
                     stdout=fh,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,  # the terminal's Ctrl-C is ours to forward, once
+                    preexec_fn=_die_with_parent,
                 )
             self.procs.append((proc, log))
 
@@ -215,6 +217,18 @@ class LocalWorkers:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def _die_with_parent() -> None:
+    """In the worker child before exec: get SIGTERM (a graceful stop) if this process dies
+    without stopping it, e.g. SIGKILLed. Linux only; elsewhere a no-op."""
+    try:
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None).prctl(pr_set_pdeathsig, int(signal.SIGTERM))
+    except (OSError, AttributeError):
+        pass
 
 
 def last_line(path: Path) -> str:
@@ -360,11 +374,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     failure: list[str] = []
     interrupts = 0
 
-    def on_sigint(signum: int, frame: Any) -> None:
+    def on_signal(signum: int, frame: Any) -> None:
+        # Ctrl-C, `kill`, a batch system's TERM or a closed terminal: stop cleanly, once.
         nonlocal interrupts
         interrupts += 1
         if interrupts > 1:
-            raise KeyboardInterrupt  # second Ctrl-C: stop waiting
+            raise KeyboardInterrupt  # a second one: stop waiting
         coordinator.request_stop()
 
     with connect(url, settings) as conn:
@@ -388,7 +403,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 )
                 coordinator.request_stop()
 
-        previous = signal.signal(signal.SIGINT, on_sigint)
+        stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        previous = {sig: signal.signal(sig, on_signal) for sig in stop_signals}
         result = None
         try:
             workers.start(plan.devices, [])
@@ -396,7 +412,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             interrupts = max(interrupts, 1)
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
             workers.stop()
             display.end()
             _cancel_leftovers(url, engine_db, run_id)
