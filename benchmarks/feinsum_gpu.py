@@ -4,7 +4,8 @@ For each space: ``tunefleet tune feinsum`` (embedded PostgreSQL, one local worke
 with a fixed budget for the batched face-mass einsum ``ifj,fe,fej->ei`` (default: 4 fields,
 35 volume nodes, 4 faces, 15 face nodes, 100000 elements, float64). Then the run is exported
 as a feinsum archive, feinsum's own ``query`` reads it back on the same device, and the archive
-is imported again (every row must come back as already present).
+is imported into the database again (as ``imported`` measurements, the cached results of
+feinsum-timed runs).
 
 Prints one line per space (evaluations by outcome, best GFLOP/s, wall time) and writes
 ``feinsum_gpu.json`` to ``--out``. Needs feinsum (Python >= 3.12) and an OpenCL device.

@@ -280,6 +280,9 @@ class _Flight:
     suggestions: list[Any] = field(default_factory=list)
 
 
+#: How long a run's lock may stay taken by a session that is ending (a coordinator just
+#: killed) before the run counts as driven by another coordinator (seconds).
+LOCK_GRACE_S = 3.0
 #: After losing the database mid-run, the coordinator keeps reconnecting this long (seconds).
 RECONNECT_FOR_S = 600.0
 _RECONNECT_FIRST_S = 0.2
@@ -371,7 +374,7 @@ class Coordinator:
         run = q.get_run(conn, run_id)
         if run is None:
             raise RunError(f"run {run_id} does not exist; check the id with `tunefleet status`")
-        if not q.try_lock_run(conn, run_id):
+        if not self._lock(conn, run_id):
             if ours_may_linger and run["coordinator_id"] == self.coordinator_id:
                 # Our previous session is still ending on the server (its lock goes with it).
                 raise _OwnLockLingers
@@ -382,6 +385,16 @@ class Coordinator:
                 if beat is not None
                 else f"run {run_id} is already driven by another coordinator; stop that one first"
             )
+
+    def _lock(self, conn: psycopg.Connection[Any], run_id: int) -> bool:
+        """Take the run's lock, allowing a killed coordinator's session a moment to end on
+        the server (its lock goes with it) before calling the run taken."""
+        deadline = time.monotonic() + LOCK_GRACE_S
+        while not q.try_lock_run(conn, run_id):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+        return True
 
 
 class _Session:

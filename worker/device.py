@@ -100,7 +100,12 @@ def select_device(pattern: str | None) -> DeviceInfo:
     matches = [
         d
         for d in devices
-        if needle in d.name.lower() or needle in d.platform.lower() or needle in d.device_class
+        # The OpenCL version string names the implementation ("... PoCL ..."), which the
+        # platform name of PoCL ("Portable Computing Language") does not.
+        if needle in d.name.lower()
+        or needle in d.platform.lower()
+        or needle in d.device_class
+        or needle in str(d.extra.get("opencl_version", "")).lower()
     ]
     if not matches:
         raise DeviceError(f"no OpenCL device matches {pattern!r}; {_listing(devices)}")

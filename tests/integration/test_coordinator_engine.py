@@ -73,6 +73,8 @@ def test_run_converges_to_the_known_optimum(db_url, db, tmp_path):
     )
     with fleet(db_url, 3, tmp_path) as procs:
         result = Coordinator(s, db_url).run(progress_callback=seen.append)
+        # Read while the workers still run: stopping, they give prefetched claims back.
+        counts = trial_counts(db, result.run_id)
     assert result.stop_reason == "target_gflops", (result, logs(procs))
     assert result.state == "finished"
     assert result.best_config == OPTIMUM
@@ -87,7 +89,7 @@ def test_run_converges_to_the_known_optimum(db_url, db, tmp_path):
     run = db.execute("SELECT * FROM tunefleet.run WHERE id = %s", (result.run_id,)).fetchone()
     assert (run["state"], run["stop_reason"]) == ("finished", "target_gflops")
     assert run["coordinator_id"] is None and run["finished_at"] is not None
-    assert trial_counts(db, result.run_id).get("pending", 0) == 0
+    assert counts.get("pending", 0) == 0
     # The queue followed the live workers: 2 x 3 heartbeating workers.
     assert max(p.queue_target for p in seen) == 6
     best = db.execute(
@@ -245,8 +247,9 @@ def test_a_second_coordinator_on_a_driven_run_is_refused(db_url, db):
 
 
 def test_resume_after_a_stop_continues_without_measuring_anything_twice(db_url, db, tmp_path):
-    # A queue deeper than the workers take, so the stop has pending trials to cancel.
-    s = settings(min_depth=8, problem_args={"duration": 0.02})
+    # A queue deeper than the workers take (they prefetch), so the stop has pending trials
+    # to cancel.
+    s = settings(min_depth=30, problem_args={"duration": 0.02})
     run_id = create_run(s, db_url)
     first = Coordinator(s, db_url)
 

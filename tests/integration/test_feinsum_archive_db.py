@@ -420,3 +420,18 @@ def test_imported_rows_warm_start_and_answer_runs_with_feinsums_timing(
             "SELECT median_s, config FROM tunefleet.best_per_run WHERE run_id = %s", (run_id,)
         ).fetchone()
         assert best["median_s"] == 1e-4 and best["config"]["n_e_per_wg_log2"] == 3
+
+
+def test_front_door_export_writes_feinsum_archives(db, db_url, cli_env, tmp_path):
+    run_id = _feinsum_run(db)
+    target = tmp_path / "front.sqlite"
+    argv = ["export", str(run_id), "--format", "feinsum-sqlite", "--db", db_url]
+    proc = _run_cli(cli_env, *argv, "-o", str(target))
+    assert proc.returncode == 0, proc.stderr
+    assert f"wrote 2 rows of run {run_id}" in proc.stderr
+    assert [f.runtime_in_sec for f in archive.read_facts(target)] == [3e-5, 2e-5]
+    again = _run_cli(cli_env, *argv, "-o", str(target))
+    assert "2 identical rows were already there" in again.stderr
+    missing = _run_cli(cli_env, *argv)
+    assert missing.returncode == 2 and "give -o PATH.sqlite" in missing.stderr
+    assert missing.stderr.count("\n") == 1

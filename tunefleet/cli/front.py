@@ -80,10 +80,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_show)
 
-    p = sub.add_parser("export", help="every finished trial of a run as CSV or JSON")
+    p = sub.add_parser(
+        "export", help="every finished trial of a run as CSV or JSON, or a feinsum archive"
+    )
     p.add_argument("run", type=run_id_arg, metavar="RUN")
     add_db_flag(p)
-    p.add_argument("--format", choices=("csv", "json"), default="csv")
+    p.add_argument(
+        "--format",
+        choices=("csv", "json", "feinsum-sqlite"),
+        default="csv",
+        help="feinsum-sqlite: append the run's measurements to a feinsum SQLite archive (-o)",
+    )
     p.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
     p.set_defaults(func=cmd_export)
 
@@ -492,6 +499,21 @@ _EXPORT_EMPTY_COLUMNS = ("run_id", "trial_id", "problem", "config", "state", "me
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    if args.format == "feinsum-sqlite":
+        from tunefleet.cli.feinsum import export_feinsum
+
+        if not args.output:
+            raise UsageError(
+                "--format feinsum-sqlite writes an SQLite file: give -o PATH.sqlite "
+                "(created if missing, appended to otherwise)"
+            )
+        written, skipped = export_feinsum(args.db, args.run, Path(args.output))
+        print(
+            f"wrote {written} rows of run {args.run} to {args.output}"
+            + (f" ({skipped} identical rows were already there)" if skipped else ""),
+            file=sys.stderr,
+        )
+        return 0
     with open_db(args.db) as conn:
         require_run(conn, args.run)
         rows = report.export_rows(conn, args.run)
@@ -547,16 +569,20 @@ def problem_rows() -> list[Row]:
         try:
             problem = get_problem(name)
             defaults = problem.normalise_args({})
-            space = problem.space(defaults)
             specs = getattr(problem, "arguments", ()) or ()
             row.update(
                 description=problem.description,
                 needs_opencl=problem.needs_opencl,
                 default_args=defaults,
                 arguments=[spec.to_json() for spec in specs],
-                parameters=space.names(),
-                space_size=space.size(),
             )
+            try:
+                space = problem.space(defaults)
+                row.update(parameters=space.names(), space_size=space.size())
+            except TunefleetError as exc:
+                # The problem loads but its space needs something this machine lacks (the
+                # feinsum problem's shipped spaces without feinsum): say so, list it anyway.
+                row.update(parameters=[], space_size=None, space_error=str(exc))
         except Exception as exc:  # one broken problem must not hide the others
             row.update(description=f"(unavailable: {exc})", error=str(exc))
         rows.append(row)
@@ -583,7 +609,10 @@ def cmd_problems(args: argparse.Namespace) -> int:
         else:
             defaults = " ".join(command_line_args(r["default_args"])) or "(none)"
             _out(f"  arguments  {defaults}")
-        _out(f"  space      {r['space_size']} points over {', '.join(r['parameters'])}")
+        if r.get("space_error"):
+            _out(f"  space      not known here: {r['space_error']}")
+        else:
+            _out(f"  space      {r['space_size']} points over {', '.join(r['parameters'])}")
         _out(f"  needs      {device}")
     _out("")
     _out("user problems: tunefleet tune path/to/problem.py (or module:attr)")
