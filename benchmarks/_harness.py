@@ -237,12 +237,13 @@ def summary(values: Sequence[float]) -> dict[str, float]:
 
 
 def fmt(value: Any, digits: int = 3) -> str:
+    """A table cell: ``digits`` decimals, whole numbers from 10,000 up (never an exponent)."""
     if value is None:
         return "-"
     if isinstance(value, float):
         if math.isnan(value):
             return "-"
-        return f"{value:.{digits}g}" if abs(value) >= 1e4 else f"{value:.{digits}f}"
+        return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.{digits}f}"
     return str(value)
 
 

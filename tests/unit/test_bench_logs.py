@@ -60,3 +60,12 @@ def test_a_log_without_debug_lines_yields_no_overhead(tmp_path: Path) -> None:
     )
     overhead, statements, _ = fleet_scaling.parse_logs([log], [0], {7})
     assert overhead == [] and statements == {}
+
+
+def test_table_cells_never_use_exponents() -> None:
+    import _harness
+
+    assert _harness.fmt(37876.4, 1) == "37,876"
+    assert _harness.fmt(1924.73, 1) == "1924.7"
+    assert _harness.fmt(None) == "-" and _harness.fmt(float("nan")) == "-"
+    assert _harness.fmt(7) == "7"
