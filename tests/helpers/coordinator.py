@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.settings import CoordinatorSettings
+from tests.helpers.queue_data import wait_until
+from tunefleet.db.engine import connect
 from tunefleet.problems.synthetic import FLOP_COUNT, OPTIMUM_SECONDS
 from worker.launch import WorkerProcess, start_workers, wait_all
 
@@ -48,10 +50,23 @@ def register_worker(
 @contextlib.contextmanager
 def fleet(db_url: str, n: int, log_dir: Path, **options: Any) -> Iterator[list[WorkerProcess]]:
     """``n`` real ``tunefleet worker --device host`` processes that wait for work until the
-    block ends, then stop gracefully (SIGKILL if they do not)."""
+    block ends, then stop gracefully (SIGKILL if they do not). The block starts once all ``n``
+    have registered, so a coordinator started in it sees the whole fleet as live."""
     opts: dict[str, Any] = {"drain": False, "poll_s": 0.05, "lease_s": 5, "prepare_workers": 0}
     workers = start_workers(db_url, n, log_dir=log_dir, **{**opts, **options})
     try:
+        pids = [w.pid for w in workers]
+
+        def registered() -> bool:
+            with connect(db_url) as conn:
+                row = conn.execute(
+                    "SELECT count(*) AS n FROM tunefleet.worker"
+                    " WHERE state = 'active' AND pid = ANY(%s)",
+                    (pids,),
+                ).fetchone()
+            return bool(row and row["n"] == n)
+
+        wait_until(registered, timeout=60, interval=0.1, what=f"{n} workers to register")
         yield workers
     finally:
         for w in workers:
