@@ -23,6 +23,8 @@ never concurrent (one device process, one request at a time).
 Shutdown: the first SIGTERM/SIGINT stops claiming, releases every held trial that is not being
 timed (back to pending, attempt not counted), lets the one being timed finish and records it,
 then exits 0. A second signal kills the children and exits at once; the leases expire.
+SIGUSR1 asks for the same graceful stop but never escalates: ``tunefleet tune`` makes it its
+workers' parent-death signal, which Linux sends once for every thread of the dying parent.
 """
 
 from __future__ import annotations
@@ -600,6 +602,7 @@ class Worker:
             return  # embedded in another program's thread: that program handles signals
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+        self._old_handlers[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, self._on_parent_gone)
         self._old_wakeup_fd = signal.set_wakeup_fd(self._wake_w.fileno())
 
     def _restore_signals(self) -> None:
@@ -608,6 +611,15 @@ class Worker:
         for sig, handler in self._old_handlers.items():
             signal.signal(sig, handler)
         signal.set_wakeup_fd(self._old_wakeup_fd)
+
+    def _on_parent_gone(self, signum: int, frame: FrameType | None) -> None:
+        if not self.stopping:
+            self.stopping = True
+            self.stop_deadline = time.monotonic() + self.settings.lease_s
+            log.warning(
+                "SIGUSR1: the process that started this worker is gone; finishing the trial "
+                "being timed, releasing the others, then exiting"
+            )
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.signals += 1

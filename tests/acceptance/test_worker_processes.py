@@ -298,6 +298,28 @@ def test_second_signal_exits_at_once_and_leaves_the_lease_to_expire(db_url, db, 
     assert trial_states(db, [tid]) == {tid: "running"}  # until the reaper sees the lease
 
 
+def test_repeated_parent_gone_signals_stop_gracefully_without_escalating(db_url, db, tmp_path):
+    """SIGUSR1 is the parent-death signal of the workers `tunefleet tune` starts; Linux sends it
+    once per thread of the dying parent, so a burst must not become the abort of a second
+    SIGTERM: the timed trial is still recorded and the worker marks itself stopped."""
+    run = insert_run(db, problem_args={"duration": 1.5})
+    ids = insert_trials(db, run, synthetic_configs(3))
+    w = start_worker(db_url, log_path=tmp_path / "w.log", lease_s=2, **FAST)
+    try:
+        wid = worker_id_of(db, w)
+        wait_until(lambda: "running" in trial_states(db, ids).values(), what="the claim")
+        time.sleep(0.3)
+        for _ in range(4):
+            w.send(signal.SIGUSR1)
+        assert w.wait(30) == 0, w.log()
+    finally:
+        w.kill()
+    assert "aborted" not in w.log()
+    assert sorted(trial_states(db, ids).values()) == ["done", "pending", "pending"], w.log()
+    worker = db.execute("SELECT state FROM tunefleet.worker WHERE id = %s", (wid,)).fetchone()
+    assert worker["state"] == "stopped"
+
+
 def test_max_trials_stops_claiming(db_url, db, tmp_path):
     run = insert_run(db, problem_args={"duration": 0})
     ids = insert_trials(db, run, synthetic_configs(4))

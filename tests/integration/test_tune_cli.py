@@ -15,6 +15,7 @@ import shlex
 import signal
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -208,13 +209,34 @@ def test_workers_stop_when_tune_is_killed_outright(home):
                 ).fetchone()
             return row["n"] == 0 and not any(_alive(pid) for pid in pids)
 
-        _wait_for(workers_gone, 60, "the orphaned worker to stop")
+        try:
+            _wait_for(workers_gone, 60, "the orphaned worker to stop")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{_fleet_report(home, pids)}") from None
     finally:
         if proc.poll() is None:
             proc.kill()
         for pid in pids:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _fleet_report(env: dict[str, str], pids: list[int]) -> str:
+    """What a failed orphan test needs: worker rows, process states and the worker logs."""
+    with embedded_conn(env) as conn:
+        rows = conn.execute(
+            "SELECT pid, state, heartbeat_at, stopped_at FROM tunefleet.worker"
+        ).fetchall()
+    lines = [f"worker rows: {rows}"]
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().split()[2]
+        except FileNotFoundError:
+            stat = "gone"
+        lines.append(f"pid {pid}: {stat}")
+    for log in sorted((Path(env["TUNEFLEET_HOME"]) / "logs").glob("*/*.log")):
+        lines.append(f"--- {log.name}\n" + "\n".join(log.read_text().splitlines()[-15:]))
+    return "\n".join(lines)
 
 
 def _alive(pid: int) -> bool:

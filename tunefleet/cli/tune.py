@@ -17,6 +17,8 @@ its trials back).
 from __future__ import annotations
 
 import argparse
+import functools
+import os
 import shlex
 import shutil
 import signal
@@ -196,7 +198,7 @@ class LocalWorkers:
                     stdout=fh,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,  # the terminal's Ctrl-C is ours to forward, once
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=functools.partial(_die_with_parent, os.getpid()),
                 )
             self.procs.append((proc, log))
 
@@ -219,16 +221,20 @@ class LocalWorkers:
                 proc.wait()
 
 
-def _die_with_parent() -> None:
-    """In the worker child before exec: get SIGTERM (a graceful stop) if this process dies
-    without stopping it, e.g. SIGKILLed. Linux only; elsewhere a no-op."""
+def _die_with_parent(parent_pid: int) -> None:
+    """In the worker child before exec: get SIGUSR1 (the worker's graceful stop that never
+    escalates) when this process dies without stopping it, e.g. SIGKILLed. Linux sends the
+    parent-death signal once per exiting thread of the parent, which is why it is not SIGTERM,
+    whose second delivery aborts a worker. Linux only; elsewhere a no-op."""
     try:
         import ctypes
 
         pr_set_pdeathsig = 1
-        ctypes.CDLL(None).prctl(pr_set_pdeathsig, int(signal.SIGTERM))
+        ctypes.CDLL(None).prctl(pr_set_pdeathsig, int(signal.SIGUSR1))
     except (OSError, AttributeError):
-        pass
+        return
+    if os.getppid() != parent_pid:  # the parent died before the request took effect
+        os._exit(1)
 
 
 def last_line(path: Path) -> str:
