@@ -333,6 +333,42 @@ def test_release_returns_trials_without_counting_an_attempt(db):
     ]
 
 
+@pytest.mark.parametrize("run_state", ["stopped", "finished"])
+def test_trials_of_a_run_no_longer_running_are_cancelled_not_requeued(db, run_state):
+    """A run stopped or finished while its trials were held: releasing or reaping them must not
+    put them back in the queue for someone to measure for nothing. They end ``cancelled`` (which
+    a resumed run enqueues again); a trial out of attempts still fails."""
+    run = insert_run(db)
+    ids = insert_trials(db, run, synthetic_configs(4))
+    released_id, reaped_id, spent_id, crashed_id = ids
+    db.execute("UPDATE tunefleet.trial SET max_attempts = 1 WHERE id = %s", (spent_id,))
+    w = make_worker(db)
+    [released] = claim(db, w, limit=1, lease_s=30)
+    claim(db, w, limit=2, lease_s=0.2)
+    claim(db, w, limit=1, lease_s=30)
+    db.execute("UPDATE tunefleet.run SET state = %s WHERE id = %s", (run_state, run))
+    time.sleep(0.3)
+    assert queue.release_trials(db, worker_id=w, held=[released.key]) == {released_id}
+    ended = queue.complete_trial(
+        db, trial_id=crashed_id, attempt=1, worker_id=w, state="failed", error="segfault"
+    )
+    assert ended == "cancelled"
+    reaped = queue.reap_expired_leases(db)
+    assert reaped is not None
+    assert {r.trial_id: r.state for r in reaped} == {reaped_id: "cancelled", spent_id: "failed"}
+    rows = db.execute(
+        "SELECT id, state, lease_owner, lease_expires_at, finished_at FROM tunefleet.trial"
+        " ORDER BY id"
+    ).fetchall()
+    assert [r["state"] for r in rows] == ["cancelled", "cancelled", "failed", "cancelled"]
+    assert all(r["finished_at"] is not None and r["lease_expires_at"] is None for r in rows)
+    assert [r["lease_owner"] is None for r in rows] == [True, True, False, True]
+    assert [a["outcome"] for a in attempts_of(db, released_id)] == ["released"]
+    assert [a["outcome"] for a in attempts_of(db, reaped_id)] == ["lease_expired"]
+    assert [a["outcome"] for a in attempts_of(db, crashed_id)] == ["failed"]
+    assert claim(db, make_worker(db), limit=4) == []
+
+
 def test_device_lock_is_exclusive_per_host_fingerprint_and_index(db_url, db):
     other = connect(db_url)
     try:

@@ -372,12 +372,13 @@ def complete_trial(
 
     ``state`` is how the attempt ended: ``done`` (needs ``measurement``), ``invalid`` or
     ``timed_out`` (terminal), or ``failed`` (the evaluator died or raised): a failed attempt
-    sends the trial back to ``pending`` while ``attempt < max_attempts`` and makes it
-    ``failed`` (quarantined) after that. Returns the trial's new state, or ``None`` when the
-    guard ``id, attempt, lease_owner, state = 'running'`` matched nothing: a zombie's result,
-    which the caller drops (nothing was written).
+    sends the trial back to ``pending`` while ``attempt < max_attempts`` (``cancelled`` if its
+    run is no longer ``running``) and makes it ``failed`` (quarantined) after that. Returns
+    the trial's new state, or ``None`` when the guard ``id, attempt, lease_owner,
+    state = 'running'`` matched nothing: a zombie's result, which the caller drops (nothing
+    was written).
 
-    Locking: the trial row and its attempt row, for the statement.
+    Locking: the trial row and its attempt row, for the statement; the run row is only read.
     """
     if state not in COMPLETION_STATES:
         raise ValueError(f"completion state must be one of {COMPLETION_STATES}, got {state!r}")
@@ -409,15 +410,19 @@ def complete_trial(
         """
         WITH ended AS (
             UPDATE tunefleet.trial t
-               SET state = CASE WHEN %(state)s::text = 'failed' AND t.attempt < t.max_attempts
-                                THEN 'pending' ELSE %(state)s::text END,
+               SET state = CASE WHEN %(state)s::text <> 'failed' OR t.attempt >= t.max_attempts
+                                THEN %(state)s::text
+                                WHEN r.state = 'running' THEN 'pending'
+                                ELSE 'cancelled' END,
                    lease_owner = CASE WHEN %(state)s = 'failed' AND t.attempt < t.max_attempts
                                       THEN NULL ELSE t.lease_owner END,
                    finished_at = CASE WHEN %(state)s = 'failed' AND t.attempt < t.max_attempts
+                                       AND r.state = 'running'
                                       THEN NULL ELSE now() END,
                    lease_expires_at = NULL,
                    error = %(error)s
-             WHERE t.id = %(trial_id)s AND t.attempt = %(attempt)s
+              FROM tunefleet.run r
+             WHERE t.id = %(trial_id)s AND t.attempt = %(attempt)s AND r.id = t.run_id
                AND t.lease_owner = %(worker_id)s AND t.state = 'running'
          RETURNING t.id, t.run_id, t.attempt, t.state, t.config, t.config_hash
         ), recorded AS (
@@ -478,11 +483,13 @@ def release_trials(
     reason: str = "released by the worker at shutdown",
 ) -> set[int]:
     """Give held claims back (graceful shutdown): ``pending`` again with the attempt not
-    counted (``attempt - 1``), lease cleared, the attempt row marked ``released``. Returns the
+    counted (``attempt - 1``), lease cleared, the attempt row marked ``released``. A trial of a
+    run that is no longer ``running`` (stopped or finished meanwhile) becomes ``cancelled``
+    instead, so nobody measures it for nothing; resuming the run enqueues it again. Returns the
     ids released; claims no longer ours are left alone.
 
     Fenced like a completion. Locking: the held rows and their attempt rows, for the
-    statement.
+    statement; the run rows are only read.
     """
     if not held:
         return set()
@@ -491,10 +498,13 @@ def release_trials(
         """
         WITH given AS (
             UPDATE tunefleet.trial t
-               SET state = 'pending', attempt = t.attempt - 1, lease_owner = NULL,
+               SET state = CASE WHEN r.state = 'running' THEN 'pending' ELSE 'cancelled' END,
+                   finished_at = CASE WHEN r.state = 'running' THEN NULL ELSE now() END,
+                   attempt = t.attempt - 1, lease_owner = NULL,
                    lease_expires_at = NULL, started_at = NULL
-              FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS h(id, attempt)
-             WHERE t.id = h.id AND t.attempt = h.attempt
+              FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS h(id, attempt),
+                   tunefleet.run r
+             WHERE t.id = h.id AND t.attempt = h.attempt AND r.id = t.run_id
                AND t.lease_owner = %(worker_id)s AND t.state = 'running'
          RETURNING t.id, h.attempt
         ), recorded AS (
@@ -519,8 +529,9 @@ def reap_expired_leases(
 ) -> list[ReapedTrial] | None:
     """Requeue running trials whose lease expired (database clock): back to ``pending`` while
     attempts remain, else ``failed`` with ``lease expired N times``; the attempt row of the
-    expired claim ends ``lease_expired``. Returns what was reaped, or ``None`` when another
-    session is reaping right now (nothing to do here then).
+    expired claim ends ``lease_expired``. A trial whose run is no longer ``running`` becomes
+    ``cancelled`` rather than ``pending`` (resuming the run enqueues it again). Returns what was
+    reaped, or ``None`` when another session is reaping right now (nothing to do here then).
 
     Serialised across the fleet by ``pg_try_advisory_xact_lock`` (a second reaper does not
     wait, it skips). Locking: one short transaction holding that advisory lock and the expired
@@ -537,7 +548,7 @@ def reap_expired_leases(
         rows = conn.execute(
             """
             WITH expired AS (
-                SELECT id, attempt, lease_owner FROM tunefleet.trial
+                SELECT id, run_id, attempt, max_attempts, lease_owner FROM tunefleet.trial
                  WHERE state = 'running' AND lease_expires_at < now()
                  ORDER BY lease_expires_at
                  LIMIT %(limit)s
@@ -546,20 +557,22 @@ def reap_expired_leases(
                 SELECT e.id, e.attempt, e.lease_owner,
                        1 + (SELECT count(*) FROM tunefleet.attempt a
                              WHERE a.trial_id = e.id AND a.outcome = 'lease_expired')
-                         AS expiries
+                         AS expiries,
+                       CASE WHEN e.attempt >= e.max_attempts THEN 'failed'
+                            WHEN r.state = 'running' THEN 'pending'
+                            ELSE 'cancelled' END AS next_state
                   FROM expired e
+                  JOIN tunefleet.run r ON r.id = e.run_id
             ), requeued AS (
                 UPDATE tunefleet.trial t
-                   SET state = CASE WHEN t.attempt < t.max_attempts
-                                    THEN 'pending' ELSE 'failed' END,
-                       lease_owner = CASE WHEN t.attempt < t.max_attempts
-                                          THEN NULL ELSE t.lease_owner END,
-                       finished_at = CASE WHEN t.attempt < t.max_attempts
-                                          THEN NULL ELSE now() END,
+                   SET state = c.next_state,
+                       lease_owner = CASE WHEN c.next_state = 'failed'
+                                          THEN t.lease_owner END,
+                       finished_at = CASE WHEN c.next_state <> 'pending' THEN now() END,
                        lease_expires_at = NULL,
-                       error = CASE WHEN t.attempt < t.max_attempts
-                                    THEN format('lease expired on attempt %%s', t.attempt)
-                                    ELSE format('lease expired %%s times', c.expiries) END
+                       error = CASE WHEN c.next_state = 'failed'
+                                    THEN format('lease expired %%s times', c.expiries)
+                                    ELSE format('lease expired on attempt %%s', t.attempt) END
                   FROM counted c
                  WHERE t.id = c.id
              RETURNING t.id, t.state, c.attempt, c.lease_owner
