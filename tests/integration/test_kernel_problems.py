@@ -62,7 +62,7 @@ def test_default_configuration_validates_and_times(session, name):
     assert all(s > 0 for s in outcome.samples_s)
     assert outcome.min_s == min(outcome.samples_s) <= outcome.median_s
     assert outcome.protocol == PROTOCOL.to_json()
-    assert outcome.validation["ok"] and outcome.validation["args"] == args
+    assert outcome.validation["passed"] and outcome.validation["args"] == args
     assert outcome.gbps and outcome.gbps > 0
     assert (outcome.gflops is None) == (name == "transpose")
     assert outcome.compile_s and outcome.compile_s > 0

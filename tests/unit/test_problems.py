@@ -155,15 +155,15 @@ def test_compare_reports_wrong_numbers_and_nans():
     assert isinstance(gemm, KernelProblem)
     want = {"c": np.ones((2, 3))}
     ok = gemm.compare(want, {"c": np.ones(6, dtype=np.float32) + 1e-6})
-    assert ok["ok"] and ok["outputs"]["c"]["tolerance"] == 1e-4
+    assert ok["passed"] and ok["outputs"]["c"]["tolerance"] == 1e-4
     bad = gemm.compare(want, {"c": np.full(6, 1.01, dtype=np.float32)})
-    assert not bad["ok"] and "wrong numbers (max error 0.01" in bad["reason"]
+    assert not bad["passed"] and "wrong numbers (max error 0.01" in bad["reason"]
     nan = np.ones(6)
     nan[2] = np.nan
     verdict = gemm.compare(want, {"c": nan})
-    assert not verdict["ok"] and "1 of 6 outputs are NaN" in verdict["reason"]
-    assert gemm.compare({"x": np.arange(3)}, {"x": np.arange(3)})["ok"]
-    assert not gemm.compare({"x": np.arange(3)}, {"x": np.arange(3) + 1})["ok"]
+    assert not verdict["passed"] and "1 of 6 outputs are NaN" in verdict["reason"]
+    assert gemm.compare({"x": np.arange(3)}, {"x": np.arange(3)})["passed"]
+    assert not gemm.compare({"x": np.arange(3)}, {"x": np.arange(3) + 1})["passed"]
 
 
 def test_registry_lists_builtins_with_arguments():

@@ -120,7 +120,7 @@ def test_prepare_measure_and_export_are_read_by_feinsum(tmp_path: Path):
     prepared = problem.prepare(args, config, device)
     outcome = problem.measure(prepared, session, Protocol(min_seconds=0.01))
     assert outcome.state == "done", outcome.error
-    assert outcome.validation["ok"] is True
+    assert outcome.validation["passed"] is True
     assert outcome.median_s and outcome.median_s > 0 and outcome.gflops and outcome.gflops > 0
     fact = outcome.versions[archive.FACT_KEY]
     assert (

@@ -323,7 +323,7 @@ def measure_with_feinsum(
         return Outcome(
             state="invalid",
             error=f"wrong results (feinsum's validation): {first}"[:4000],
-            validation={"ok": False, "by": "feinsum", "reason": first},
+            validation={"passed": False, "by": "feinsum", "reason": first},
             **base,
         )
     flops = float(base.get("flop_count") or 0.0)
@@ -336,7 +336,7 @@ def measure_with_feinsum(
         gflops=flops / runtime / 1e9 if flops > 0 else None,
         gbps=nbytes / runtime / 1e9 if nbytes > 0 else None,
         compile_s=None,
-        validation={"ok": True, "by": "feinsum", "long_dim_length": VALIDATION_LONG_DIM},
+        validation={"passed": True, "by": "feinsum", "long_dim_length": VALIDATION_LONG_DIM},
         details={"feinsum_timeit_s": time.perf_counter() - started},
         **base,
     )

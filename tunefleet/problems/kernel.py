@@ -298,7 +298,7 @@ class KernelProblem(Problem):
             return invalid(f"kernel launch failed at the validation size: {_first_line(exc)}")
         verdict = self.compare(expected, {k: outputs[k].get() for k in expected})
         verdict["args"] = val.args
-        if not verdict["ok"]:
+        if not verdict["passed"]:
             return invalid(verdict["reason"], verdict)
 
         # 2. timing at the target size
@@ -345,7 +345,7 @@ class KernelProblem(Problem):
         )
 
     def compare(self, expected: Mapping[str, Any], got: Mapping[str, Any]) -> dict[str, Any]:
-        """Validation verdict: ``ok``, ``reason``, and per output the scaled error and the
+        """Validation verdict: ``passed``, ``reason``, and per output the scaled error and the
         tolerance it was held to."""
         per_output: dict[str, Any] = {}
         for name, want in expected.items():
@@ -355,7 +355,7 @@ class KernelProblem(Problem):
             if have.dtype.kind in "fc" and not np.isfinite(have).all():
                 bad = int(have.size - np.isfinite(have).sum())
                 return {
-                    "ok": False,
+                    "passed": False,
                     "reason": f"{name}: {bad} of {have.size} outputs are NaN or infinite "
                     "(not written, or a wrong computation)",
                     "outputs": per_output,
@@ -368,12 +368,12 @@ class KernelProblem(Problem):
             per_output[name] = {"max_rel_error": err, "tolerance": tol, "dtype": have.dtype.name}
             if not err <= tol:
                 return {
-                    "ok": False,
+                    "passed": False,
                     "reason": f"{name}: wrong numbers (max error {err:.3g} relative to the "
                     f"largest reference value; {have.dtype.name} tolerance {tol:g})",
                     "outputs": per_output,
                 }
-        return {"ok": True, "reason": "", "outputs": per_output}
+        return {"passed": True, "reason": "", "outputs": per_output}
 
     def _target_inputs(self, args: Mapping[str, Any], seed: int, session: Any) -> dict[str, Any]:
         key = (
