@@ -112,6 +112,15 @@ def _face_mass_grid() -> list[dict[str, Any]]:
                 for re in (1, 2, 4):
                     out.append(_fm(wi, we, re, fields=fields, stage="face"))
     out += [_fm(8, we, re, fields="group", stage="face") for we in (16, 32, 64) for re in (2, 4)]
+    # Eight elements per work-item: each staged operator value feeds more multiply-adds, which
+    # is what float64 needs once the local-memory loads, not DRAM, are the limit.
+    out += [
+        _fm(wi, we, 8, fields=fields, stage="face", po=po)
+        for wi in (5, 7)
+        for fields in ("group", "loop")
+        for we in (8, 16, 32)
+        for po in (True, False)
+    ]
     return out
 
 
@@ -219,6 +228,9 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     parser.add_argument("--skip-vendor", action="store_true")
     parser.add_argument("--small", action="store_true", help="tiny sizes: a smoke test on a CPU")
+    parser.add_argument(
+        "--only", default=None, help="comma-separated problems to measure (default: all)"
+    )
     opts = parser.parse_args()
     sizes: dict[str, dict[str, Any]] = {
         "gemm": dict(GEMM_ARGS),
@@ -296,6 +308,9 @@ def main() -> int:
             for c in random_configs(spec, args_of[spec], count, seed)
         ]
 
+    if opts.only:
+        wanted = set(opts.only.split(","))
+        jobs = [job for job in jobs if job[1] in wanted]
     protocol = Protocol()
     pool = cf.ProcessPoolExecutor(opts.workers, mp_context=multiprocessing.get_context("spawn"))
     futures = [pool.submit(_prepare, spec, args, cfg, device) for _, spec, args, cfg in jobs]

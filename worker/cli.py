@@ -70,6 +70,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="code-generation processes; 0 prepares in the device process (default 1)",
     )
     p.add_argument(
+        "--prebuild",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="code-generation processes also compile on the device, so the device process "
+        "only times (default on; --no-prebuild saves their device contexts)",
+    )
+    p.add_argument(
         "--poll",
         type=float,
         metavar="SECONDS",
@@ -119,6 +126,7 @@ def run_worker(args: argparse.Namespace) -> int:
         prefetch=args.prefetch,
         prepare_workers=args.prepare_workers,
         poll_s=args.poll,
+        prebuild=args.prebuild,
     )
     url = database_url(settings.db)
     return Worker(settings, url).run()

@@ -334,7 +334,7 @@ class Worker:
                 break
             c = held.claim
             child.submit(
-                Prepare(c.problem, c.problem_args, c.config, self.device),
+                Prepare(c.problem, c.problem_args, c.config, self.device, self.settings.prebuild),
                 self._timeout(c),
                 tag=c.key,
             )

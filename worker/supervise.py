@@ -3,8 +3,10 @@ parent-side handle that gives each request a deadline and kills, reports and res
 that hangs or dies.
 
 Two roles use the same machinery: the *device process* (discovers and opens the OpenCL device,
-then times prepared configurations; it is the only process of a worker that touches OpenCL)
-and the *code-generation processes* (``Problem.prepare``, CPU only). Children are started with
+then times prepared configurations; it is the only process of a worker that launches kernels)
+and the *code-generation processes* (``Problem.prepare``; with prebuild on, they also open a
+context on the same device and compile there, never launch, so that the device process's
+build is a cache hit). Children are started with
 the ``spawn`` method: OpenCL and driver state never cross a ``fork``.
 
 A child ignores SIGINT and SIGTERM (a Ctrl-C or a batch system's SIGTERM to the whole process
@@ -50,10 +52,14 @@ class Open:
 
 @dataclass(frozen=True)
 class Prepare:
+    """Generate code for one configuration; with ``prebuild`` also compile it on the device
+    in this process (see :meth:`~tunefleet.problems.base.Problem.prebuild`)."""
+
     problem: str
     args: dict[str, Any]
     config: dict[str, Any]
     device: DeviceInfo
+    prebuild: bool = False
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,9 @@ class Reply:
 @dataclass
 class _ChildState:
     session: Any = None
+    #: Why a code-generation process could not open its own device session (then it only
+    #: generates code).
+    session_error: str | None = None
     problems: dict[str, Any] = field(default_factory=dict)
 
     def problem(self, spec: str) -> Any:
@@ -150,7 +159,10 @@ def _handle(state: _ChildState, request: Any) -> Any:
         return None
     if isinstance(request, Prepare):
         problem = state.problem(request.problem)
-        return problem.prepare(request.args, request.config, request.device)
+        prepared = problem.prepare(request.args, request.config, request.device)
+        if request.prebuild and problem.needs_opencl:
+            _prebuild(state, problem, prepared, request.device)
+        return prepared
     if isinstance(request, Measure):
         from tunefleet.problems.base import Protocol
 
@@ -165,6 +177,30 @@ def _handle(state: _ChildState, request: Any) -> Any:
             )
         return problem.measure(prepared, state.session, Protocol.from_json(request.protocol))
     raise TypeError(f"unknown request {type(request).__name__}")
+
+
+def _prebuild(state: _ChildState, problem: Any, prepared: Any, device: DeviceInfo) -> None:
+    """Compile on the device from this code-generation process, so the device process's own
+    build is a cache hit and the device spends its time timing. Never fails the trial: the
+    device process builds (and reports) anyway."""
+    if state.session is None and state.session_error is None:
+        from worker.device import open_session
+
+        try:
+            state.session = open_session(device)
+        except Exception as exc:
+            state.session_error = describe_exception(exc)
+            log.warning(
+                "code generation cannot open the device, so builds stay with the "
+                "device process: %s",
+                state.session_error,
+            )
+    if state.session is None:
+        return
+    try:
+        problem.prebuild(prepared, state.session)
+    except Exception as exc:
+        log.debug("prebuild failed (the device process will build): %s", exc)
 
 
 def describe_exception(exc: BaseException) -> str:

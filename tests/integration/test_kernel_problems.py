@@ -261,3 +261,52 @@ def test_prepare_in_a_pool_process_then_measure_here(session):
     outcome = get_problem("transpose").measure(prepared, session, PROTOCOL)
     assert outcome.state == "done", outcome.error
     assert outcome.details["codegen_s"] > 0
+
+
+def _cache_files(path: Path) -> list[Path]:
+    return [p for p in path.rglob("*") if p.is_file()] if path.exists() else []
+
+
+def test_prebuild_in_a_code_generation_process_compiles_on_the_device(tmp_path, monkeypatch):
+    """With prebuild, the code-generation process compiles on the device itself (PoCL's kernel
+    cache fills there), the prepared kernel still measures in the device process, and a device
+    the code-generation process cannot open only costs the prebuild, never the trial."""
+    from worker.device import list_devices
+    from worker.supervise import Child, Measure, Open, Prepare
+
+    device = list_devices()[0]
+    problem = get_problem("face_mass")
+    args = problem.normalise_args({"n_elements": 37, "n_fields": 3})
+    config = problem.default_config(args)
+    monkeypatch.setenv("PYOPENCL_NO_CACHE", "1")  # only the device's own build cache counts
+    caches = {}
+    for prebuild in (False, True):
+        caches[prebuild] = tmp_path / f"kcache-{prebuild}"
+        monkeypatch.setenv("POCL_CACHE_DIR", str(caches[prebuild]))
+        codegen = Child("codegen")
+        try:
+            reply = codegen.call(Prepare("face_mass", args, config, device, prebuild), 120)
+        finally:
+            codegen.close()
+        assert reply.kind == "ok", reply.message
+        prepared = reply.value
+    assert _cache_files(caches[False]) == []
+    assert _cache_files(caches[True]), "the prebuild compiled nothing on the device"
+
+    measurer = Child("device")
+    try:
+        assert measurer.call(Open(device), 60).kind == "ok"
+        out = measurer.call(
+            Measure("face_mass", args, config, device, PROTOCOL.to_json(), prepared), 120
+        )
+    finally:
+        measurer.close()
+    assert out.kind == "ok" and out.value.state == "done", out.message or out.value.error
+
+    gone = dataclasses.replace(device, index=99)
+    codegen = Child("codegen")
+    try:
+        reply = codegen.call(Prepare("face_mass", args, config, gone, prebuild=True), 120)
+    finally:
+        codegen.close()
+    assert reply.kind == "ok" and isinstance(reply.value, PreparedKernel)

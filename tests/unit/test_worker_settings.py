@@ -9,12 +9,13 @@ from worker.settings import DEFAULT_LEASE_S, DEFAULT_TIMEOUT_S, WorkerSettings
 
 
 def test_defaults(monkeypatch):
-    for name in ("LEASE", "TIMEOUT", "DRAIN", "DEVICE", "MAX_TRIALS", "PREFETCH"):
+    for name in ("LEASE", "TIMEOUT", "DRAIN", "DEVICE", "MAX_TRIALS", "PREFETCH", "PREBUILD"):
         monkeypatch.delenv(f"TUNEFLEET_WORKER_{name}", raising=False)
     s = WorkerSettings.build(db="postgresql://u@h/db")
     assert s.lease_s == DEFAULT_LEASE_S == 30 and s.timeout_s == DEFAULT_TIMEOUT_S
     assert s.heartbeat_s == pytest.approx(10) and not s.drain and s.device is None
     assert s.capacity == 2 and s.db.url == "postgresql://u@h/db"
+    assert s.prebuild is True
 
 
 def test_flag_beats_environment_beats_default(monkeypatch):
@@ -25,6 +26,9 @@ def test_flag_beats_environment_beats_default(monkeypatch):
     assert s.lease_s == 3.0 and s.heartbeat_s == pytest.approx(1.0)
     assert s.drain is True and s.device == "pocl"
     assert WorkerSettings.build(db="postgresql://u@h/db").lease_s == 6.0
+    monkeypatch.setenv("TUNEFLEET_WORKER_PREBUILD", "no")
+    assert WorkerSettings.build(db="postgresql://u@h/db").prebuild is False
+    assert WorkerSettings.build(db="postgresql://u@h/db", prebuild=True).prebuild is True
 
 
 @pytest.mark.parametrize(

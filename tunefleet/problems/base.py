@@ -220,6 +220,14 @@ class Problem(ABC):
         process pool ahead of timing. Returns something picklable for :meth:`measure`.
         Raises :class:`~tunefleet.errors.InvalidConfiguration` for illegal points."""
 
+    def prebuild(self, prepared: Any, session: Any) -> None:
+        """Optional, in a code-generation process with its own session on the same device:
+        compile ``prepared`` for the device ahead of :meth:`measure`, so that OpenCL's build
+        caches (the driver's, PoCL's, pyopencl's) answer the device process's build at once.
+        Must not change ``prepared``; failures are left for :meth:`measure` to report. The
+        default does nothing."""
+        return None
+
     @abstractmethod
     def measure(self, prepared: Any, session: Any, protocol: Protocol) -> Outcome:
         """Validate and time a prepared configuration on the device, in the worker's

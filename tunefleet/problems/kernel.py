@@ -240,6 +240,13 @@ class KernelProblem(Problem):
             codegen_s=time.perf_counter() - t0,
         )
 
+    def prebuild(self, prepared: Any, session: Any) -> None:
+        if not isinstance(prepared, PreparedKernel) or session is None:
+            return
+        for built in (prepared.validation, prepared.target):
+            if built is not None:
+                _Launcher.create(built, session)  # a failed build is measure's to report
+
     # --- measure: in the device process ------------------------------------------------------
     def measure(self, prepared: Any, session: Any, protocol: Protocol) -> Outcome:
         if not isinstance(prepared, PreparedKernel):
