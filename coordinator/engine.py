@@ -447,6 +447,7 @@ class _Session:
         self.stats = RunStats()
         self.flights: dict[str, _Flight] = {}
         self.live_workers = 0
+        self.live_capacity = 0
         self.target = 0
         self._elapsed_at = (float(row["elapsed_s"]), time.monotonic())
         self._rng = random.Random(run_id)
@@ -488,7 +489,7 @@ class _Session:
                     return external
             if now - last_live >= s.heartbeat_s:
                 last_live = now
-                self.live_workers = q.count_live_workers(
+                self.live_workers, self.live_capacity = q.count_live_workers(
                     self.conn, self.device_class, s.worker_alive_s
                 )
             outcomes = q.fetch_unreported(self.conn, self.run_id)
@@ -604,7 +605,9 @@ class _Session:
         left = None
         if self.budget.max_trials is not None:
             left = self.budget.max_trials - self.stats.finished
-        self.target = queue_target(self.live_workers, s.depth_factor, s.min_depth, left)
+        self.target = queue_target(
+            self.live_workers, s.depth_factor, s.min_depth, left, self.live_capacity
+        )
         need = self.target - len(self.flights)
         if need <= 0:
             return 0

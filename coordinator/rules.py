@@ -3,12 +3,14 @@
 Pure functions and small classes, no database and no OpenTuner, so every rule is unit-tested.
 
 Queue depth
-    ``target = max(min_depth, ceil(depth_factor * live_workers))`` pending + running trials,
-    where ``live_workers`` are the workers able to serve the run (its device class; every
-    class for runs of class ``any``) whose heartbeat is recent. With the defaults
-    (factor 2, minimum 1) each worker finds a next trial waiting when it finishes one, and a
-    run without workers keeps one trial queued for the first worker that arrives. The target
-    never exceeds what is left of ``max_trials``.
+    ``target = max(min_depth, ceil(depth_factor * live_workers), capacity)`` pending +
+    running trials, where ``live_workers`` are the workers able to serve the run (its device
+    class; every class for runs of class ``any``) whose heartbeat is recent and ``capacity``
+    the trials they hold at most, summed (1 + prefetch each). With the defaults (factor 2,
+    minimum 1, prefetch 1) each worker finds a next trial waiting when it finishes one, a
+    worker with a deep prefetch finds enough to prepare ahead, and a run without workers keeps
+    one trial queued for the first worker that arrives. The target never exceeds what is left
+    of ``max_trials``.
 
 Trial timeout (``trial.timeout_s``)
     ``None`` (the worker's default) until the run has a measured result; afterwards
@@ -44,10 +46,14 @@ COMPILE_FACTOR = 3.0
 
 
 def queue_target(
-    live_workers: int, depth_factor: float, min_depth: int, budget_left: int | None = None
+    live_workers: int,
+    depth_factor: float,
+    min_depth: int,
+    budget_left: int | None = None,
+    capacity: int = 0,
 ) -> int:
     """How many trials of the run should be pending or running."""
-    target = max(min_depth, math.ceil(depth_factor * max(live_workers, 0)))
+    target = max(min_depth, math.ceil(depth_factor * max(live_workers, 0)), capacity)
     if budget_left is not None:
         target = min(target, max(budget_left, 0))
     return target

@@ -172,6 +172,7 @@ class Worker:
             device_id=self.device_id,
             device_class=self.device.device_class,
             version=__version__,
+            capacity=self.settings.capacity,
         )
         self._open_device()
         self.heartbeat = Heartbeat(

@@ -32,17 +32,22 @@ def settings(**kw: Any) -> CoordinatorSettings:
 
 
 def register_worker(
-    db: Any, device_class: str = "host-cpu", age_s: float = 0.0, state: str = "active"
+    db: Any,
+    device_class: str = "host-cpu",
+    age_s: float = 0.0,
+    state: str = "active",
+    capacity: int = 2,
 ) -> uuid.UUID:
     """A worker row without a process: counts as live (heartbeat ``age_s`` ago) but never
     claims, so the trials queued for it stay pending."""
     worker_id = uuid.uuid4()
     db.execute(
         """
-        INSERT INTO tunefleet.worker (id, host, pid, device_class, version, heartbeat_at, state)
-        VALUES (%s, 'test', %s, %s, 'test', now() - make_interval(secs => %s), %s)
+        INSERT INTO tunefleet.worker
+               (id, host, pid, device_class, version, heartbeat_at, state, capacity)
+        VALUES (%s, 'test', %s, %s, 'test', now() - make_interval(secs => %s), %s, %s)
         """,
-        (worker_id, os.getpid(), device_class, age_s, state),
+        (worker_id, os.getpid(), device_class, age_s, state, capacity),
     )
     return worker_id
 

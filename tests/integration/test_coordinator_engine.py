@@ -92,6 +92,7 @@ def test_run_converges_to_the_known_optimum(db_url, db, tmp_path):
     assert counts.get("pending", 0) == 0
     # The queue followed the live workers: 2 x 3 heartbeating workers.
     assert max(p.queue_target for p in seen) == 6
+    assert {w["capacity"] for w in db.execute("SELECT capacity FROM tunefleet.worker")} == {2}
     best = db.execute(
         "SELECT config FROM tunefleet.best_per_run WHERE run_id = %s", (result.run_id,)
     ).fetchone()
@@ -112,6 +113,20 @@ def done_configs(db: Any, run_id: int) -> list[dict[str, Any]]:
         (run_id,),
     ).fetchall()
     return [r["config"] for r in rows]
+
+
+def test_the_queue_covers_what_prefetching_workers_hold(db_url, db, tmp_path):
+    """Workers started with --prefetch 4 hold up to 5 trials each: the coordinator keeps 2 x 5
+    queued, not the 2 x 2 of its depth factor, so their prefetch has something to claim."""
+    seen: list[Progress] = []
+    s = settings(problem_args={"duration": 0.02}, max_trials=60)
+    with fleet(db_url, 2, tmp_path, prefetch=4) as procs:
+        result = Coordinator(s, db_url).run(progress_callback=seen.append)
+    assert result.stop_reason == "max_trials", (result, logs(procs))
+    rows = db.execute("SELECT capacity FROM tunefleet.worker").fetchall()
+    assert [r["capacity"] for r in rows] == [5, 5]
+    assert max(p.queue_target for p in seen) == 10
+    assert measured_twice(db) == []
 
 
 def test_cache_answers_measured_configurations_without_the_queue(db_url, db, tmp_path):

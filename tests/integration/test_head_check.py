@@ -15,9 +15,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tunefleet.db import migrate
 from tunefleet.db.engine import check_at_head, connect, current_revision, database_url
-from tunefleet.db.migrate import downgrade, head_revision
+from tunefleet.db.migrate import downgrade, head_revision, upgrade
 from tunefleet.errors import SchemaOutOfDate
 from tunefleet.settings import DatabaseSettings
 
@@ -78,17 +77,25 @@ def test_downgraded_database_is_refused_and_the_named_command_fixes_it(cli, db_u
     assert cli.ok("db", "check", "--db", db_url).startswith("database at revision")
 
 
-def test_database_behind_an_older_revision_names_both_revisions(
-    db: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Until a second migration exists, pretend the code's head is one step further."""
-    monkeypatch.setattr(migrate, "head_revision", lambda: "0099_future")
-    monkeypatch.setattr(migrate, "is_known_revision", lambda rev: True)
-    with pytest.raises(SchemaOutOfDate) as info:
-        check_at_head(db, url_hint="postgresql://u@h/db")
+def test_database_behind_an_older_revision_names_both_revisions(empty_db_url: str) -> None:
+    """A database one migration behind (at 0001_initial, with a run stored): refused with both
+    revisions and the fix; the fix keeps what is stored."""
+    upgrade(empty_db_url, "0001_initial")
+    with connect(empty_db_url) as conn:
+        conn.execute(
+            "INSERT INTO tunefleet.run (problem, space, device_class, cache_key)"
+            " VALUES ('p', '{}'::jsonb, 'any', 'k')"
+        )
+        with pytest.raises(SchemaOutOfDate) as info:
+            check_at_head(conn, url_hint="postgresql://u@h/db")
     message = str(info.value)
-    assert "at revision 0001_initial, this tunefleet needs 0099_future" in message
+    assert f"at revision 0001_initial, this tunefleet needs {head_revision()}" in message
     assert "`tunefleet db upgrade --db postgresql://u@h/db`" in message
+    upgrade(empty_db_url)
+    with connect(empty_db_url) as conn:
+        check_at_head(conn, url_hint="postgresql://u@h/db")
+        row = conn.execute("SELECT count(*) AS n FROM tunefleet.run").fetchone()
+    assert row is not None and row["n"] == 1
 
 
 def test_database_newer_than_this_tunefleet_is_refused_and_not_touched(

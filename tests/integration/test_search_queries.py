@@ -202,15 +202,15 @@ def test_taking_a_run_sets_the_owner_and_replaces_only_given_budget_values(db):
 
 
 def test_live_workers_are_counted_per_class_and_by_heartbeat(db):
-    for device_class in ("nvidia-h200", "nvidia-h200", "host-cpu"):
-        register_worker(db, device_class)
+    for device_class, capacity in (("nvidia-h200", 9), ("nvidia-h200", 2), ("host-cpu", 2)):
+        register_worker(db, device_class, capacity=capacity)
     register_worker(db, "nvidia-h200", age_s=300)  # quiet for five minutes
     register_worker(db, "nvidia-h200", state="stopped")
-    assert q.count_live_workers(db, "nvidia-h200", 60.0) == 2
-    assert q.count_live_workers(db, "host-cpu", 60.0) == 1
-    assert q.count_live_workers(db, "any", 60.0) == 3
-    assert q.count_live_workers(db, "amd-mi300", 60.0) == 0
-    assert q.count_live_workers(db, "nvidia-h200", 600.0) == 3
+    assert q.count_live_workers(db, "nvidia-h200", 60.0) == (2, 11)
+    assert q.count_live_workers(db, "host-cpu", 60.0) == (1, 2)
+    assert q.count_live_workers(db, "any", 60.0) == (3, 13)
+    assert q.count_live_workers(db, "amd-mi300", 60.0) == (0, 0)
+    assert q.count_live_workers(db, "nvidia-h200", 600.0).workers == 3
     assert q.live_worker_classes(db, 60.0) == ["host-cpu", "nvidia-h200"]
 
 

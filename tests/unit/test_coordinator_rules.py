@@ -25,6 +25,13 @@ def test_queue_target_follows_the_live_workers(live, factor, minimum, left, expe
     assert queue_target(live, factor, minimum, left) == expected
 
 
+def test_queue_target_covers_what_prefetching_workers_hold():
+    # Two workers with --prefetch 8 hold up to 9 trials each.
+    assert queue_target(2, 2.0, 1, None, capacity=18) == 18
+    assert queue_target(2, 2.0, 1, None, capacity=4) == 4  # the defaults: factor 2 decides
+    assert queue_target(2, 2.0, 1, 10, capacity=18) == 10  # still within the trial budget
+
+
 def test_trial_timeout_is_the_default_until_a_result_then_scales_with_the_best_time():
     assert trial_timeout(None, None, PROTOCOL, 10.0, 600.0) is None
     assert trial_timeout(1e-3, 0.5, PROTOCOL, 10.0, 600.0) == 10.0  # floor

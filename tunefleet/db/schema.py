@@ -132,7 +132,11 @@ worker = Table(
     Column("started_at", DateTime(timezone=True), nullable=False, server_default=_now),
     Column("heartbeat_at", DateTime(timezone=True), nullable=False, server_default=_now),
     Column("stopped_at", DateTime(timezone=True), nullable=True),
+    # Trials the worker holds at once (1 + prefetch): the coordinator keeps at least the sum
+    # of its live workers' capacities queued, or prefetching would find nothing to claim.
+    Column("capacity", Integer, nullable=False, server_default=text("2")),
     CheckConstraint("state IN ('active', 'stopped')", name="worker_state_valid"),
+    CheckConstraint("capacity > 0", name="worker_capacity_positive"),
 )
 # Live workers of a class: the coordinator sizes the queue from this.
 Index(

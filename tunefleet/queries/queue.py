@@ -145,17 +145,19 @@ def register_worker(
     device_id: int | None,
     device_class: str,
     version: str,
+    capacity: int = 2,
 ) -> None:
-    """Insert this worker process's row (state ``active``, heartbeat now).
+    """Insert this worker process's row (state ``active``, heartbeat now) with the number of
+    trials it holds at once (``capacity``, 1 + prefetch).
 
     Locking: a plain insert of a fresh UUID; no contention.
     """
     conn.execute(
         """
-        INSERT INTO tunefleet.worker (id, host, pid, device_id, device_class, version)
-        VALUES (%s, %s, %s, %s, %s, %s)
+        INSERT INTO tunefleet.worker (id, host, pid, device_id, device_class, version, capacity)
+        VALUES (%s, %s, %s, %s, %s, %s, %s)
         """,
-        (worker_id, host, pid, device_id, device_class, version),
+        (worker_id, host, pid, device_id, device_class, version, int(capacity)),
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -188,12 +188,20 @@ def finish_run(
 
 
 # --- workers and the queue ------------------------------------------------------------------
-def count_live_workers(conn: Conn, device_class: str, alive_s: float) -> int:
+class LiveWorkers(NamedTuple):
+    """The live workers able to serve a run, and how many trials they hold at most."""
+
+    workers: int
+    capacity: int
+
+
+def count_live_workers(conn: Conn, device_class: str, alive_s: float) -> LiveWorkers:
     """Active workers able to serve runs of ``device_class`` whose heartbeat is younger than
-    ``alive_s`` (every active worker for class ``any``). Locks: none (worker_active_idx)."""
+    ``alive_s`` (every active worker for class ``any``), with their summed capacity.
+    Locks: none (worker_active_idx)."""
     row = conn.execute(
         """
-        SELECT count(*) AS n
+        SELECT count(*) AS n, coalesce(sum(capacity), 0) AS capacity
           FROM tunefleet.worker
          WHERE state = 'active'
            AND heartbeat_at > now() - make_interval(secs => %(alive)s)
@@ -201,7 +209,7 @@ def count_live_workers(conn: Conn, device_class: str, alive_s: float) -> int:
         """,
         {"class": device_class, "alive": alive_s},
     ).fetchone()
-    return int(row["n"]) if row else 0
+    return LiveWorkers(int(row["n"]), int(row["capacity"])) if row else LiveWorkers(0, 0)
 
 
 def live_worker_classes(conn: Conn, alive_s: float) -> list[str]:
