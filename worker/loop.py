@@ -5,11 +5,14 @@ lock, register device and worker, open the device session, start the heartbeat t
 
 Then, until done, each turn of the loop runs these steps in order::
 
-    collect -> abandon_lost -> complete -> reap -> claim -> dispatch -> stop -> wait
+    collect -> abandon_lost -> start_next -> complete -> reap -> claim -> dispatch -> stop
+    -> wait
 
 ``collect`` comes first so that a result that is already in is always sent: a zombie's
-result is then refused by the fence, visibly, rather than silently thrown away. Results are
-written before anything new starts (restarting a killed device process takes a moment).
+result is then refused by the fence, visibly, rather than silently thrown away.
+``start_next`` hands an idle, live device process the next trial it already holds before the
+results are written, so the device never waits on the database; a device process that must be
+restarted first is left to ``dispatch``, after the results (restarting takes a moment).
 
 and every held trial moves through its own stages::
 
@@ -137,6 +140,7 @@ class Worker:
             while not self.step_done():
                 self.step_collect()
                 self.step_abandon_lost()
+                self.step_start_next()
                 self.step_complete()
                 self.step_reap()
                 self.step_claim()
@@ -323,6 +327,10 @@ class Worker:
                     self.classes,
                 )
 
+    def step_start_next(self) -> None:
+        if self.device_child.alive and not self.device_child.busy:
+            self.step_dispatch()
+
     def step_dispatch(self) -> None:
         if self.stopping:
             return  # the trial being timed finishes; nothing new starts
@@ -363,6 +371,7 @@ class Worker:
             tag=c.key,
         )
         held.stage, held.child, held.prepared = "measuring", self.device_child, None
+        log.debug("timing trial %s", c.trial_id)
 
     def step_complete(self) -> None:
         for held in [h for h in self.held.values() if h.stage == "finished"]:

@@ -3,6 +3,7 @@ crashes, stops, hangs, restarts and signals. Leases are 1-2 s and evaluations sh
 
 from __future__ import annotations
 
+import itertools
 import signal
 import subprocess
 import sys
@@ -318,6 +319,38 @@ def test_repeated_parent_gone_signals_stop_gracefully_without_escalating(db_url,
     assert sorted(trial_states(db, ids).values()) == ["done", "pending", "pending"], w.log()
     worker = db.execute("SELECT state FROM tunefleet.worker WHERE id = %s", (wid,)).fetchone()
     assert worker["state"] == "stopped"
+
+
+def test_the_device_starts_the_next_held_trial_before_the_last_result_is_written(
+    db_url, db, tmp_path
+):
+    """The device never waits on the database: when a timing ends and the worker already
+    holds its next trial, that trial is handed to the device before the finished one's
+    result is written (the log at debug level shows the order)."""
+    run = insert_run(db, problem_args={"duration": 0.2})
+    ids = insert_trials(db, run, synthetic_configs(4))
+    w = start_worker(
+        db_url,
+        log_path=tmp_path / "w.log",
+        prefetch=1,
+        poll_s=0.2,
+        prepare_workers=0,
+        extra=["-v"],
+    )
+    try:
+        assert w.wait(60) == 0, w.log()
+    finally:
+        w.kill()
+    assert set(trial_states(db, ids).values()) == {"done"}
+    lines = w.log().splitlines()
+
+    def first(text: str) -> int:
+        return next(i for i, line in enumerate(lines) if text in line)
+
+    done = sorted(ids, key=lambda t: first(f"trial {t} attempt 1: done"))
+    assert done == sorted(ids)  # timed in claim order
+    for finished, following in itertools.pairwise(done):
+        assert first(f"timing trial {following}") < first(f"trial {finished} attempt 1: done")
 
 
 def test_max_trials_stops_claiming(db_url, db, tmp_path):
