@@ -40,12 +40,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness as h
 
 from tunefleet.db.engine import connect, normalise_url
+from tunefleet.db.schema import ANY_DEVICE_CLASS
 from tunefleet.queries import bench as bq
 from tunefleet.queries import search
 
 NAME = "raw_queue"
 #: Trials of this class are served by no real worker: the benchmark's clients own them.
 DEVICE_CLASS = "bench-raw-queue"
+#: What a worker claims: its own class and runs of class ``any``.
+CLASSES = [DEVICE_CLASS, ANY_DEVICE_CLASS]
 LEASE_S = 30.0
 MODES = ("tunefleet", "raw")
 
@@ -133,7 +136,7 @@ def client_main(url: str, pipe: multiprocessing.connection.Connection) -> None:
         """One real cycle through tunefleet's functions, recording both statements."""
         rec: Any = _Recorder(tf)  # stands in for the connection
         claims = queue.claim_trials(
-            rec, worker_id=worker_id, device_classes=[DEVICE_CLASS], limit=k, lease_s=LEASE_S
+            rec, worker_id=worker_id, device_classes=CLASSES, limit=k, lease_s=LEASE_S
         )
         claim = (rec.query, rec.params)
         if not claims:
@@ -172,7 +175,7 @@ def client_main(url: str, pipe: multiprocessing.connection.Connection) -> None:
                 claims = queue.claim_trials(
                     tf,
                     worker_id=worker_id,
-                    device_classes=[DEVICE_CLASS],
+                    device_classes=CLASSES,
                     limit=k,
                     lease_s=LEASE_S,
                 )
