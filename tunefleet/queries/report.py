@@ -42,6 +42,19 @@ def list_runs(conn: Conn, *, limit: int | None = None, only_active: bool = False
     newest first. ``only_active`` keeps runs in state ``running``.
 
     Read-only, no locks."""
+    return _runs(conn, run_id=None, only_active=only_active, limit=limit)
+
+
+def run_progress(conn: Conn, run_id: int) -> Row | None:
+    """One run's progress counters (``run_progress`` view plus budget), or ``None``.
+
+    Read-only, no locks; cheap enough to poll once a second during ``tunefleet tune``."""
+    rows = _runs(conn, run_id=run_id, only_active=False, limit=1)
+    return rows[0] if rows else None
+
+
+def _runs(conn: Conn, *, run_id: int | None, only_active: bool, limit: int | None) -> list[Row]:
+    """The one statement behind :func:`list_runs` and :func:`run_progress`. Read-only."""
     return _all(
         conn,
         """
@@ -52,31 +65,12 @@ def list_runs(conn: Conn, *, limit: int | None = None, only_active: bool = False
                  AS coordinator_age_s
           FROM tunefleet.run_progress p
           JOIN tunefleet.run r ON r.id = p.run_id
-         WHERE NOT %(only_active)s OR r.state = 'running'
+         WHERE (%(run_id)s::bigint IS NULL OR p.run_id = %(run_id)s::bigint)
+           AND (NOT %(only_active)s OR r.state = 'running')
          ORDER BY p.run_id DESC
          LIMIT %(limit)s
         """,
-        {"only_active": only_active, "limit": limit},
-    )
-
-
-def run_progress(conn: Conn, run_id: int) -> Row | None:
-    """One run's progress counters (``run_progress`` view plus budget), or ``None``.
-
-    Read-only, no locks; cheap enough to poll once a second during ``tunefleet tune``."""
-    return _one(
-        conn,
-        """
-        SELECT p.*, r.problem_args, r.max_trials, r.max_seconds, r.target_gflops,
-               r.finished_at, extract(epoch FROM p.elapsed)::float8 AS elapsed_s,
-               r.coordinator_heartbeat_at,
-               extract(epoch FROM now() - r.coordinator_heartbeat_at)::float8
-                 AS coordinator_age_s
-          FROM tunefleet.run_progress p
-          JOIN tunefleet.run r ON r.id = p.run_id
-         WHERE p.run_id = %(run_id)s
-        """,
-        {"run_id": run_id},
+        {"run_id": run_id, "only_active": only_active, "limit": limit},
     )
 
 
