@@ -154,6 +154,13 @@ def create_run(
             hits = q.insert_cached_trials(conn, run_id, device_class, key, list(unique))
             for hit in hits:
                 unique.pop(hit["config_hash"], None)
+            known = q.known_invalid(conn, run_id, key, list(unique))
+            q.insert_invalid_trials(
+                conn,
+                run_id,
+                device_class,
+                [_cached_invalid(unique.pop(row["config_hash"]), row) for row in known],
+            )
             q.insert_trials(
                 conn,
                 run_id,
@@ -163,6 +170,16 @@ def create_run(
             )
     _log.info("created run %d (%s, class %s, %d seeds)", run_id, key, device_class, len(seeds))
     return run_id
+
+
+def _cached_invalid(config: Config, known: Mapping[str, Any]) -> dict[str, Any]:
+    """An ``invalid`` trial answered from another run's verdict (source ``cache``)."""
+    return {
+        "config": config,
+        "config_hash": known["config_hash"],
+        "source": "cache",
+        "error": f"invalid in run {known['run_id']}: {known['error'] or 'no reason given'}",
+    }
 
 
 def _args_and_space(
@@ -641,6 +658,8 @@ class _Session:
 
     def _enqueue(self, batch: dict[str, _Flight]) -> int:
         moved = self._reject_illegal(batch)
+        if batch:
+            moved += self._reject_known_invalid(batch)
         if not batch:
             return moved
         hits = q.insert_cached_trials(
@@ -710,14 +729,34 @@ class _Session:
                 )
                 self.problem = None
                 return 0
-        if not illegal:
+        return self._record_invalid(batch, illegal)
+
+    def _reject_known_invalid(self, batch: dict[str, _Flight]) -> int:
+        """The cache for illegal points: a configuration a worker found ``invalid`` in
+        another run with the same cache key (loopy could not build it, the device refused
+        it, it computed wrong numbers) is recorded ``invalid`` (source ``cache``) at once."""
+        known = q.known_invalid(self.conn, self.run_id, self.cache_key, list(batch))
+        return self._record_invalid(
+            batch, [_cached_invalid(batch[row["config_hash"]].config, row) for row in known]
+        )
+
+    def _record_invalid(self, batch: dict[str, _Flight], invalid: list[dict[str, Any]]) -> int:
+        """Write ``invalid`` trials for these batch items and tell the search at once."""
+        if not invalid:
             return 0
-        rows = q.insert_invalid_trials(self.conn, self.run_id, self.device_class, illegal)
+        rows = q.insert_invalid_trials(self.conn, self.run_id, self.device_class, invalid)
+        source = {item["config_hash"]: item["source"] for item in invalid}
         for row in rows:
-            row.update(state="invalid", source=None, median_s=None, gflops=None, compile_s=None)
+            row.update(
+                state="invalid",
+                source=source[row["config_hash"]],
+                median_s=None,
+                gflops=None,
+                compile_s=None,
+            )
             self.flights[row["config_hash"]] = batch.pop(row["config_hash"])
         self._absorb(rows)
-        for item in illegal:  # already in the run in another state: never queue it again
+        for item in invalid:  # already in the run in another state: never queue it again
             if item["config_hash"] in batch:
                 self.tuner.tell_many(
                     [(s, None) for s in batch.pop(item["config_hash"]).suggestions]

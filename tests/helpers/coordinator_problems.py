@@ -16,6 +16,8 @@ from tunefleet.space import Bool, Config, IntRange, Space
 _HERE = Path(__file__).resolve()
 #: A six-point space: small enough for the search to run out of new configurations.
 TINY = f"{_HERE}:Tiny"
+#: Tiny, except that workers find one configuration invalid (unroll 5 without vector).
+TINY_ONE_INVALID = f"{_HERE}:TinyOneInvalid"
 #: The synthetic objective declared as needing an OpenCL device (a device class is required).
 KERNEL = f"{_HERE}:Kernel"
 #: The synthetic problem with a device-free rule: tiles of 64 and more are illegal.
@@ -34,6 +36,15 @@ class Tiny(Synthetic):
 
     def measure(self, prepared: Any, session: Any, protocol: Protocol) -> Any:
         return super().measure(prepared, session, protocol)
+
+
+class TinyOneInvalid(Tiny):
+    name = "tiny_one_invalid"
+
+    def prepare(self, args: Mapping[str, Any], config: Any, device: Any) -> Any:
+        if config["unroll"] == 5 and not config["vector"]:
+            raise InvalidConfiguration("unroll 5 needs vector loads")
+        return super().prepare(args, config, device)
 
 
 class Kernel(Synthetic):

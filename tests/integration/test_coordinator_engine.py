@@ -20,7 +20,7 @@ from tests.helpers.coordinator import (
     settings,
     trial_counts,
 )
-from tests.helpers.coordinator_problems import KERNEL, RULED, TINY
+from tests.helpers.coordinator_problems import KERNEL, RULED, TINY, TINY_ONE_INVALID
 from tests.helpers.queue_data import wait_until
 from tunefleet.errors import ProblemError, RunError, UsageError
 from tunefleet.problems.synthetic import OPTIMUM, Synthetic, fault_of
@@ -184,6 +184,44 @@ def test_cache_answers_measured_configurations_without_the_queue(db_url, db, tmp
     assert trial_counts(db, create_run(other, db_url)) == {"pending": 1}
 
 
+def test_cache_answers_configurations_a_worker_found_invalid(db_url, db, tmp_path):
+    """An invalid verdict is a property of the configuration under the cache key: a later run
+    records it ``invalid`` from the cache (seed or search), and no worker builds it again."""
+    invalid = first_invalid(FAULTY)
+    first_settings = settings(problem_args=FAULTY, max_trials=1, seed_configs=[invalid])
+    with fleet(db_url, 1, tmp_path) as procs:
+        first = Coordinator(first_settings, db_url).run()
+    assert trial_counts(db, first.run_id) == {"invalid": 1}, logs(procs)
+
+    # No worker at all: the seed is answered from the first run's verdict.
+    second = Coordinator(first_settings, db_url).run()
+    assert (second.state, second.stop_reason, second.cached) == ("finished", "max_trials", 1)
+    row = db.execute(
+        "SELECT state, source, attempt, reported, error FROM tunefleet.trial"
+        " WHERE run_id = %s AND config_hash = %s",
+        (second.run_id, config_hash(invalid)),
+    ).fetchone()
+    assert (row["state"], row["source"], row["attempt"], row["reported"]) == (
+        "invalid",
+        "cache",
+        0,
+        True,
+    )
+    assert row["error"].startswith(f"invalid in run {first.run_id}: ")
+    attempts = db.execute(
+        "SELECT count(*) AS n FROM tunefleet.attempt a JOIN tunefleet.trial t"
+        " ON t.id = a.trial_id WHERE t.run_id = %s",
+        (second.run_id,),
+    ).fetchone()
+    assert attempts["n"] == 0
+
+    # Another protocol is another cache key: the verdict does not carry over.
+    other = settings(
+        problem_args=FAULTY, max_trials=1, seed_configs=[invalid], protocol={"min_launches": 2}
+    )
+    assert trial_counts(db, create_run(other, db_url)) == {"pending": 1}
+
+
 @pytest.mark.parametrize(
     ("budget", "reason"),
     [
@@ -312,6 +350,18 @@ def test_warm_start_seeds_the_best_configurations_of_another_class(db_url, db, t
         UsageError, match=r"no measurements of .*\(classes with results: any, host-cpu\)"
     ):
         create_run(settings(warm_start_from="nvidia-h100"), db_url)
+
+
+def test_a_second_search_is_answered_by_measurements_and_invalid_verdicts(db_url, db, tmp_path):
+    first, _ = drive(db_url, settings(problem=TINY_ONE_INVALID), tmp_path, workers=1)
+    assert (first.stop_reason, first.trials) == ("space_exhausted", 6)
+    assert trial_counts(db, first.run_id) == {"done": 5, "invalid": 1}
+    # No worker: every configuration the search proposes is answered from the first run.
+    second = Coordinator(settings(problem=TINY_ONE_INVALID), db_url).run()
+    assert (second.state, second.stop_reason, second.cached) == ("finished", "space_exhausted", 6)
+    assert trial_counts(db, second.run_id) == {"done": 5, "invalid": 1}
+    assert second.best_config == first.best_config
+    assert measured_twice(db) == []
 
 
 def test_a_small_space_is_evaluated_completely_once_and_the_run_ends(db_url, db, tmp_path):

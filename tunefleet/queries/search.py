@@ -357,6 +357,29 @@ def insert_cached_trials(
     return rows
 
 
+def known_invalid(
+    conn: Conn, run_id: int, cache_key: str, config_hashes: Sequence[str]
+) -> list[Row]:
+    """Configurations a worker already found ``invalid`` under ``cache_key`` (same problem,
+    arguments, device class and protocol) in another run: an illegal configuration stays
+    illegal, so the cache answers them like measurements. One row per hash, the earliest
+    verdict: ``config_hash``, ``config``, ``error``, ``run_id``. Read-only, no locks
+    (run_cache_key_idx, then each run's (run_id, config_hash) key)."""
+    if not config_hashes:
+        return []
+    return conn.execute(
+        """
+        SELECT DISTINCT ON (t.config_hash) t.config_hash, t.config, t.error, t.run_id
+          FROM tunefleet.run r
+          JOIN tunefleet.trial t ON t.run_id = r.id
+         WHERE r.cache_key = %(key)s AND r.id <> %(run)s
+           AND t.config_hash = ANY(%(hashes)s) AND t.state = 'invalid'
+         ORDER BY t.config_hash, t.id
+        """,
+        {"key": cache_key, "run": run_id, "hashes": list(config_hashes)},
+    ).fetchall()
+
+
 def insert_invalid_trials(
     conn: Conn, run_id: int, device_class: str, trials: Sequence[Mapping[str, Any]]
 ) -> list[Row]:
