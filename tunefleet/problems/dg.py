@@ -99,7 +99,23 @@ def _map_work(
     return knl, outer
 
 
-class DGDiff(KernelProblem):
+class _DGOperator(KernelProblem):
+    """What both DG operators share: validation on a few element tiles, and the register
+    budget of the accumulators a work-item holds."""
+
+    def validation_args(self, args: Mapping[str, Any], config: Config) -> dict[str, Any]:
+        return {**args, "n_elements": _validation_elements(args["n_elements"], config)}
+
+    @staticmethod
+    def _require_register_budget(accumulators: int, dtype: str, fix: str) -> None:
+        require(
+            accumulators * np.dtype(dtype).itemsize <= MAX_ACCUMULATOR_BYTES,
+            f"{accumulators} accumulators of {dtype} per work-item exceed the register budget "
+            f"of {MAX_ACCUMULATOR_BYTES} bytes ({fix})",
+        )
+
+
+class DGDiff(_DGOperator):
     name = "dg_diff"
     description = "batched small-matrix operator out[e,i] = sum_j D[i,j] u[e,j] (ij,ej->ei)"
     arguments = (
@@ -127,15 +143,9 @@ class DGDiff(KernelProblem):
         acc = config["reg_e"] * (
             math.ceil(args["n_dofs"] / config["wg_i"]) if config["i_in_registers"] else 1
         )
-        itemsize = np.dtype(args["dtype"]).itemsize
-        require(
-            acc * itemsize <= MAX_ACCUMULATOR_BYTES,
-            f"{acc} accumulators of {args['dtype']} per work-item exceed the register budget "
-            f"of {MAX_ACCUMULATOR_BYTES} bytes (lower reg_e, raise wg_i, or i_in_registers=false)",
+        self._require_register_budget(
+            acc, args["dtype"], "lower reg_e, raise wg_i, or i_in_registers=false"
         )
-
-    def validation_args(self, args: Mapping[str, Any], config: Config) -> dict[str, Any]:
-        return {**args, "n_elements": _validation_elements(args["n_elements"], config)}
 
     def build(self, args: Mapping[str, Any], config: Config, device: DeviceInfo) -> Any:
         import loopy as lp
@@ -216,7 +226,7 @@ class DGDiff(KernelProblem):
         return float(np.dtype(args["dtype"]).itemsize * (2 * nel * nd + nd * nd))
 
 
-class FaceMass(KernelProblem):
+class FaceMass(_DGOperator):
     name = "face_mass"
     description = (
         "DG face-mass (lift) out[k,e,i] = sum_fj lift[i,f,j] jac[f,e] u[k,f,e,j] "
@@ -260,16 +270,9 @@ class FaceMass(KernelProblem):
         )
         if config["fields"] == "ilp":
             acc *= args["n_fields"]
-        itemsize = np.dtype(args["dtype"]).itemsize
-        require(
-            acc * itemsize <= MAX_ACCUMULATOR_BYTES,
-            f"{acc} accumulators of {args['dtype']} per work-item exceed the register budget "
-            f"of {MAX_ACCUMULATOR_BYTES} bytes (lower reg_e, raise wg_i, "
-            "i_in_registers=false or fields=loop)",
+        self._require_register_budget(
+            acc, args["dtype"], "lower reg_e, raise wg_i, i_in_registers=false or fields=loop"
         )
-
-    def validation_args(self, args: Mapping[str, Any], config: Config) -> dict[str, Any]:
-        return {**args, "n_elements": _validation_elements(args["n_elements"], config)}
 
     def build(self, args: Mapping[str, Any], config: Config, device: DeviceInfo) -> Any:
         import loopy as lp
