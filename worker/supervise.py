@@ -6,8 +6,8 @@ Two roles use the same machinery: the *device process* (discovers and opens the 
 then times prepared configurations; it is the only process of a worker that launches kernels)
 and the *code-generation processes* (``Problem.prepare``; with prebuild on, they also open a
 context on the same device and compile there, never launch, so that the device process's
-build is a cache hit). Children are started with
-the ``spawn`` method: OpenCL and driver state never cross a ``fork``.
+build is a cache hit). Children are started with the ``spawn`` method: OpenCL and driver state
+never cross a ``fork``.
 
 A child ignores SIGINT and SIGTERM (a Ctrl-C or a batch system's SIGTERM to the whole process
 group must not count as a crashed evaluation; the parent decides what to do) and asks the
