@@ -139,8 +139,9 @@ def test_a_kernel_without_schedule_is_invalid_and_never_prompts(session):
         "fields": "loop",
         "stage": "face",
     }
+    # Past the device-free rules (which reject this shape before loopy ever sees it).
     with pytest.raises(InvalidConfiguration, match="no schedule exists"):
-        fm.prepare(args, config, session.info)
+        KernelProblem._build(fm, fm.normalise_args(args), config, session.info)
 
 
 BROKEN_PROBLEM = '''
@@ -310,3 +311,24 @@ def test_prebuild_in_a_code_generation_process_compiles_on_the_device(tmp_path, 
     finally:
         codegen.close()
     assert reply.kind == "ok" and isinstance(reply.value, PreparedKernel)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"i_in_registers": False},
+        {"wg_i": 35, "reg_e": 1},
+        {"fields": "loop"},
+    ],
+)
+def test_face_mass_rules_still_match_what_loopy_cannot_schedule(session, change):
+    """The device-free rules of face_mass stand in for loopy's "no schedule": built past the
+    rules, these shapes must still fail that way (if loopy learns to schedule them, the rules
+    must go)."""
+    problem = get_problem("face_mass")
+    args = problem.normalise_args({"n_elements": 64})
+    config = {**problem.default_config(args), **change}
+    with pytest.raises(InvalidConfiguration, match=r"needs the output nodes|fields=loop"):
+        problem.check_config(args, config)
+    with pytest.raises(InvalidConfiguration, match="no schedule"):
+        KernelProblem._build(problem, args, config, session.info)

@@ -98,6 +98,34 @@ def test_rules_without_a_device_name_the_rule():
         fm.check_config(fargs, {**fm.default_config(fargs), "wg_i": 3})
 
 
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"i_in_registers": False}, "needs the output nodes in registers"),
+        ({"wg_i": 35, "reg_e": 1}, "needs the output nodes in registers"),
+        ({"i_in_registers": False, "prefetch_op": False}, "needs the output nodes in registers"),
+        ({"fields": "loop"}, "fields=loop with prefetch_op and stage=face"),
+        ({"fields": "loop", "prefetch_u": False}, "fields=loop with prefetch_op and stage=face"),
+    ],
+)
+def test_face_mass_rules_out_what_loopy_cannot_schedule(change, message):
+    fm = get_problem("face_mass")
+    args = fm.normalise_args({})
+    with pytest.raises(InvalidConfiguration, match=message):
+        fm.check_config(args, {**fm.default_config(args), **change})
+    # The same shapes staging everything at once, or staging nothing, stay legal.
+    fm.check_config(args, {**fm.default_config(args), **change, "stage": "all"})
+    unstaged = {"prefetch_u": False, "prefetch_op": False}
+    fm.check_config(args, {**fm.default_config(args), **change, **unstaged})
+
+
+def test_face_mass_default_is_legal_for_few_volume_nodes():
+    fm = get_problem("face_mass")
+    for n_voldofs in (1, 4, 8, 35):
+        args = fm.normalise_args({"n_voldofs": n_voldofs})
+        fm.check_config(args, fm.default_config(args))
+
+
 def test_validation_sizes_are_small_and_keep_the_remainder():
     gemm = get_problem("gemm")
     args = gemm.normalise_args({"n": 4100, "m": 4096, "k": 4097})
