@@ -203,9 +203,9 @@ def tune(
             wait_ready(fleet, 300)
             out["workers_ready_s"] = time.monotonic() - started
             say(clock, f"{label}: {len(fleet)} worker(s) ready; tuning for {budget:g} s")
-            # A worker holds 1 + prefetch trials; the coordinator keeps depth_factor per live
-            # worker in the queue (default 2). A larger prefetch needs a deeper queue, or the
-            # worker can never hold what it may prefetch.
+            # A worker holds 1 + prefetch trials, and the coordinator keeps at least that many
+            # queued per live worker (worker.capacity). One more per worker, as the published
+            # runs had, so a trial is waiting the moment the device finishes one.
             depth = None if not prefetch or prefetch <= 1 else float(prefetch + 2)
             out["depth_factor"] = depth
             settings = CoordinatorSettings.build(
