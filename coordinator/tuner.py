@@ -163,13 +163,14 @@ class LeanSearchDriver(SearchDriver):  # type: ignore[misc]
 
 
 class LeanMinimizeTime(MinimizeTime):  # type: ignore[misc]
-    """Minimise time, comparing configurations from the driver's dictionary."""
+    """Minimise time, comparing configurations from the driver's dictionary, which holds
+    every outcome this search was told. A configuration without one (still in flight, e.g.
+    after a resume) counts as infinitely slow: OpenTuner's own comparison would take the
+    minimum of its empty result list and raise."""
 
     def config_compare(self, config1: Any, config2: Any) -> int:
-        t1 = self.driver.measured.get(config1.hash)
-        t2 = self.driver.measured.get(config2.hash)
-        if t1 is None or t2 is None:
-            return int(super().config_compare(config1, config2))
+        t1 = self.driver.measured.get(config1.hash, math.inf)
+        t2 = self.driver.measured.get(config2.hash, math.inf)
         return (t1 > t2) - (t1 < t2)
 
     def limit_from_config(self, config: Any) -> None:

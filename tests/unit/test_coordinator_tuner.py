@@ -64,6 +64,22 @@ def test_learned_outcomes_are_never_suggested_again():
     tuner.close()
 
 
+def test_a_configuration_without_an_outcome_compares_as_infinitely_slow():
+    """Regression (seen in the chaos test after a resume): differential evolution compared a
+    configuration still in flight, and OpenTuner's comparison raised on its empty results."""
+    tuner = Tuner(SPACE)
+    try:
+        told, in_flight = tuner.ask(2)
+        tuner.tell(told, 0.5)
+        objective = tuner._driver.objective
+        a, b = told.handle.configuration, in_flight.handle.configuration
+        assert objective.config_compare(a, b) == -1
+        assert objective.config_compare(b, a) == 1
+        assert objective.config_compare(b, b) == 0
+    finally:
+        tuner.close()
+
+
 def test_unknown_techniques_are_named_with_the_choices():
     assert check_techniques(["PureRandom"]) == ("PureRandom",)
     with pytest.raises(
