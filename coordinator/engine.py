@@ -303,6 +303,8 @@ LOCK_GRACE_S = 3.0
 #: After losing the database mid-run, the coordinator keeps reconnecting this long (seconds).
 RECONNECT_FOR_S = 600.0
 _RECONNECT_FIRST_S = 0.2
+#: How long a coordinator asked to stop while reconnecting keeps trying (to record the stop).
+_STOP_RECONNECT_S = 5.0
 _RECONNECT_MAX_S = 5.0
 
 
@@ -344,6 +346,7 @@ class Coordinator:
         # session) is survived like a crash: reconnect, take the run again and resume it from
         # the database, which holds everything the search knows.
         lost_at: float | None = None
+        stop_seen_at: float | None = None
         delay = _RECONNECT_FIRST_S
         connected = False
         while True:
@@ -375,14 +378,22 @@ class Coordinator:
             if lost_at is None:
                 lost_at = now
                 _log.warning("run %d: database connection lost (%s); reconnecting", run_id, reason)
-            if self._stop.is_set() or now - lost_at > RECONNECT_FOR_S:
-                why = "a stop was requested" if self._stop.is_set() else "giving up"
+            if self._stop.is_set() and stop_seen_at is None:
+                stop_seen_at = now
+            # A stop still tries to reconnect for a few seconds, so that the run is marked
+            # stopped and its pending trials cancelled when the outage is only a lost session.
+            stop_gives_up = stop_seen_at is not None and now - stop_seen_at > _STOP_RECONNECT_S
+            if stop_gives_up or now - lost_at > RECONNECT_FOR_S:
+                why = "a stop was requested" if stop_gives_up else "giving up"
                 raise DatabaseUnavailable(
                     f"lost the database while driving run {run_id} ({reason}); {why} after "
                     f"{now - lost_at:.0f} s; the run is intact: continue it with --resume "
                     f"{run_id} once the database is back"
                 )
-            self._stop.wait(delay)
+            if stop_seen_at is None:
+                self._stop.wait(delay)
+            else:
+                time.sleep(delay)  # the stop event is set: waiting on it would not wait
             delay = min(delay * 2, _RECONNECT_MAX_S)
 
     def _own(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import psycopg
@@ -140,6 +141,85 @@ def test_a_database_that_stays_away_ends_the_coordinator_with_one_line(
     run = db.execute("SELECT state FROM tunefleet.run WHERE id = %s", (run_id,)).fetchone()
     assert run["state"] == "running"
     assert not db.execute("SELECT 1 FROM tunefleet.trial WHERE state = 'cancelled'").fetchall()
+
+
+def test_a_stop_during_a_lost_session_still_records_the_stop(db_url, db, pg_admin_url, caplog):
+    """Ctrl-C (or SIGTERM) while the coordinator is reconnecting: it keeps trying for a few
+    seconds, and once the database answers it marks the run stopped and cancels what is
+    pending, instead of leaving the run to look driven."""
+    caplog.set_level(logging.WARNING, logger="coordinator.engine")
+    s = settings(max_trials=1000)
+    run_id = create_run(s, db_url)
+    coordinator = Coordinator(s, db_url)
+    driver = Driver(coordinator, run_id)
+    driver.start()
+    name = db.info.dbname
+    admin = psycopg.connect(pg_admin_url, autocommit=True)
+    try:
+        wait_until(lambda: driven(db, run_id), what="the coordinator to take its run")
+        pids = wait_until(lambda: coordinator_sessions(db), what="the coordinator session")
+        admin.execute(
+            sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS false").format(sql.Identifier(name))
+        )
+        for pid in pids:
+            db.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        coordinator.request_stop()
+        wait_until(
+            lambda: any("connection lost" in r.getMessage() for r in caplog.records),
+            what="the coordinator to notice the lost session",
+        )
+        time.sleep(0.5)  # a few reconnection attempts fail while the stop is pending
+    finally:
+        admin.execute(
+            sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS true").format(sql.Identifier(name))
+        )
+        admin.close()
+    driver.join(30)
+    assert not driver.is_alive()
+    assert driver.error is None, repr(driver.error)
+    assert driver.result is not None and driver.result.state == "stopped"
+    run = db.execute(
+        "SELECT state, coordinator_id FROM tunefleet.run WHERE id = %s", (run_id,)
+    ).fetchone()
+    assert run == {"state": "stopped", "coordinator_id": None}
+    pending = db.execute(
+        "SELECT count(*) AS n FROM tunefleet.trial WHERE run_id = %s AND state = 'pending'",
+        (run_id,),
+    ).fetchone()
+    assert pending["n"] == 0
+
+
+def test_a_stop_while_the_database_stays_away_gives_up_within_seconds(
+    db_url, db, pg_admin_url, monkeypatch
+):
+    monkeypatch.setattr(engine, "_STOP_RECONNECT_S", 1.0)
+    s = settings(max_trials=1000)
+    run_id = create_run(s, db_url)
+    coordinator = Coordinator(s, db_url)
+    driver = Driver(coordinator, run_id)
+    driver.start()
+    name = db.info.dbname
+    admin = psycopg.connect(pg_admin_url, autocommit=True)
+    try:
+        wait_until(lambda: driven(db, run_id), what="the coordinator to take its run")
+        pids = wait_until(lambda: coordinator_sessions(db), what="the coordinator session")
+        admin.execute(
+            sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS false").format(sql.Identifier(name))
+        )
+        for pid in pids:
+            db.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        coordinator.request_stop()
+        driver.join(30)
+        assert not driver.is_alive()
+    finally:
+        admin.execute(
+            sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS true").format(sql.Identifier(name))
+        )
+        admin.close()
+    assert isinstance(driver.error, DatabaseUnavailable), repr(driver.error)
+    assert "a stop was requested" in str(driver.error) and f"--resume {run_id}" in str(driver.error)
+    run = db.execute("SELECT state FROM tunefleet.run WHERE id = %s", (run_id,)).fetchone()
+    assert run["state"] == "running"  # as a crash leaves it: resumable
 
 
 def test_an_unreachable_database_before_the_run_is_taken_fails_at_once(db_url):
