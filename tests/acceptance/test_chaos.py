@@ -27,7 +27,9 @@ from tunefleet.db.migrate import upgrade
 pytestmark = [pytest.mark.acceptance, pytest.mark.chaos]
 
 SEED = int(os.environ.get("TUNEFLEET_CHAOS_SEED", "20261130"))
-MAX_TRIALS = 120
+#: Enough that the run is still going when the last fault has run its course: four workers
+#: finish up to 20 trials a second, and freezing one past its lease takes about 4 s.
+MAX_TRIALS = 200
 WORKERS = 4
 LEASE_S = 2.0
 #: Each evaluation really takes this long; some configurations crash, hang or are invalid.
@@ -87,13 +89,20 @@ def test_faults_everywhere_lose_nothing_and_measure_nothing_twice(tmp_path: Path
         faults = schedule(chaos.rng)
         chaos.log(f"schedule: {', '.join(faults)}")
         for i, fault in enumerate(faults):
-            # Fault i fires once the run has spent i / n of the first 70 % of its budget: every
+            # Fault i fires once the run has spent i / n of the first half of its budget: every
             # fault hits a run in flight (a fault itself takes seconds, the run goes on).
-            due = 5 + i * (MAX_TRIALS * 7 // 10 - 5) // len(faults)
+            due = 5 + i * (MAX_TRIALS // 2 - 5) // len(faults)
             chaos.wait_for(
                 lambda due=due: chaos.finished_trials() >= due,
                 timeout=90,
                 what=f"{due} finished trials before {fault}\n{chaos.report()}",
+            )
+            # A coordinator started by the previous fault first takes its run: one that meets
+            # a restarting server before it ever connected exits at once (a usage error).
+            chaos.wait_for(
+                chaos.coordinator_took_the_run,
+                timeout=60,
+                what=f"the coordinator to take its run before {fault}\n{chaos.report()}",
             )
             chaos.log(f"{chaos.finished_trials()} trials finished: {fault}")
             chaos.inject(fault)

@@ -128,6 +128,13 @@ class ChaosRun:
     def coordinator(self) -> subprocess.Popen[bytes]:
         return self.coordinators[-1]
 
+    def coordinator_took_the_run(self) -> bool:
+        """Whether the newest coordinator process has reached the database and taken its run
+        (a coordinator that cannot reach the database at start fails at once, by design)."""
+        path = self.workdir / f"coordinator-{len(self.coordinators) - 1}.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return "created run" in text or "resumed with" in text
+
     def start_worker(self, wait: bool = True) -> WorkerProcess:
         n = len(self.workers)
         path = self.workdir / f"worker-{n}.log"
