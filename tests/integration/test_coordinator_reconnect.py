@@ -8,9 +8,11 @@ connection, leaving the run to a human to resume.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -107,14 +109,19 @@ def test_terminated_sessions_are_survived_and_nothing_is_measured_twice(
     assert sum("reachable again" in m for m in messages) == 3, messages
 
 
-def test_a_database_that_stays_away_ends_the_coordinator_with_one_line(
-    db_url, db, pg_admin_url, monkeypatch
-):
-    monkeypatch.setattr(engine, "RECONNECT_FOR_S", 1.0)
-    s = settings(max_trials=1000)
+def start_driving(db_url: str, s: Any) -> tuple[Coordinator, Driver, int]:
+    """A new run and a coordinator driving it in a thread."""
     run_id = create_run(s, db_url)
-    driver = Driver(Coordinator(s, db_url), run_id)
+    coordinator = Coordinator(s, db_url)
+    driver = Driver(coordinator, run_id)
     driver.start()
+    return coordinator, driver, run_id
+
+
+@contextlib.contextmanager
+def database_away(db: Any, pg_admin_url: str, run_id: int) -> Iterator[None]:
+    """Once the coordinator drives ``run_id``: refuse new connections to the database and
+    terminate the coordinator's session, for the duration of the block."""
     name = db.info.dbname
     admin = psycopg.connect(pg_admin_url, autocommit=True)
     try:
@@ -125,13 +132,22 @@ def test_a_database_that_stays_away_ends_the_coordinator_with_one_line(
         )
         for pid in pids:
             db.execute("SELECT pg_terminate_backend(%s)", (pid,))
-        driver.join(30)
-        assert not driver.is_alive()
+        yield
     finally:
         admin.execute(
             sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS true").format(sql.Identifier(name))
         )
         admin.close()
+
+
+def test_a_database_that_stays_away_ends_the_coordinator_with_one_line(
+    db_url, db, pg_admin_url, monkeypatch
+):
+    monkeypatch.setattr(engine, "RECONNECT_FOR_S", 1.0)
+    _, driver, run_id = start_driving(db_url, settings(max_trials=1000))
+    with database_away(db, pg_admin_url, run_id):
+        driver.join(30)
+        assert not driver.is_alive()
     assert isinstance(driver.error, DatabaseUnavailable), repr(driver.error)
     message = str(driver.error)
     assert "\n" not in message
@@ -148,32 +164,14 @@ def test_a_stop_during_a_lost_session_still_records_the_stop(db_url, db, pg_admi
     seconds, and once the database answers it marks the run stopped and cancels what is
     pending, instead of leaving the run to look driven."""
     caplog.set_level(logging.WARNING, logger="coordinator.engine")
-    s = settings(max_trials=1000)
-    run_id = create_run(s, db_url)
-    coordinator = Coordinator(s, db_url)
-    driver = Driver(coordinator, run_id)
-    driver.start()
-    name = db.info.dbname
-    admin = psycopg.connect(pg_admin_url, autocommit=True)
-    try:
-        wait_until(lambda: driven(db, run_id), what="the coordinator to take its run")
-        pids = wait_until(lambda: coordinator_sessions(db), what="the coordinator session")
-        admin.execute(
-            sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS false").format(sql.Identifier(name))
-        )
-        for pid in pids:
-            db.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    coordinator, driver, run_id = start_driving(db_url, settings(max_trials=1000))
+    with database_away(db, pg_admin_url, run_id):
         coordinator.request_stop()
         wait_until(
             lambda: any("connection lost" in r.getMessage() for r in caplog.records),
             what="the coordinator to notice the lost session",
         )
         time.sleep(0.5)  # a few reconnection attempts fail while the stop is pending
-    finally:
-        admin.execute(
-            sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS true").format(sql.Identifier(name))
-        )
-        admin.close()
     driver.join(30)
     assert not driver.is_alive()
     assert driver.error is None, repr(driver.error)
@@ -193,29 +191,11 @@ def test_a_stop_while_the_database_stays_away_gives_up_within_seconds(
     db_url, db, pg_admin_url, monkeypatch
 ):
     monkeypatch.setattr(engine, "_STOP_RECONNECT_S", 1.0)
-    s = settings(max_trials=1000)
-    run_id = create_run(s, db_url)
-    coordinator = Coordinator(s, db_url)
-    driver = Driver(coordinator, run_id)
-    driver.start()
-    name = db.info.dbname
-    admin = psycopg.connect(pg_admin_url, autocommit=True)
-    try:
-        wait_until(lambda: driven(db, run_id), what="the coordinator to take its run")
-        pids = wait_until(lambda: coordinator_sessions(db), what="the coordinator session")
-        admin.execute(
-            sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS false").format(sql.Identifier(name))
-        )
-        for pid in pids:
-            db.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    coordinator, driver, run_id = start_driving(db_url, settings(max_trials=1000))
+    with database_away(db, pg_admin_url, run_id):
         coordinator.request_stop()
         driver.join(30)
         assert not driver.is_alive()
-    finally:
-        admin.execute(
-            sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS true").format(sql.Identifier(name))
-        )
-        admin.close()
     assert isinstance(driver.error, DatabaseUnavailable), repr(driver.error)
     assert "a stop was requested" in str(driver.error) and f"--resume {run_id}" in str(driver.error)
     run = db.execute("SELECT state FROM tunefleet.run WHERE id = %s", (run_id,)).fetchone()
