@@ -55,6 +55,11 @@ def _thread_counts(n: int) -> tuple[int, ...]:
     return tuple(sorted(d for d in divisors | pow2 if d <= max(n, 64)))
 
 
+def _nodes_per_item(n_i: int, wg_i: int) -> int:
+    """Output nodes each work-item computes: ``n_i`` strided over ``wg_i`` work-items."""
+    return math.ceil(n_i / wg_i)
+
+
 def _common_params(n_i: int) -> list[Param]:
     return [
         Choice("wg_i", _thread_counts(n_i)),
@@ -84,7 +89,7 @@ def _map_work(
     tile_e = config["wg_e"] * config["reg_e"]
     knl = lp.split_iname(knl, "e", tile_e, outer_tag="g.0", inner_iname="te", outer_iname="ge")
     knl = split_thread_axis(knl, "te", threads=config["wg_e"], vec=1, lid=1, reg_tag="ilp.unr")
-    reg_i = math.ceil(n_i / config["wg_i"])
+    reg_i = _nodes_per_item(n_i, config["wg_i"])
     i_tag = "ilp.unr" if config["i_in_registers"] and reg_i > 1 else None
     knl = lp.split_iname(
         knl,
@@ -141,7 +146,7 @@ class DGDiff(_DGOperator):
 
     def config_rules(self, args: Mapping[str, Any], config: Config) -> None:
         acc = config["reg_e"] * (
-            math.ceil(args["n_dofs"] / config["wg_i"]) if config["i_in_registers"] else 1
+            _nodes_per_item(args["n_dofs"], config["wg_i"]) if config["i_in_registers"] else 1
         )
         self._require_register_budget(
             acc, args["dtype"], "lower reg_e, raise wg_i, or i_in_registers=false"
@@ -263,13 +268,12 @@ class FaceMass(_DGOperator):
             "unroll": "hint",
             "fields": "group",
             # One face at a time needs several output nodes per work-item (see config_rules).
-            "stage": "face" if math.ceil(args["n_voldofs"] / wg_i) > 1 else "all",
+            "stage": "face" if _nodes_per_item(args["n_voldofs"], wg_i) > 1 else "all",
         }
 
     def config_rules(self, args: Mapping[str, Any], config: Config) -> None:
-        acc = config["reg_e"] * (
-            math.ceil(args["n_voldofs"] / config["wg_i"]) if config["i_in_registers"] else 1
-        )
+        nodes = _nodes_per_item(args["n_voldofs"], config["wg_i"])
+        acc = config["reg_e"] * (nodes if config["i_in_registers"] else 1)
         if config["fields"] == "ilp":
             acc *= args["n_fields"]
         self._require_register_budget(
@@ -279,11 +283,8 @@ class FaceMass(_DGOperator):
         # 312 configurations here and 94 on an H200, no exception either way): rejecting them
         # here saves a worker the code generation that ends in "no schedule".
         if config["stage"] == "face" and (config["prefetch_u"] or config["prefetch_op"]):
-            nodes_in_registers = (
-                config["i_in_registers"] and math.ceil(args["n_voldofs"] / config["wg_i"]) > 1
-            )
             require(
-                nodes_in_registers,
+                config["i_in_registers"] and nodes > 1,
                 "stage=face with a prefetch needs the output nodes in registers "
                 "(i_in_registers=true and wg_i < n_voldofs): loopy finds no schedule otherwise; "
                 "use stage=all or drop the prefetches",
