@@ -161,7 +161,7 @@ def _handle(state: _ChildState, request: Any) -> Any:
         problem = state.problem(request.problem)
         prepared = problem.prepare(request.args, request.config, request.device)
         if request.prebuild and problem.needs_opencl:
-            _prebuild(state, problem, prepared, request.device)
+            prepared = _prebuild(state, problem, prepared, request.device)
         return prepared
     if isinstance(request, Measure):
         from tunefleet.problems.base import Protocol
@@ -179,7 +179,7 @@ def _handle(state: _ChildState, request: Any) -> Any:
     raise TypeError(f"unknown request {type(request).__name__}")
 
 
-def _prebuild(state: _ChildState, problem: Any, prepared: Any, device: DeviceInfo) -> None:
+def _prebuild(state: _ChildState, problem: Any, prepared: Any, device: DeviceInfo) -> Any:
     """Compile on the device from this code-generation process, so the device process's own
     build is a cache hit and the device spends its time timing. Never fails the trial: the
     device process builds (and reports) anyway."""
@@ -196,11 +196,12 @@ def _prebuild(state: _ChildState, problem: Any, prepared: Any, device: DeviceInf
                 state.session_error,
             )
     if state.session is None:
-        return
+        return prepared
     try:
-        problem.prebuild(prepared, state.session)
+        return problem.prebuild(prepared, state.session)
     except Exception as exc:
         log.debug("prebuild failed (the device process will build): %s", exc)
+        return prepared
 
 
 def describe_exception(exc: BaseException) -> str:

@@ -291,6 +291,8 @@ def test_prebuild_in_a_code_generation_process_compiles_on_the_device(tmp_path, 
             codegen.close()
         assert reply.kind == "ok", reply.message
         prepared = reply.value
+        # The build done in the code-generation process still counts in compile_s.
+        assert (prepared.prebuild_s > 0) == prebuild
     assert _cache_files(caches[False]) == []
     assert _cache_files(caches[True]), "the prebuild compiled nothing on the device"
 
@@ -303,6 +305,8 @@ def test_prebuild_in_a_code_generation_process_compiles_on_the_device(tmp_path, 
     finally:
         measurer.close()
     assert out.kind == "ok" and out.value.state == "done", out.message or out.value.error
+    assert out.value.details["build_s"] >= prepared.prebuild_s
+    assert out.value.compile_s >= prepared.prebuild_s + out.value.details["codegen_s"]
 
     gone = dataclasses.replace(device, index=99)
     codegen = Child("codegen")

@@ -220,13 +220,15 @@ class Problem(ABC):
         process pool ahead of timing. Returns something picklable for :meth:`measure`.
         Raises :class:`~tunefleet.errors.InvalidConfiguration` for illegal points."""
 
-    def prebuild(self, prepared: Any, session: Any) -> None:
+    def prebuild(self, prepared: Any, session: Any) -> Any:
         """Optional, in a code-generation process with its own session on the same device:
         compile ``prepared`` for the device ahead of :meth:`measure`, so that OpenCL's build
         caches (the driver's, PoCL's, pyopencl's) answer the device process's build at once.
-        Must not change ``prepared``; failures are left for :meth:`measure` to report. The
-        default does nothing."""
-        return None
+        Returns what :meth:`measure` gets: ``prepared`` itself, or a copy that records the
+        time the build took (so compile times, and the timeouts derived from them, still
+        count it). Failures are left for :meth:`measure` to report. The default does
+        nothing."""
+        return prepared
 
     @abstractmethod
     def measure(self, prepared: Any, session: Any, protocol: Protocol) -> Outcome:
