@@ -9,6 +9,8 @@ after each row.
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import subprocess
 import sys
@@ -31,6 +33,7 @@ from tests.helpers.queue_data import (
     wait_until,
 )
 from tunefleet.db.engine import connect
+from tunefleet.problems.synthetic import Synthetic, fault_of
 from worker.launch import start_worker
 
 pytestmark = pytest.mark.acceptance
@@ -81,6 +84,18 @@ def env_for(cli_env: dict[str, str]) -> dict[str, str]:
     return {**cli_env, "PYTHONPATH": str(ROOT), "TUNEFLEET_POLL_S": "0.05"}
 
 
+def _invalid_synthetic_config(invalid_rate: float) -> dict[str, Any]:
+    """The first configuration of the synthetic space that is invalid at this rate."""
+    problem = Synthetic()
+    args = problem.normalise_args({"invalid_rate": invalid_rate})
+    space = problem.space(args)
+    for values in itertools.product(*(param.values() for param in space)):
+        config = space.check(dict(zip(space.names(), values, strict=True)))
+        if fault_of(args, config) == "invalid":
+            return config
+    raise AssertionError(f"no invalid configuration at invalid_rate={invalid_rate}")
+
+
 @pytest.fixture(scope="module")
 def stored(
     pg_admin_url: str, pg_template: str, tmp_path_factory: pytest.TempPathFactory
@@ -97,9 +112,12 @@ def stored(
     url = make_conninfo(pg_admin_url, dbname=name)
     logs = tmp_path_factory.mktemp("earlier-run")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TUNEFLEET_POLL_S": "0.05"}
+    # The search is random: seed one configuration that is invalid by construction, so the
+    # stored run always holds both terminal states the snapshot must protect.
     coordinator = subprocess.Popen(
         [sys.executable, "-m", "tunefleet", "coordinator", "synthetic", "--size",
-         "duration=0.01", "--size", "invalid_rate=0.3", "--max-trials", "8", "--db", url],
+         "duration=0.01", "--size", "invalid_rate=0.3", "--max-trials", "8",
+         "--seed-config", json.dumps(_invalid_synthetic_config(0.3)), "--db", url],
         env=env, cwd=logs, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     worker = None
