@@ -15,7 +15,7 @@ import time
 from types import FrameType
 from typing import Any
 
-from tunefleet.cli.db import add_db_flag
+from tunefleet.cli.db import add_db_flag, add_wait_flag
 from tunefleet.errors import UsageError
 
 #: Flags that describe a new run, refused together with --resume.
@@ -89,6 +89,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("--resume", type=int, metavar="RUN", help="continue run RUN")
     add_db_flag(p)
+    add_wait_flag(p)
     p.set_defaults(func=_coordinator)
 
 
@@ -124,7 +125,13 @@ def _coordinator(args: argparse.Namespace) -> int:
     from tunefleet.db.engine import database_url
     from tunefleet.settings import DatabaseSettings
 
-    url = database_url(DatabaseSettings.build(args.db, application_name="tunefleet-coordinator"))
+    if args.wait_for_db is not None and args.wait_for_db < 0:
+        raise UsageError(f"--wait-for-db {args.wait_for_db}: use zero or a positive number")
+    url = database_url(
+        DatabaseSettings.build(
+            args.db, wait_s=args.wait_for_db, application_name="tunefleet-coordinator"
+        )
+    )
 
     from coordinator.engine import Coordinator, Progress, create_run
 

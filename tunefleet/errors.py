@@ -21,7 +21,16 @@ class UsageError(TunefleetError):
 
 
 class DatabaseError(TunefleetError):
-    """Something about the database: cannot connect, wrong schema version, server failure."""
+    """Something about the database: cannot connect, wrong schema version, server failure.
+
+    ``transient`` says whether waiting may fix it without the user doing anything (a server
+    that is starting, a schema another process is migrating), as opposed to a wrong password
+    or database name, which no amount of waiting fixes.
+    """
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class DatabaseUnavailable(DatabaseError):

@@ -55,6 +55,13 @@ def positive_float(raw: str) -> float:
     return value
 
 
+def non_negative_float(raw: str) -> float:
+    value = _number(raw, float, "zero or a positive number")
+    if not (value >= 0 and math.isfinite(value)):
+        raise ValueError("must be zero or a positive number")
+    return value
+
+
 def positive_int(raw: str) -> int:
     value = _number(raw, int, "a positive integer")
     if value <= 0:
@@ -102,6 +109,10 @@ class DatabaseSettings:
     application_name: str = "tunefleet"
     #: Seconds to wait for a server to answer before "cannot connect" (libpq counts >= 2).
     connect_timeout_s: int = 10
+    #: Seconds a process keeps retrying at start-up while the database is unreachable or its
+    #: schema is still being migrated (0: fail at once). Batch-scheduled workers set it, so
+    #: a job that starts while the server restarts does not give its GPUs back.
+    wait_s: float = 0.0
 
     @classmethod
     def build(
@@ -111,6 +122,7 @@ class DatabaseSettings:
         statement_timeout_ms: int | None = None,
         idle_in_transaction_timeout_ms: int | None = None,
         connect_timeout_s: int | None = None,
+        wait_s: float | None = None,
         application_name: str = "tunefleet",
     ) -> DatabaseSettings:
         return cls(
@@ -122,5 +134,6 @@ class DatabaseSettings:
                 idle_in_transaction_timeout_ms, "IDLE_TX_TIMEOUT_MS", 60_000, positive_int
             ),
             connect_timeout_s=resolve(connect_timeout_s, "CONNECT_TIMEOUT_S", 10, positive_int),
+            wait_s=resolve(wait_s, "WAIT_FOR_DB_S", 0.0, non_negative_float),
             application_name=application_name,
         )

@@ -92,6 +92,7 @@ class WorkerSettings:
         cls,
         *,
         db: str | None = None,
+        wait_for_db_s: float | None = None,
         device: str | None = None,
         drain: bool | None = None,
         max_trials: int | None = None,
@@ -103,7 +104,9 @@ class WorkerSettings:
         prebuild: bool | None = None,
     ) -> WorkerSettings:
         return cls(
-            db=DatabaseSettings.build(db, application_name="tunefleet-worker"),
+            db=DatabaseSettings.build(
+                db, wait_s=wait_for_db_s, application_name="tunefleet-worker"
+            ),
             device=resolve(device, "WORKER_DEVICE", None, str),
             drain=resolve(drain, "WORKER_DRAIN", False, parse_bool),
             max_trials=resolve(max_trials, "WORKER_MAX_TRIALS", None, positive_int),

@@ -19,6 +19,8 @@
 #   TUNEFLEET_LOG_DIR       log and pid directory on the hosts (default ~/.tunefleet/fleet)
 #   TUNEFLEET_WORKER_ARGS   extra worker flags (default none: wait for work; "--drain" to
 #                           leave when the queue is empty)
+#   TUNEFLEET_WAIT_FOR_DB_S seconds each worker keeps retrying at start while the database
+#                           is down or not yet migrated (default 300)
 #   TUNEFLEET_SSH           the ssh command (default "ssh -o BatchMode=yes")
 #   TUNEFLEET_STOP_WAIT     seconds `stop` waits for workers to exit (default 60)
 #
@@ -42,6 +44,7 @@ remote_env="${TUNEFLEET_REMOTE_ENV:-\$HOME/.tunefleet/env}"
 pgpass="${TUNEFLEET_PGPASSFILE:-\$HOME/.tunefleet/workers.pgpass}"
 worker_args="${TUNEFLEET_WORKER_ARGS:-}"
 stop_wait="${TUNEFLEET_STOP_WAIT:-60}"
+wait_for_db="${TUNEFLEET_WAIT_FOR_DB_S:-300}"
 
 # The remote script is sent on stdin: nothing secret (and no DSN) shows on a command line.
 # Paths may name the remote $HOME, so they are expanded there, not here.
@@ -58,6 +61,7 @@ remote_start() {
     remote_prelude
     printf 'export TUNEFLEET_DATABASE_URL=%q\n' "$TUNEFLEET_DATABASE_URL"
     printf 'worker_args=%q\n' "$worker_args"
+    printf 'export TUNEFLEET_WAIT_FOR_DB_S=%q\n' "$wait_for_db"
     cat <<START
 export PGPASSFILE="$pgpass"
 if [ -f "$remote_env" ]; then . "$remote_env"; fi

@@ -26,7 +26,7 @@ DSN = "postgresql://tunefleet_worker@head:5432/tunefleet?sslmode=verify-full&ssl
 FAKE_TUNEFLEET = """#!/usr/bin/env bash
 out="$FAKE_RECORD_DIR/worker-$$.txt"
 { echo "argv: $*"; echo "dsn: $TUNEFLEET_DATABASE_URL"; echo "pgpass: $PGPASSFILE";
-  echo "localid: ${SLURM_LOCALID:-}"; } > "$out"
+  echo "localid: ${SLURM_LOCALID:-}"; echo "wait: ${TUNEFLEET_WAIT_FOR_DB_S:-}"; } > "$out"
 trap 'echo "terminated gracefully" >> "$out"; exit 0' TERM
 if [[ " $* " == *" --drain "* ]]; then exit 0; fi
 while true; do sleep 0.1; done
@@ -113,6 +113,8 @@ def test_slurm_script_starts_one_worker_per_gpu_by_local_rank(fakes):
     assert devices == ["0", "1", "2", "3"]
     assert all("--drain" in r and f"dsn: {DSN}" in r for r in records)
     assert all(f"pgpass: {fakes['pgpass']}" in r for r in records)
+    # A job that starts while the database restarts waits for it rather than exiting.
+    assert all("wait: 300\n" in r for r in records)
     srun = (fakes["record"] / "srun.txt").read_text()
     assert "--ntasks-per-node=4" in srun and "--gpu-bind=none" in srun
     assert DSN not in srun  # the DSN travels in the environment
@@ -187,6 +189,7 @@ def test_ssh_launcher_starts_reports_and_stops_workers(fakes):
         records = _records(fakes["record"])
         assert sorted(r.split("--device ")[1].split()[0] for r in records) == ["0", "1"]
         assert all(f"dsn: {DSN}" in r and f"pgpass: {fakes['pgpass']}" in r for r in records)
+        assert all("wait: 300\n" in r for r in records)
         # Neither the DSN nor the pgpass path is on the ssh command line.
         ssh_lines = (fakes["record"] / "ssh.txt").read_text()
         assert "node-a bash -s" in ssh_lines and DSN not in ssh_lines

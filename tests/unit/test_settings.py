@@ -13,6 +13,7 @@ from tunefleet.errors import UsageError
 from tunefleet.settings import (
     DatabaseSettings,
     home_dir,
+    non_negative_float,
     non_negative_int,
     parse_bool,
     positive_float,
@@ -77,6 +78,9 @@ def test_bad_value_names_variable_value_and_fix(monkeypatch: pytest.MonkeyPatch)
         (positive_float, "inf", "a positive number"),
         (non_negative_int, "-1", "zero or a positive integer"),
         (non_negative_int, "none", "zero or a positive integer"),
+        (non_negative_float, "-0.1", "zero or a positive number"),
+        (non_negative_float, "inf", "zero or a positive number"),
+        (non_negative_float, "later", "zero or a positive number"),
         (parse_bool, "maybe", "one of 1/0, true/false"),
         (parse_bool, "2", "one of 1/0, true/false"),
     ],
@@ -93,6 +97,8 @@ def test_each_parser_rejects_bad_values(parse, raw: str, reason: str) -> None:
         (positive_float, "0.25", 0.25),
         (positive_float, "1e3", 1000.0),
         (non_negative_int, "0", 0),
+        (non_negative_float, "0", 0.0),
+        (non_negative_float, "90", 90.0),
         (parse_bool, "Yes", True),
         (parse_bool, "off", False),
         (parse_bool, "1", True),
@@ -108,14 +114,17 @@ def test_database_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("TUNEFLEET_STATEMENT_TIMEOUT_MS", "1500")
     monkeypatch.setenv("TUNEFLEET_IDLE_TX_TIMEOUT_MS", "2500")
     monkeypatch.setenv("TUNEFLEET_CONNECT_TIMEOUT_S", "4")
+    monkeypatch.setenv("TUNEFLEET_WAIT_FOR_DB_S", "300")
     built = DatabaseSettings.build()
     assert built.url == "postgresql://u@h/db"
     assert (built.statement_timeout_ms, built.idle_in_transaction_timeout_ms) == (1500, 2500)
     assert built.connect_timeout_s == 4
-    flagged = DatabaseSettings.build("postgresql://v@w/db2", statement_timeout_ms=99)
+    assert built.wait_s == 300.0
+    flagged = DatabaseSettings.build("postgresql://v@w/db2", statement_timeout_ms=99, wait_s=0)
     assert flagged.url == "postgresql://v@w/db2"
     assert flagged.statement_timeout_ms == 99
     assert flagged.idle_in_transaction_timeout_ms == 2500
+    assert flagged.wait_s == 0
 
 
 @pytest.mark.parametrize(
@@ -125,6 +134,7 @@ def test_database_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> 
         ("TUNEFLEET_STATEMENT_TIMEOUT_MS", "0"),
         ("TUNEFLEET_IDLE_TX_TIMEOUT_MS", "-5"),
         ("TUNEFLEET_CONNECT_TIMEOUT_S", "1.5"),
+        ("TUNEFLEET_WAIT_FOR_DB_S", "-30"),
     ],
 )
 def test_database_settings_bad_variable(

@@ -24,6 +24,19 @@ def add_db_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_wait_flag(parser: argparse.ArgumentParser) -> None:
+    """``--wait-for-db``, for the long-lived processes a scheduler may start before the
+    database is up (workers, the coordinator)."""
+    parser.add_argument(
+        "--wait-for-db",
+        type=float,
+        metavar="SECONDS",
+        default=None,
+        help="at start-up, keep retrying this long while the database is unreachable or "
+        "its schema is not yet at head (default $TUNEFLEET_WAIT_FOR_DB_S, else 0: fail at once)",
+    )
+
+
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     db = sub.add_parser("db", help="the embedded PostgreSQL server and schema migrations")
     dbsub = db.add_subparsers(dest="db_command", metavar="ACTION", required=True)

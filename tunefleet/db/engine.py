@@ -3,14 +3,16 @@
 Two kinds of handle: plain psycopg connections (the queue statements in ``tunefleet.queries``
 run on these, autocommit, with ``statement_timeout`` and
 ``idle_in_transaction_session_timeout`` set at connect time) and a SQLAlchemy engine for
-Alembic. :func:`open_database` resolves the settings (explicit URL or the embedded server),
+Alembic. :func:`database_url` resolves the settings (explicit URL or the embedded server),
 checks the schema is at head and returns the URL to connect with.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import shlex
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -20,6 +22,11 @@ from psycopg.rows import dict_row
 
 from tunefleet.errors import DatabaseUnavailable, SchemaOutOfDate, UsageError
 from tunefleet.settings import DatabaseSettings
+
+_log = logging.getLogger("tunefleet.db")
+#: Backoff of the start-up wait for the database (``DatabaseSettings.wait_s``).
+_FIRST_WAIT_S = 0.5
+_MAX_WAIT_S = 10.0
 
 _SCHEME = re.compile(r"^(postgres|postgresql)(\+\w+)?://")
 
@@ -110,6 +117,23 @@ def _hint(reason: str) -> str:
     return _DEFAULT_HINT
 
 
+#: Pieces of libpq's reason that waiting never fixes: the URL or the credentials are wrong.
+_PERMANENT = (
+    "password",
+    "authentication",
+    "pg_hba.conf",
+    "certificate",
+    "does not exist",
+    "failed to resolve host",
+    "could not translate host name",
+)
+
+
+def _transient(reason: str) -> bool:
+    lowered = reason.lower()
+    return not any(needle in lowered for needle in _PERMANENT)
+
+
 def session_options(settings: DatabaseSettings) -> str:
     """libpq ``options`` that every non-migrator session of ours carries."""
     return (
@@ -143,7 +167,8 @@ def connect(
     except psycopg.OperationalError as exc:
         reason = _reason(exc)
         raise DatabaseUnavailable(
-            f"cannot connect to the database at {_describe(url)}: {reason}; {_hint(reason)}"
+            f"cannot connect to the database at {_describe(url)}: {reason}; {_hint(reason)}",
+            transient=_transient(reason),
         ) from None
     except psycopg.ProgrammingError as exc:
         raise UsageError(f"bad database URL {redact(url)!r}: {redact(_first_line(exc))}") from None
@@ -198,9 +223,11 @@ def check_at_head(conn: psycopg.Connection[Any], url_hint: str = "") -> str:
     if current == head:
         return head
     fix = "tunefleet db upgrade" + (f" --db {shlex.quote(url_hint)}" if url_hint else "")
+    # Missing or behind is what a database looks like while another process migrates it.
     if current is None:
         raise SchemaOutOfDate(
-            f"the database has no tunefleet schema (expected revision {head}); run `{fix}`"
+            f"the database has no tunefleet schema (expected revision {head}); run `{fix}`",
+            transient=True,
         )
     if not is_known_revision(current):
         raise SchemaOutOfDate(
@@ -209,17 +236,40 @@ def check_at_head(conn: psycopg.Connection[Any], url_hint: str = "") -> str:
             "(pip install -U tunefleet)"
         )
     raise SchemaOutOfDate(
-        f"the database schema is at revision {current}, this tunefleet needs {head}; run `{fix}`"
+        f"the database schema is at revision {current}, this tunefleet needs {head}; run `{fix}`",
+        transient=True,
     )
 
 
 def database_url(settings: DatabaseSettings) -> str:
     """The URL to use: the explicit one (checked to be at head), else the embedded server
-    (started or reused, and upgraded to head)."""
+    (started or reused, and upgraded to head).
+
+    With ``settings.wait_s`` an unreachable server or a schema not yet at head is retried,
+    with backoff, until that many seconds have passed; errors that waiting cannot fix (a
+    wrong password, database or host name) are raised at once.
+    """
     if settings.url is None:
         from tunefleet.db.embedded import ensure_embedded_url
 
         return ensure_embedded_url()
-    with connection(settings.url, settings) as conn:
-        check_at_head(conn, url_hint=redact(settings.url))
-    return settings.url
+    deadline = time.monotonic() + settings.wait_s
+    pause = _FIRST_WAIT_S
+    said = ""
+    while True:
+        try:
+            with connection(settings.url, settings) as conn:
+                check_at_head(conn, url_hint=redact(settings.url))
+            return settings.url
+        except (DatabaseUnavailable, SchemaOutOfDate) as exc:
+            left = deadline - time.monotonic()
+            if not exc.transient or left <= 0:
+                if settings.wait_s and exc.transient:
+                    waited = f"{exc} (still so after waiting {settings.wait_s:g} s)"
+                    raise type(exc)(waited) from None
+                raise
+            if str(exc) != said:  # once per reason, not once per try
+                _log.warning("waiting up to %.0f s more for the database: %s", left, exc)
+                said = str(exc)
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, _MAX_WAIT_S)
