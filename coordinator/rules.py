@@ -15,8 +15,9 @@ Queue depth
 Trial timeout (``trial.timeout_s``)
     ``None`` (the worker's default) until the run has a measured result; afterwards
     ``clamp(min_s, max_s, compile_allowance + timing_allowance)`` where
-    ``compile_allowance = 3 * the slowest compile time seen`` (code generation varies little
-    between configurations) and
+    ``compile_allowance = 3 * the slowest compile time seen`` (for the OpenCL build a device
+    step still does when nothing was prebuilt; workers give code generation itself at least
+    their own timeout) and
     ``timing_allowance = SLOWDOWN * best_median_s * (warmup + max_launches)`` of the run's
     protocol: a configuration more than SLOWDOWN (20) times slower than the best cannot win,
     so cutting it short loses nothing. The floor keeps fast kernels from timing out on a busy

@@ -344,7 +344,7 @@ class Worker:
             c = held.claim
             child.submit(
                 Prepare(c.problem, c.problem_args, c.config, self.device, self.settings.prebuild),
-                self._timeout(c),
+                self._prepare_timeout(c),
                 tag=c.key,
             )
             held.stage, held.child = "preparing", child
@@ -688,6 +688,15 @@ class Worker:
 
     def _timeout(self, claim: ClaimedTrial) -> float:
         return claim.timeout_s if claim.timeout_s else self.settings.timeout_s
+
+    def _prepare_timeout(self, claim: ClaimedTrial) -> float:
+        """Code generation never gets less than the worker's own timeout: the run's adaptive
+        timeout follows its best kernel time, and loopy's code generation time varies far
+        more between configurations than the slowest one seen early in a run predicts (a
+        256^3 GEMM on PoCL: 6.4 s the slowest of the first results, over 19 s for two later
+        ones). A slow code generation is not a bad configuration; a hung one is still cut
+        off."""
+        return max(self._timeout(claim), self.settings.timeout_s)
 
     def _first(self, stage: str) -> Held | None:
         return next((h for h in self.held.values() if h.stage == stage), None)

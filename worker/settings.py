@@ -5,8 +5,10 @@ Timeouts. A trial is evaluated under ``trial.timeout_s`` when the coordinator se
 adapts it to the run's best time); otherwise under the worker default ``timeout_s``, 120 s:
 about four times the slowest evaluation we expect in practice (code generation + build +
 validation + timing of a loopy kernel is 1-30 s), so a legitimately slow configuration is not
-cut off while a hung kernel still frees the device within two minutes. The same limit applies
-to the code-generation step and to the timing step separately.
+cut off while a hung kernel still frees the device within two minutes. The timing step gets
+the trial's limit; a separate code-generation step gets the larger of the trial's limit and
+``timeout_s`` (the trial's limit follows the run's best kernel time, not code generation);
+with ``prepare_workers = 0`` the trial's limit covers both steps at once.
 
 Leases. ``lease_s`` (default 30 s) is how long a claim survives without a heartbeat; the
 heartbeat runs every ``lease_s / 3`` so two consecutive beats can be lost before the lease

@@ -9,7 +9,6 @@ after each row.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import subprocess
@@ -28,12 +27,12 @@ from tests.acceptance.bad_input_problems import KERNEL_MODES, MODES
 from tests.helpers.queue_data import (
     FAST_PROTOCOL,
     attempts_of,
+    first_invalid,
     insert_run,
     insert_trials,
     wait_until,
 )
 from tunefleet.db.engine import connect
-from tunefleet.problems.synthetic import Synthetic, fault_of
 from worker.launch import start_worker
 
 pytestmark = pytest.mark.acceptance
@@ -84,18 +83,6 @@ def env_for(cli_env: dict[str, str]) -> dict[str, str]:
     return {**cli_env, "PYTHONPATH": str(ROOT), "TUNEFLEET_POLL_S": "0.05"}
 
 
-def _invalid_synthetic_config(invalid_rate: float) -> dict[str, Any]:
-    """The first configuration of the synthetic space that is invalid at this rate."""
-    problem = Synthetic()
-    args = problem.normalise_args({"invalid_rate": invalid_rate})
-    space = problem.space(args)
-    for values in itertools.product(*(param.values() for param in space)):
-        config = space.check(dict(zip(space.names(), values, strict=True)))
-        if fault_of(args, config) == "invalid":
-            return config
-    raise AssertionError(f"no invalid configuration at invalid_rate={invalid_rate}")
-
-
 @pytest.fixture(scope="module")
 def stored(
     pg_admin_url: str, pg_template: str, tmp_path_factory: pytest.TempPathFactory
@@ -117,7 +104,7 @@ def stored(
     coordinator = subprocess.Popen(
         [sys.executable, "-m", "tunefleet", "coordinator", "synthetic", "--size",
          "duration=0.01", "--size", "invalid_rate=0.3", "--max-trials", "8",
-         "--seed-config", json.dumps(_invalid_synthetic_config(0.3)), "--db", url],
+         "--seed-config", json.dumps(first_invalid({"invalid_rate": 0.3})), "--db", url],
         env=env, cwd=logs, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     worker = None

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.helpers.coordinator import fleet, logs, measured_twice, trial_counts
-from tests.helpers.queue_data import wait_until
+from tests.helpers.queue_data import first_invalid, wait_until
 from tunefleet.db.engine import connect
 from tunefleet.queries import search as q
 
@@ -55,7 +55,16 @@ def test_sigkilled_coordinator_resumes_and_finishes_without_measuring_anything_t
     env = env_for(cli_env)
     with fleet(db_url, 3, tmp_path / "logs") as procs:
         proc = subprocess.Popen(
-            coordinator_argv(*FAST, "--max-trials", "60", "--db", db_url),
+            coordinator_argv(
+                *FAST,
+                "--max-trials",
+                "60",
+                "--db",
+                db_url,
+                # The assertion on a learned invalid outcome must not depend on the search.
+                "--seed-config",
+                json.dumps(first_invalid({"invalid_rate": 0.1})),
+            ),
             env=env,
             cwd=tmp_path / "cwd",
             stdout=subprocess.PIPE,

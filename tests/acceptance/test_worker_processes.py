@@ -200,6 +200,32 @@ def test_hung_evaluations_are_killed_at_the_timeout_and_the_worker_goes_on(db_ur
     assert [a["outcome"] for a in attempts_of(db, own_timeout)] == ["timed_out"]
 
 
+def test_code_generation_gets_at_least_the_workers_timeout_and_a_hung_one_is_killed(
+    db_url, db, tmp_path
+):
+    # The trial's own 0.5 s limit (the coordinator's, from the run's best kernel time) is
+    # for timing; code generation of 1 s is slow, not wrong.
+    slow = insert_run(db, problem_args={"prepare_duration": 1.0, "duration": 0.01})
+    [slow_codegen] = insert_trials(db, slow, synthetic_configs(1), timeout_s=0.5)
+    hung = insert_run(db, problem_args={"hang_rate": 1.0, "fault_phase": "prepare"})
+    [hung_codegen] = insert_trials(db, hung, synthetic_configs(1), timeout_s=0.5, priority=1)
+    w = start_worker(
+        db_url, log_path=tmp_path / "w.log", lease_s=1, timeout_s=3, poll_s=0.2, prepare_workers=1
+    )
+    try:
+        assert w.wait(60) == 0, w.log()
+    finally:
+        w.kill()
+    assert trial_states(db, [slow_codegen, hung_codegen]) == {
+        slow_codegen: "done",
+        hung_codegen: "timed_out",
+    }
+    error = db.execute(
+        "SELECT error FROM tunefleet.trial WHERE id = %s", (hung_codegen,)
+    ).fetchone()["error"]
+    assert error == "code generation exceeded the 3 s timeout and was killed"
+
+
 def test_crashing_evaluations_fail_after_max_attempts_with_their_history(db_url, db, tmp_path):
     crash = insert_run(db, problem_args={"fail_rate": 1.0, "duration": 0})
     [measure_crash] = insert_trials(db, crash, synthetic_configs(1), max_attempts=2)

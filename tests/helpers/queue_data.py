@@ -13,7 +13,7 @@ from psycopg.types.json import Jsonb
 
 from tunefleet.db.schema import ANY_DEVICE_CLASS
 from tunefleet.problems.base import Protocol, cache_key
-from tunefleet.problems.synthetic import Synthetic
+from tunefleet.problems.synthetic import Synthetic, fault_of
 from tunefleet.space import config_hash
 
 #: A protocol that keeps synthetic measurements tiny.
@@ -64,6 +64,32 @@ def synthetic_configs(n: int, start: int = 0) -> list[dict[str, Any]]:
     for combo in itertools.islice(itertools.product(*values), start, start + n):
         out.append(dict(zip(names, combo, strict=True)))
     return out
+
+
+def first_invalid(args: Mapping[str, Any]) -> dict[str, Any]:
+    """A configuration the synthetic problem rejects as invalid under these arguments.
+
+    The search is random: a test that needs an ``invalid`` trial seeds this one rather than
+    hoping the search meets one."""
+    problem = Synthetic()
+    full = problem.normalise_args(args)
+    space = problem.space(full)
+    for values in itertools.product(*(param.values() for param in space)):
+        config = space.check(dict(zip(space.names(), values, strict=True)))
+        if fault_of(full, config) == "invalid":
+            return config
+    raise AssertionError(f"no synthetic configuration is invalid under {dict(args)}")
+
+
+def seed_with_invalid_default(args: Mapping[str, Any]) -> int:
+    """A synthetic ``seed`` under which the default configuration (the baseline that ``tune``
+    measures first) is invalid, for runs started without seed configurations."""
+    problem = Synthetic()
+    for seed in range(10_000):
+        full = problem.normalise_args({**args, "seed": seed})
+        if fault_of(full, problem.space(full).default()) == "invalid":
+            return seed
+    raise AssertionError(f"no seed makes the default configuration invalid under {dict(args)}")
 
 
 def insert_trials(

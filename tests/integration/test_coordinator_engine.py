@@ -21,27 +21,12 @@ from tests.helpers.coordinator import (
     trial_counts,
 )
 from tests.helpers.coordinator_problems import KERNEL, RULED, TINY, TINY_ONE_INVALID
-from tests.helpers.queue_data import wait_until
+from tests.helpers.queue_data import first_invalid, wait_until
 from tunefleet.errors import ProblemError, RunError, UsageError
-from tunefleet.problems.synthetic import OPTIMUM, Synthetic, fault_of
+from tunefleet.problems.synthetic import OPTIMUM
 from tunefleet.space import config_hash
 
 FAULTY = {"duration": 0.005, "invalid_rate": 0.15, "seed": 3}
-
-
-def first_invalid(args: dict[str, Any]) -> dict[str, Any]:
-    """A configuration the synthetic problem rejects under these arguments."""
-    problem = Synthetic()
-    full = problem.normalise_args(args)
-    space = problem.space(full)
-    values = [p.values() for p in space]
-    import itertools
-
-    for combo in itertools.product(*values):
-        config = dict(zip(space.names(), combo, strict=True))
-        if fault_of(full, config) == "invalid":
-            return config
-    raise AssertionError("no invalid configuration")
 
 
 def drive(
