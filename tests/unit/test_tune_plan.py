@@ -100,9 +100,12 @@ PROGRESS = {
 
 def test_progress_line_has_every_number_a_user_watches():
     assert progress_line(PROGRESS, 2) == (
-        "run 4: 12/30 done, 2 running, 3 pending, 1 invalid, 2 failed | best 14.2 GFLOP/s"
-        " | 8.0 eval/min | 2 workers | 95.0 s"
+        "run 4: 12/30 done, 2 running, 3 pending, 1 invalid, 1 failed, 1 timed out"
+        " | best 14.2 GFLOP/s | 8.0 eval/min | 2 workers | 95.0 s"
     )
+    # Zero timed-out trials (the usual case) keep the line short.
+    quiet = progress_line({**PROGRESS, "timed_out": 0}, 1)
+    assert "timed out" not in quiet and "1 failed | best" in quiet and "| 1 worker |" in quiet
 
 
 def test_progress_display_prints_plain_periodic_lines_without_a_terminal():

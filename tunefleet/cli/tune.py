@@ -250,11 +250,11 @@ def last_line(path: Path) -> str:
 
 def progress_line(p: dict[str, Any], workers_alive: int) -> str:
     """One line of progress: counts by state, best so far, rate, workers, elapsed."""
-    failed = int(p["failed"]) + int(p["timed_out"])
     budget = f"/{p['max_trials']}" if p.get("max_trials") else ""
     return (
         f"run {p['run_id']}: {p['done']}{budget} done, {p['running']} running, "
-        f"{p['pending']} pending, {p['invalid']} invalid, {failed} failed"
+        f"{p['pending']} pending, {p['invalid']} invalid, {p['failed']} failed"
+        + (f", {p['timed_out']} timed out" if p.get("timed_out") else "")
         + (f", {p['cached']} cached" if p.get("cached") else "")
         + f" | best {gflops(p['best_gflops'])} GFLOP/s"
         + f" | {float(p['evaluations_per_minute']):.1f} eval/min"
