@@ -60,7 +60,7 @@ def real_db(pg_admin_url: str, pg_template: str, tmp_path_factory) -> Iterator[s
         proc = subprocess.run(
             [
                 "tunefleet", "tune", "synthetic", "--db", url, "--workers", "2",
-                "--max-trials", "16", "--arg", "duration=0.01", "--arg", "invalid_rate=0.2",
+                "--max-trials", "16", "--arg", "duration=0.05", "--arg", "invalid_rate=0.2",
                 "--arg", f"seed={seed}",
             ],
             env=env, capture_output=True, text=True, timeout=240,

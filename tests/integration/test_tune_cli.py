@@ -337,3 +337,38 @@ def test_tune_help_names_every_flag(home):
         "--resume",
     ):
         assert flag in text
+
+
+def test_the_search_waits_until_its_local_workers_have_registered(db_url, tmp_path):
+    from tunefleet.cli.tune import LocalWorkers
+
+    workers = LocalWorkers(db_url, tmp_path / "logs")
+    try:
+        workers.start(("host", "host"), ["--poll", "0.2"])
+        with connect(db_url) as conn:
+            assert workers.wait_registered(conn, timeout_s=60)
+            registered = {
+                r["pid"] for r in conn.execute("SELECT pid FROM tunefleet.worker").fetchall()
+            }
+        assert registered == {proc.pid for proc, _ in workers.procs}
+    finally:
+        workers.stop()
+
+
+def test_the_wait_for_local_workers_ends_when_one_exits_or_on_ctrl_c(db_url, tmp_path):
+    from tunefleet.cli.tune import LocalWorkers
+
+    dead = LocalWorkers(db_url, tmp_path / "dead")
+    alive = LocalWorkers(db_url, tmp_path / "alive")
+    try:
+        # A device pattern that matches nothing: the worker exits before it registers.
+        dead.start(("no-such-device-anywhere",), [])
+        with connect(db_url) as conn:
+            assert not dead.wait_registered(conn, timeout_s=120)
+            assert dead.exited()
+            alive.start(("host",), ["--poll", "0.2"])
+            assert not alive.wait_registered(conn, timeout_s=120, give_up=lambda: True)
+            assert not alive.exited()  # it gave up waiting; the worker itself is fine
+    finally:
+        dead.stop()
+        alive.stop()

@@ -22,9 +22,11 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -34,6 +36,10 @@ from tunefleet.cli.db import add_db_flag
 from tunefleet.cli.output import args_text, gflops, seconds
 from tunefleet.errors import DeviceError, RunError, TunefleetError, UsageError
 from tunefleet.settings import DatabaseSettings, home_dir
+
+#: How long the search waits for its local workers to register before it starts anyway (a
+#: worker registers once it has found its device, before it opens it).
+WORKERS_UP_S = 30.0
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -201,6 +207,25 @@ class LocalWorkers:
                     preexec_fn=functools.partial(_die_with_parent, os.getpid()),
                 )
             self.procs.append((proc, log))
+
+    def wait_registered(
+        self, conn: Any, timeout_s: float, give_up: Callable[[], bool] = lambda: False
+    ) -> bool:
+        """Wait until every local worker has registered, so the search sizes its first
+        queue for all of them rather than for whichever came up first; stop early when one
+        exits or ``give_up()`` says so. Returns whether all registered."""
+        from tunefleet.queries import report
+
+        host = socket.gethostname()
+        pids = {proc.pid for proc, _ in self.procs}
+        deadline = time.monotonic() + timeout_s
+        while True:
+            seen = {w["pid"] for w in report.fleet(conn) if w["host"] == host}
+            if pids <= seen:
+                return True
+            if time.monotonic() > deadline or give_up() or self.exited():
+                return False
+            time.sleep(0.1)
 
     def exited(self) -> list[tuple[int, Path]]:
         """Workers that ended on their own: (exit status, log file)."""
@@ -415,6 +440,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         result = None
         try:
             workers.start(plan.devices, [])
+            workers.wait_registered(conn, WORKERS_UP_S, give_up=lambda: interrupts > 0)
             result = coordinator.run(run_id, progress_callback=on_progress)
         except KeyboardInterrupt:
             interrupts = max(interrupts, 1)
