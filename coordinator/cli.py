@@ -15,7 +15,7 @@ import time
 from types import FrameType
 from typing import Any
 
-from tunefleet.cli.db import add_db_flag, add_wait_flag
+from tunefleet.cli.db import add_db_flag, add_wait_flag, wait_for_db_s
 from tunefleet.errors import UsageError
 
 #: Flags that describe a new run, refused together with --resume.
@@ -125,11 +125,9 @@ def _coordinator(args: argparse.Namespace) -> int:
     from tunefleet.db.engine import database_url
     from tunefleet.settings import DatabaseSettings
 
-    if args.wait_for_db is not None and args.wait_for_db < 0:
-        raise UsageError(f"--wait-for-db {args.wait_for_db}: use zero or a positive number")
     url = database_url(
         DatabaseSettings.build(
-            args.db, wait_s=args.wait_for_db, application_name="tunefleet-coordinator"
+            args.db, wait_s=wait_for_db_s(args), application_name="tunefleet-coordinator"
         )
     )
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from tunefleet.cli.db import add_db_flag, add_wait_flag
+from tunefleet.cli.db import add_db_flag, add_wait_flag, wait_for_db_s
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -109,11 +109,7 @@ def run_worker(args: argparse.Namespace) -> int:
     ):
         if value is not None and value <= 0:
             raise UsageError(f"{flag} {value}: use a positive number")
-    for flag, value in (
-        ("--prefetch", args.prefetch),
-        ("--prepare-workers", args.prepare_workers),
-        ("--wait-for-db", args.wait_for_db),
-    ):
+    for flag, value in (("--prefetch", args.prefetch), ("--prepare-workers", args.prepare_workers)):
         if value is not None and value < 0:
             raise UsageError(f"{flag} {value}: use zero or a positive number")
     if args.worker_verbose:
@@ -123,7 +119,7 @@ def run_worker(args: argparse.Namespace) -> int:
             logging.getLogger("alembic").setLevel(logging.WARNING)
     settings = WorkerSettings.build(
         db=args.db,
-        wait_for_db_s=args.wait_for_db,
+        wait_for_db_s=wait_for_db_s(args),
         device=args.device,
         drain=args.drain,
         max_trials=args.max_trials,

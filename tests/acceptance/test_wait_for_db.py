@@ -123,7 +123,8 @@ def test_a_wait_that_runs_out_says_how_long_it_waited(cli):
 @pytest.mark.parametrize(
     ("args", "env", "message"),
     [
-        (("--wait-for-db", "-5"), {}, "--wait-for-db -5.0: use zero or a positive number"),
+        (("--wait-for-db", "-5"), {}, "--wait-for-db -5: use zero or a positive number"),
+        (("--wait-for-db", "nan"), {}, "--wait-for-db nan: use zero or a positive number"),
         ((), {"TUNEFLEET_WAIT_FOR_DB_S": "soon"}, "TUNEFLEET_WAIT_FOR_DB_S='soon' is not valid"),
     ],
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -35,6 +36,14 @@ def add_wait_flag(parser: argparse.ArgumentParser) -> None:
         help="at start-up, keep retrying this long while the database is unreachable or "
         "its schema is not yet at head (default $TUNEFLEET_WAIT_FOR_DB_S, else 0: fail at once)",
     )
+
+
+def wait_for_db_s(args: argparse.Namespace) -> float | None:
+    """The ``--wait-for-db`` value, checked (``None`` when not given)."""
+    value: float | None = args.wait_for_db
+    if value is not None and not (value >= 0 and math.isfinite(value)):
+        raise UsageError(f"--wait-for-db {value:g}: use zero or a positive number of seconds")
+    return value
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
