@@ -21,7 +21,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -34,6 +33,7 @@ import yaml
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from tests.helpers.ports import free_port
 from tunefleet.db.embedded import EmbeddedServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,17 +106,11 @@ class Stack:
             )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     base = tmp_path_factory.mktemp("compose")
     server = EmbeddedServer(base / "pg" / "data")
-    port = _free_port()
+    port = free_port()
     server.start(listen="127.0.0.1", port=port)
     try:
         services = yaml.safe_load(COMPOSE.read_text())["services"]

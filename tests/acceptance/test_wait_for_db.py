@@ -5,7 +5,6 @@ of exiting, and still fails at once on mistakes that waiting cannot fix."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 from psycopg.conninfo import make_conninfo
 
+from tests.helpers.ports import free_port
 from tests.helpers.queue_data import insert_run, insert_trials, synthetic_configs, wait_until
 from tunefleet.db.engine import connect
 from tunefleet.db.migrate import upgrade
@@ -107,10 +107,7 @@ def test_waiting_never_hides_a_wrong_database_name(cli, pg_admin_url):
 
 
 def test_a_wait_that_runs_out_says_how_long_it_waited(cli):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"postgresql://postgres@127.0.0.1:{port}/tunefleet"
+    url = f"postgresql://postgres@127.0.0.1:{free_port()}/tunefleet"
     proc = cli.run("coordinator", "synthetic", "--wait-for-db", "1", "--db", url)
     assert proc.returncode == 1, proc.stderr
     said = proc.stderr.strip().splitlines()

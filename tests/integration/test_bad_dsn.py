@@ -3,23 +3,16 @@ exit and no traceback (through ``tunefleet db upgrade --db``)."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from tests.helpers.ports import free_port
 from tunefleet.db.engine import connect, normalise_url, redact
 from tunefleet.errors import DatabaseUnavailable, UsageError
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_nothing_listening_on_the_port(cli) -> None:
-    url = f"postgresql://postgres@127.0.0.1:{_closed_port()}/tunefleet"
+    url = f"postgresql://postgres@127.0.0.1:{free_port()}/tunefleet"
     line = cli.fails("db", "upgrade", "--db", url, code=1)
     assert "Connection refused" in line
     assert "is the server running" in line and "tunefleet db start" in line
@@ -78,7 +71,7 @@ def test_unknown_role(cli, pg_admin_url: str) -> None:
 
 
 def test_password_in_the_url_never_shows_up(cli) -> None:
-    url = f"postgresql://u:s3cr3t-pw@127.0.0.1:{_closed_port()}/db"
+    url = f"postgresql://u:s3cr3t-pw@127.0.0.1:{free_port()}/db"
     proc = cli.run("db", "upgrade", "--db", url)
     assert proc.returncode == 1
     assert "s3cr3t-pw" not in proc.stderr + proc.stdout

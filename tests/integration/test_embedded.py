@@ -21,6 +21,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from tests.helpers.ports import free_port
 from tunefleet.db.embedded import REMOTE_ROLE, EmbeddedServer
 from tunefleet.errors import EmbeddedServerError
 
@@ -30,12 +31,6 @@ def server(tmp_path: Path) -> Iterator[EmbeddedServer]:
     srv = EmbeddedServer(tmp_path / "pg" / "data")
     yield srv
     srv.stop()
-
-
-def _free_tcp_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _postmasters(data_dir: Path) -> list[int]:
@@ -108,7 +103,7 @@ def test_asking_a_running_server_for_another_listen_address_is_refused(
 ) -> None:
     pid = server.start().pid
     with pytest.raises(EmbeddedServerError, match=r"already running.*tunefleet db stop"):
-        server.start(listen="127.0.0.1", port=_free_tcp_port())
+        server.start(listen="127.0.0.1", port=free_port())
     assert server.status().pid == pid, "the running server is left alone"
 
 
@@ -148,7 +143,7 @@ def test_pidfile_naming_an_unrelated_live_process_is_stale(server: EmbeddedServe
 def test_listen_serves_tcp_with_scram_password(
     server: EmbeddedServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    port = _free_tcp_port()
+    port = free_port()
     status = server.start(listen="127.0.0.1", port=port)
     assert status.listen == "127.0.0.1" and status.port == port
     assert server.pgpass_path.stat().st_mode & 0o777 == 0o600
@@ -175,7 +170,7 @@ def test_listen_serves_tcp_with_scram_password(
 
 
 def test_restart_with_listen_keeps_the_password(server: EmbeddedServer) -> None:
-    port = _free_tcp_port()
+    port = free_port()
     server.start(listen="127.0.0.1", port=port)
     before = server.pgpass_path.read_text()
     server.stop()
@@ -288,7 +283,7 @@ def test_cli_two_concurrent_starts_make_one_server(cli, cli_env) -> None:
 
 
 def test_cli_listen_remote_url_has_no_password(cli, cli_env, tmp_path: Path) -> None:
-    port = _free_tcp_port()
+    port = free_port()
     out = cli.ok("db", "start", "--listen", "127.0.0.1", "--port", str(port))
     pgpass = Path(cli_env["TUNEFLEET_HOME"]) / "postgres" / "pgpass"
     assert str(pgpass) in out

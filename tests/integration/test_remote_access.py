@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from urllib.parse import urlencode
 import psycopg
 import pytest
 
+from tests.helpers.ports import free_port
 from tunefleet.db.embedded import EmbeddedServer
 from tunefleet.db.engine import connect
 from tunefleet.db.migrate import upgrade
@@ -77,12 +77,6 @@ class TlsServer:
         )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def ssl_capable_bin_dir() -> Path | None:
     """A PostgreSQL binary directory whose server links OpenSSL (the pgserver wheel's build
     does not; distribution packages do)."""
@@ -114,7 +108,7 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsServer]:
     wrong_ca = make_ca(certs, "other-ca")
     crt, key = make_server_cert(certs, "ca")
 
-    port = _free_port()
+    port = free_port()
     bin_dir = ssl_capable_bin_dir()
     if bin_dir is None:
         pytest.skip("no PostgreSQL server build with SSL support on this machine")
