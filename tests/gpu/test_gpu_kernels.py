@@ -34,6 +34,10 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any] | None]] = [
     ("transpose", {}, None),
     ("transpose", {}, {"via_local": False}),
     ("transpose", {}, {"tile_i": 64, "tile_j": 64, "wg_1": 16}),
+    ("jacobi", {}, None),
+    ("jacobi", {}, {"wg_j": 128, "wg_i": 2, "reg_i": 4}),
+    ("axpy", {}, None),
+    ("axpy", {}, {"wg": 128, "reg": 2, "chunk": 4}),
 ]
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from tunefleet.errors import InvalidConfiguration
 from tunefleet.problems.base import Protocol
-from tunefleet.problems.kernel import KernelProblem, PreparedKernel
+from tunefleet.problems.kernel import RESTORED_KEY, KernelProblem, PreparedKernel
 from tunefleet.problems.registry import get_problem
 
 pytestmark = pytest.mark.opencl
@@ -32,7 +32,11 @@ SMALL: dict[str, dict[str, Any]] = {
     "dg_diff": {"n_elements": 40},
     "face_mass": {"n_elements": 40, "n_fields": 2},
     "transpose": {"n": 40, "m": 24},
+    "jacobi": {"n": 37, "m": 45},
+    "axpy": {"n": 500},
 }
+#: Elements each built-in's validation checks at its SMALL size (jacobi: the interior only).
+CHECKED = {"jacobi": (35 * 43, 37 * 45)}
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +65,17 @@ def test_default_configuration_validates_and_times(session, name):
     assert PROTOCOL.min_launches <= len(outcome.samples_s) <= PROTOCOL.max_launches
     assert all(s > 0 for s in outcome.samples_s)
     assert outcome.min_s == min(outcome.samples_s) <= outcome.median_s
-    assert outcome.protocol == PROTOCOL.to_json()
+    restored = {RESTORED_KEY: ["u"]} if name == "axpy" else {}
+    assert outcome.protocol == {**PROTOCOL.to_json(), **restored}
     assert outcome.validation["passed"] and outcome.validation["args"] == args
+    # Every element is checked, as always, except where a reference says otherwise.
+    ((output, verdict),) = outcome.validation["outputs"].items()
+    elements = verdict["elements"]
+    assert (verdict["checked"], elements) == CHECKED.get(name, (elements, elements))
+    # The validation size is the target size here: the same elements are checked after timing.
+    assert outcome.validation["target_checked"] == {
+        output: {"checked": verdict["checked"], "elements": elements}
+    }
     assert outcome.gbps and outcome.gbps > 0
     assert (outcome.gflops is None) == (name == "transpose")
     assert outcome.compile_s and outcome.compile_s > 0

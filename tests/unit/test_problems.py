@@ -21,7 +21,7 @@ from tunefleet.problems.kernel import KernelProblem, check_device_limits, next_b
 from tunefleet.problems.registry import get_problem, list_problems, problem_info
 from tunefleet.space import Space
 
-KERNELS = ("gemm", "dg_diff", "face_mass", "transpose")
+KERNELS = ("gemm", "dg_diff", "face_mass", "transpose", "jacobi", "axpy")
 GPU = DeviceInfo(
     platform="P",
     vendor="V",
@@ -136,6 +136,18 @@ def test_validation_sizes_are_small_and_keep_the_remainder():
     fargs = fm.normalise_args({"n_elements": 1000})
     fconfig = {**fm.default_config(fargs), "wg_e": 8, "reg_e": 2}
     assert fm.validation_args(fargs, fconfig)["n_elements"] == 32 + 1000 % 16
+    jacobi = get_problem("jacobi")
+    jargs = jacobi.normalise_args({"n": 1000, "m": 3})
+    # Two tiles of the interior plus its remainder, and the two boundary lines.
+    assert jacobi.validation_args(jargs, jacobi.default_config(jargs)) == {
+        **jargs,
+        "n": 2 * 16 + 998 % 16 + 2,
+        "m": 3,
+    }
+    axpy = get_problem("axpy")
+    aargs = axpy.normalise_args({"n": 10_000})
+    config = {"wg": 64, "reg": 2, "chunk": 4}
+    assert axpy.validation_args(aargs, config)["n"] == 2 * 512 + 10_000 % 512
 
 
 def test_device_limits_are_checked_against_the_device_info():
@@ -194,6 +206,43 @@ def test_compare_reports_wrong_numbers_and_nans():
     assert not gemm.compare({"x": np.arange(3)}, {"x": np.arange(3) + 1})["passed"]
 
 
+def test_compare_checks_every_element_unless_the_reference_is_nan():
+    gemm = get_problem("gemm")
+    assert isinstance(gemm, KernelProblem)
+    # No NaN in the reference: every element is checked, as always.
+    full = gemm.compare({"c": np.ones((2, 3))}, {"c": np.ones(6)})
+    assert full["outputs"]["c"] == {
+        "tolerance": 1e-10,
+        "dtype": "float64",
+        "checked": 6,
+        "elements": 6,
+        "max_rel_error": 0.0,
+    }
+    want = np.array([[np.nan, 1.0, np.nan], [2.0, 3.0, np.nan]])
+    # Unchecked elements may hold anything, NaN or a wrong number; the error is scaled by the
+    # checked reference values only.
+    have = np.array([[np.nan, 1.0, 7.0], [2.0, 3.0 + 3e-5, np.inf]], dtype=np.float32)
+    ok = gemm.compare({"c": want}, {"c": have})
+    assert ok["passed"], ok["reason"]
+    assert ok["outputs"]["c"]["checked"] == 3 and ok["outputs"]["c"]["elements"] == 6
+    assert ok["outputs"]["c"]["max_rel_error"] == pytest.approx(1e-5, rel=1e-2)
+    # NaN where the reference has a number is still caught, and so is a wrong number.
+    unwritten = have.copy()
+    unwritten[1, 0] = np.nan
+    verdict = gemm.compare({"c": want}, {"c": unwritten})
+    assert not verdict["passed"]
+    assert verdict["reason"] == (
+        "c: 1 of 3 checked outputs are NaN or infinite (not written, or a wrong computation)"
+    )
+    assert verdict["outputs"]["c"]["checked"] == 3
+    wrong = have.copy()
+    wrong[0, 1] = 1.5
+    verdict = gemm.compare({"c": want}, {"c": wrong})
+    assert not verdict["passed"] and "c: wrong numbers (max error 0.167" in verdict["reason"]
+    # An integer output has no NaN: every element is checked.
+    assert gemm.compare({"x": np.arange(3)}, {"x": np.arange(3)})["outputs"]["x"]["checked"] == 3
+
+
 def test_registry_lists_builtins_with_arguments():
     infos = {info.name: info for info in list_problems()}
     assert set(KERNELS) <= set(infos)
@@ -208,6 +257,11 @@ def test_registry_lists_builtins_with_arguments():
     assert all(a["help"] for a in gemm.args)
     assert "ifj,fe,fej->ei" in infos["face_mass"].description
     assert infos["face_mass"].to_json()["args"][0]["name"] == "n_elements"
+    # The two examples of partial writes and in-place updates, with small spaces.
+    assert "only the interior" in infos["jacobi"].description
+    assert infos["jacobi"].space_size == 8 * 5 * 4 * 2
+    assert "in-place update u[i] += alpha * v[i]" in infos["axpy"].description
+    assert infos["axpy"].space_size == 11 * 4 * 3
 
 
 USER_PROBLEM = """
@@ -276,7 +330,7 @@ def test_problem_modules_import_without_loopy_or_pyopencl():
         sys.modules["pyopencl"] = None
         sys.modules["islpy"] = None
         from tunefleet.problems.registry import get_problem
-        for name in ("gemm", "dg_diff", "face_mass", "transpose"):
+        for name in ("gemm", "dg_diff", "face_mass", "transpose", "jacobi", "axpy"):
             p = get_problem(name)
             args = p.normalise_args({})
             p.check_config(args, p.default_config(args))

@@ -17,18 +17,34 @@ only pays the OpenCL build (measured: 3-5 s of code generation for an unrolled G
 1. Build the OpenCL program (``compile_s`` = loopy code generation in prepare + OpenCL build
    here). A build error is an ``invalid`` outcome with the build log.
 2. Validate at the small size: deterministic inputs, outputs pre-filled with NaN (so elements a
-   kernel forgets to write are caught), compared with the NumPy reference (computed in
-   float64) by the scaled max-norm error ``max|out - ref| / max|ref|``. Tolerances per dtype
-   (:data:`TOLERANCES`): float32 1e-4, float64 1e-10, complex64 1e-4, complex128 1e-10;
-   integers must match exactly. Wrong numbers, NaN or infinity give ``invalid`` with the
-   output's name, the error and the tolerance.
+   kernel forgets to write are caught) unless the problem gives their starting contents,
+   compared with the NumPy reference (computed in float64) by the scaled max-norm error
+   ``max|out - ref| / max|ref|``. Tolerances per dtype (:data:`TOLERANCES`): float32 1e-4,
+   float64 1e-10, complex64 1e-4, complex128 1e-10; integers must match exactly. Wrong
+   numbers, NaN or infinity give ``invalid`` with the output's name, the error and the
+   tolerance. **Unchecked elements:** where the reference holds NaN, the element is not
+   checked (the kernel may leave it unwritten); every other element is. The verdict records,
+   per output, how many elements were checked.
 3. Time at the target size with OpenCL profiling events (see :class:`~tunefleet.problems.base
    .Protocol`): warm-up launches, then rounds until at least ``min_launches`` launches and
    ``min_seconds`` of kernel time, at most ``max_launches``. Every sample is kept; the
    outcome reports median and minimum, GFLOP/s and GB/s from the median, compile time, the
-   protocol, software versions and the device. After timing, every target output must be
-   finite (outputs start as NaN, so a kernel that skips elements at the target size is caught
-   there too).
+   protocol, software versions and the device. After timing, every checked target output must
+   be finite (outputs start as NaN, so a kernel that skips elements at the target size is
+   caught there too); the unchecked elements come from the reference at the target size,
+   computed once per size and only for problems whose validation reference has NaN.
+
+**Starting contents.** ``make_inputs`` may also return an array for an output: its starting
+contents (instead of NaN). An argument the kernel reads and writes (loopy infers it, or the
+problem declares ``is_input=True, is_output=True``) is updated in place and must get its
+starting contents there. Validation launches once from those contents. Before every timed or
+warm-up launch, in-place arguments are restored from a pristine device copy with a
+device-to-device copy enqueued ahead of the kernel on the same in-order queue: the kernel's
+profiling event starts after the copy ends, so samples time the kernel alone, and every launch
+does the same work from the same numbers (an accumulation would otherwise grow, overflow or
+change its data-dependent cost launch after launch). Outputs the kernel only writes are not
+restored: a kernel that never reads them writes the same values on every launch. The
+measurement's protocol names the restored arguments (``restored_before_each_launch``).
 
 Launch errors (too many resources for the work-group, invalid work-group size) are ``invalid``;
 if the OpenCL context does not survive the error, :class:`~tunefleet.errors.DeviceError` is
@@ -78,6 +94,8 @@ class ArrayInfo:
     shape: tuple[int, ...]
     dtype: str
     is_output: bool
+    #: Read by the kernel as well: with ``is_output``, an argument updated in place.
+    is_input: bool = False
 
 
 @dataclass(frozen=True)
@@ -156,11 +174,15 @@ class KernelProblem(Problem):
     @abstractmethod
     def make_inputs(self, args: Mapping[str, Any], rng: np.random.Generator) -> dict[str, Any]:
         """Input arrays by kernel argument name, in their natural (NumPy) shapes; a kernel
-        may view an array in another C-order shape of the same size (split axes)."""
+        may view an array in another C-order shape of the same size (split axes). An array
+        under an output's name gives that output's starting contents (instead of NaN); an
+        argument the kernel reads and writes (in place) must have one."""
 
     @abstractmethod
     def reference(self, args: Mapping[str, Any], inputs: Mapping[str, Any]) -> dict[str, Any]:
-        """The expected output arrays by kernel argument name (compute in float64)."""
+        """The expected output arrays by kernel argument name (compute in float64), after
+        one launch from the starting contents. NaN marks an element that is not checked
+        (the kernel may leave it unwritten)."""
 
     @abstractmethod
     def flop_count(self, args: Mapping[str, Any]) -> float:
@@ -270,8 +292,12 @@ class KernelProblem(Problem):
             "local_mem_bytes": target.local_mem_bytes,
             "validation_args": val.args,
         }
+        measured_protocol = protocol.to_json()
+        restored = sorted(a.name for a in target.arrays if a.is_output and a.is_input)
+        if restored:  # recorded only where it happens: other measurements keep their protocol
+            measured_protocol[RESTORED_KEY] = restored
         base = {
-            "protocol": protocol.to_json(),
+            "protocol": measured_protocol,
             "versions": software_versions(session),
             "device": session.info.to_json(),
             "code": target.source,
@@ -299,18 +325,19 @@ class KernelProblem(Problem):
         details["build_s"] += launcher.build_s
         rng = np.random.default_rng(protocol.seed)
         host_inputs = self.make_inputs(val.args, rng)
+        # Before the reference: a missing starting content is named, not a KeyError inside it.
+        arrays = _KernelArrays.create(self.name, val, _to_device(host_inputs, session), session)
         expected = self.reference(val.args, host_inputs)
-        outputs = _output_arrays(val, session)
-        missing = sorted(set(expected) - set(outputs))
+        missing = sorted(set(expected) - set(arrays.outputs))
         if missing:
             raise KeyError(f"{self.name}: the reference has outputs {missing} the kernel lacks")
-        launcher.bind(_to_device(host_inputs, session), outputs)
+        launcher.bind(arrays.by_name)
         try:
             launcher.launch().wait()
         except _cl_errors() as exc:
             _check_device_alive(session, exc)
             return invalid(f"kernel launch failed at the validation size: {_first_line(exc)}")
-        verdict = self.compare(expected, {k: outputs[k].get() for k in expected})
+        verdict = self.compare(expected, {k: arrays.outputs[k].get() for k in expected})
         verdict["args"] = val.args
         if not verdict["passed"]:
             return invalid(verdict["reason"], verdict)
@@ -321,26 +348,51 @@ class KernelProblem(Problem):
             if launcher is None:
                 return invalid(reason, verdict)
             details["build_s"] += launcher.build_s
-            outputs = _output_arrays(target, session)
-            launcher.bind(self._target_inputs(target.args, protocol.seed, session), outputs)
+            arrays = _KernelArrays.create(
+                self.name,
+                target,
+                self._target_inputs(target.args, protocol.seed, session),
+                session,
+            )
+            launcher.bind(arrays.by_name)
+            partial = any(o["checked"] < o["elements"] for o in verdict["outputs"].values())
+            checked = self._target_checked(target.args, protocol.seed) if partial else {}
         else:
-            for arr in outputs.values():
-                _poison(arr)
+            arrays.reset()
+            checked = {}
+            for name, want in expected.items():
+                mask = _checked_mask(np.asarray(want))
+                if mask is not None:
+                    checked[name] = mask
         details["compile_s"] = details["build_s"] + details["codegen_s"]
+
+        def launch() -> Any:
+            arrays.restore()
+            return launcher.launch()
+
         try:
-            samples = time_launches(launcher.launch, protocol)
+            samples = time_launches(launch if arrays.restores else launcher.launch, protocol)
         except _cl_errors() as exc:
             _check_device_alive(session, exc)
             return invalid(f"kernel launch failed at the target size: {_first_line(exc)}", verdict)
-        for name, arr in outputs.items():
+        target_checked: dict[str, Any] = {}
+        for name, arr in arrays.outputs.items():
             host = arr.get()
-            if host.dtype.kind in "fc" and not np.isfinite(host).all():
-                bad = int(np.size(host) - np.isfinite(host).sum())
+            if host.dtype.kind not in "fc":
+                continue
+            finite = np.isfinite(host)
+            mask = checked.get(name)
+            if mask is not None:
+                finite = finite.reshape(mask.shape)[mask]
+            target_checked[name] = {"checked": int(finite.size), "elements": int(host.size)}
+            if not finite.all():
+                bad = int(finite.size - finite.sum())
                 return invalid(
-                    f"{name}: {bad} of {host.size} outputs are NaN or infinite at the target "
-                    "size (not written, or overflow)",
+                    f"{name}: {bad} of {_outputs(finite.size, host.size)} are NaN or infinite "
+                    "at the target size (not written, or overflow)",
                     verdict,
                 )
+        verdict["target_checked"] = target_checked
         median = statistics.median(samples)
         stat = median if protocol.statistic == "median" else min(samples)
         flops, nbytes = base["flop_count"], base["byte_count"]
@@ -359,19 +411,30 @@ class KernelProblem(Problem):
         )
 
     def compare(self, expected: Mapping[str, Any], got: Mapping[str, Any]) -> dict[str, Any]:
-        """Validation verdict: ``passed``, ``reason``, and per output the scaled error and the
-        tolerance it was held to."""
+        """Validation verdict: ``passed``, ``reason``, and per output the scaled error, the
+        tolerance it was held to and how many of its elements were checked (``checked`` of
+        ``elements``: where the reference is NaN an element is not checked)."""
         per_output: dict[str, Any] = {}
         for name, want in expected.items():
             want_arr = np.asarray(want)
             have = np.asarray(got[name]).reshape(want_arr.shape)
             tol = self.tolerance(have.dtype)
+            mask = _checked_mask(want_arr)
+            if mask is not None:
+                want_arr, have = want_arr[mask], have[mask]
+            entry: dict[str, Any] = {
+                "tolerance": tol,
+                "dtype": have.dtype.name,
+                "checked": int(have.size),
+                "elements": int(mask.size if mask is not None else have.size),
+            }
+            per_output[name] = entry
             if have.dtype.kind in "fc" and not np.isfinite(have).all():
                 bad = int(have.size - np.isfinite(have).sum())
                 return {
                     "passed": False,
-                    "reason": f"{name}: {bad} of {have.size} outputs are NaN or infinite "
-                    "(not written, or a wrong computation)",
+                    "reason": f"{name}: {bad} of {_outputs(have.size, entry['elements'])} are "
+                    "NaN or infinite (not written, or a wrong computation)",
                     "outputs": per_output,
                 }
             scale = float(np.max(np.abs(want_arr))) if want_arr.size else 0.0
@@ -379,7 +442,7 @@ class KernelProblem(Problem):
                 float(np.max(np.abs(have.astype(np.complex128) - want_arr))) if have.size else 0.0
             )
             err = diff / scale if scale > 0 else diff
-            per_output[name] = {"max_rel_error": err, "tolerance": tol, "dtype": have.dtype.name}
+            entry["max_rel_error"] = err
             if not err <= tol:
                 return {
                     "passed": False,
@@ -404,11 +467,45 @@ class KernelProblem(Problem):
             _DEVICE_INPUTS[key] = cached
         return cached
 
+    def _target_checked(self, args: Mapping[str, Any], seed: int) -> dict[str, Any]:
+        """Per output with unchecked elements, the mask of its checked ones at the target size
+        (from the reference there: computed once per size, only for problems that need it)."""
+        key = (type(self).__module__, type(self).__qualname__, canonical_json(dict(args)), seed)
+        cached = _TARGET_CHECKED.get(key)
+        if cached is None:
+            _TARGET_CHECKED.clear()
+            inputs = self.make_inputs(args, np.random.default_rng(seed))
+            cached = {}
+            for name, want in self.reference(args, inputs).items():
+                mask = _checked_mask(np.asarray(want))
+                if mask is not None:
+                    cached[name] = mask
+            _TARGET_CHECKED[key] = cached
+        return cached
+
 
 # --- helpers --------------------------------------------------------------------------------
 
 #: Target-size inputs on the device, reused while a worker measures one run's configurations.
+#: Never bound to a kernel argument that is written: those get a working copy.
 _DEVICE_INPUTS: dict[tuple[Any, ...], dict[str, Any]] = {}
+#: Target-size masks of checked output elements, for problems whose reference has NaN.
+_TARGET_CHECKED: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+#: The protocol key naming the arguments restored before each launch (in-place updates).
+RESTORED_KEY = "restored_before_each_launch"
+
+
+def _checked_mask(want: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
+    """Where the reference is a number (``None``: everywhere); NaN marks an unchecked element."""
+    if want.dtype.kind not in "fc":
+        return None
+    unchecked = np.isnan(want)
+    return ~unchecked if unchecked.any() else None
+
+
+def _outputs(checked: int, total: int) -> str:
+    return f"{checked} outputs" if checked == total else f"{checked} checked outputs"
 
 
 def next_batch(samples: list[float], protocol: Protocol) -> int:
@@ -511,10 +608,10 @@ class _Launcher:
             return None, f"OpenCL build failed: {str(exc).strip()}"
         return cls(built, session, executor, time.perf_counter() - t0), ""
 
-    def bind(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> None:
+    def bind(self, arrays: Mapping[str, Any]) -> None:
         kwargs: dict[str, Any] = {}
         for a in self.built.arrays:
-            arr = outputs.get(a.name) if a.is_output else inputs.get(a.name)
+            arr = arrays.get(a.name)
             if arr is None:
                 raise KeyError(f"{self.built.entrypoint}: no array for kernel argument {a.name!r}")
             kwargs[a.name] = arr if tuple(arr.shape) == a.shape else arr.reshape(a.shape)
@@ -562,17 +659,70 @@ def _poison(arr: Any) -> None:
         arr.fill(np.iinfo(arr.dtype).max if np.dtype(arr.dtype).kind in "iu" else 0)
 
 
-def _output_arrays(built: BuiltKernel, session: Any) -> dict[str, Any]:
-    """Device arrays for the kernel's outputs, in the kernel's shapes, filled with NaN."""
-    import pyopencl.array as cla
+class _KernelArrays:
+    """The device arrays of one kernel's arguments: inputs as given, and a working array per
+    output, starting as NaN or as the contents the problem gave. ``restores`` pairs each
+    in-place argument with its pristine copy."""
 
-    out = {}
-    for a in built.arrays:
-        if a.is_output:
-            arr = cla.empty(session.queue, a.shape, np.dtype(a.dtype))
-            _poison(arr)
-            out[a.name] = arr
-    return out
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.by_name: dict[str, Any] = {}
+        self.outputs: dict[str, Any] = {}
+        self.starts: list[tuple[Any, Any]] = []
+        self.restores: list[tuple[Any, Any]] = []
+
+    @classmethod
+    def create(
+        cls, problem: str, built: BuiltKernel, given: Mapping[str, Any], session: Any
+    ) -> _KernelArrays:
+        import pyopencl.array as cla
+
+        self = cls(session)
+        for a in built.arrays:
+            src = given.get(a.name)
+            if not a.is_output:
+                if src is not None:
+                    self.by_name[a.name] = src
+                continue  # a missing input is the launcher's to name
+            work = cla.empty(session.queue, a.shape, np.dtype(a.dtype))
+            if src is None:
+                if a.is_input:
+                    raise KeyError(
+                        f"{problem}: kernel argument {a.name!r} is read and written (updated "
+                        "in place); make_inputs must return its starting contents"
+                    )
+            else:
+                if np.dtype(src.dtype) != work.dtype or src.nbytes != work.nbytes:
+                    raise ValueError(
+                        f"{problem}: the starting contents of {a.name!r} are {src.dtype} "
+                        f"{tuple(src.shape)}; the kernel's argument is {a.dtype} {a.shape}"
+                    )
+                self.starts.append((work, src))
+                if a.is_input:
+                    self.restores.append((work, src))
+            self.by_name[a.name] = work
+            self.outputs[a.name] = work
+        self.reset()
+        return self
+
+    def reset(self) -> None:
+        """Every output as a launch starts: NaN, or the contents the problem gave."""
+        started = {id(work) for work, _ in self.starts}
+        for arr in self.outputs.values():
+            if id(arr) not in started:
+                _poison(arr)
+        self._copy(self.starts)
+
+    def restore(self) -> None:
+        """Put the in-place arguments back to their starting contents, enqueued ahead of the
+        next launch on the same in-order queue (outside the kernel's profiling event)."""
+        self._copy(self.restores)
+
+    def _copy(self, pairs: list[tuple[Any, Any]]) -> None:
+        import pyopencl as cl
+
+        for dst, src in pairs:
+            cl.enqueue_copy(self.session.queue, dst.data, src.data, byte_count=src.nbytes)
 
 
 def _array_info(arg: Any) -> ArrayInfo:
@@ -581,6 +731,7 @@ def _array_info(arg: Any) -> ArrayInfo:
         shape=tuple(_as_int(s, f"shape of {arg.name}") for s in arg.shape),
         dtype=np.dtype(arg.dtype.numpy_dtype).name,
         is_output=bool(arg.is_output),
+        is_input=bool(arg.is_input),
     )
 
 
@@ -622,6 +773,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 __all__ = [
+    "RESTORED_KEY",
     "TOLERANCES",
     "ArrayInfo",
     "BuiltKernel",

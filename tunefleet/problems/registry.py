@@ -28,6 +28,8 @@ BUILTINS: dict[str, str] = {
     "dg_diff": "tunefleet.problems.dg:DGDiff",
     "face_mass": "tunefleet.problems.dg:FaceMass",
     "transpose": "tunefleet.problems.transpose:Transpose",
+    "jacobi": "tunefleet.problems.jacobi:Jacobi",
+    "axpy": "tunefleet.problems.axpy:Axpy",
     "feinsum": "tunefleet.problems.feinsum_problem:FeinsumProblem",
 }
 
