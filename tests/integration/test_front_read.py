@@ -128,6 +128,19 @@ def test_best_prints_configuration_gflops_and_a_reproduce_command(ro_url, ro, ca
     assert ns.protocol is None  # the run used the default protocol
 
 
+def test_reproduce_command_carries_protocol_settings_not_what_a_measurement_recorded():
+    from tunefleet.cli.front import reproduce_command
+    from tunefleet.problems.base import Protocol
+
+    run = {"problem": "axpy", "problem_args": {"n": 4096}, "device_class": "cpu", "protocol": {}}
+    recorded = {**Protocol(min_launches=20).to_json(), "restored_before_each_launch": ["u"]}
+    best = {"config": {"wg": 64}, "device_name": "cpu0", "protocol": recorded}
+    words = shlex.split(reproduce_command(run, best))
+    assert words[words.index("--protocol") + 1] == '{"min_launches":20}'
+    best["protocol"] = {**Protocol().to_json(), "restored_before_each_launch": ["u"]}
+    assert "--protocol" not in shlex.split(reproduce_command(run, best))
+
+
 def _conn(url: str) -> Any:
     from tunefleet.db.engine import connect
 

@@ -340,7 +340,9 @@ def reproduce_command(run: Row, best: Row) -> str:
         words += ["--device", "host"]
     protocol = best.get("protocol") or run.get("protocol") or {}
     defaults = Protocol().to_json()
-    differing = {k: v for k, v in protocol.items() if defaults.get(k) != v}
+    # Only settings: a measurement also records facts about itself (the arguments it restored
+    # before each launch), which follow from the problem and are no option of `measure`.
+    differing = {k: v for k, v in protocol.items() if k in defaults and defaults[k] != v}
     if differing:
         words += ["--protocol", json.dumps(differing, sort_keys=True, separators=(",", ":"))]
     return shell_join(words)
