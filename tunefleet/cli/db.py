@@ -9,8 +9,8 @@ import math
 import sys
 from pathlib import Path
 
-from tunefleet.db.embedded import default_server
-from tunefleet.errors import SchemaOutOfDate, UsageError
+from tunefleet.db.embedded import EmbeddedServer, default_server
+from tunefleet.errors import SchemaOutOfDate, TunefleetError, UsageError
 from tunefleet.settings import DatabaseSettings
 
 
@@ -50,12 +50,36 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     db = sub.add_parser("db", help="the embedded PostgreSQL server and schema migrations")
     dbsub = db.add_subparsers(dest="db_command", metavar="ACTION", required=True)
 
-    start = dbsub.add_parser("start", help="start (or reuse) the embedded server")
-    start.add_argument("--listen", metavar="HOST", help="also serve TCP on HOST (e.g. 0.0.0.0)")
-    start.add_argument("--port", type=int, metavar="P", help="TCP port (default 5432)")
+    start = dbsub.add_parser(
+        "start",
+        help="start (or reuse) the embedded server",
+        description="Start the embedded server, or reuse it while it runs. Without --listen "
+        "and --port it comes back on the address it last had (port, TCP addresses, socket "
+        "directory), so running coordinators and workers reconnect by themselves.",
+    )
+    where = start.add_mutually_exclusive_group()
+    where.add_argument("--listen", metavar="HOST", help="also serve TCP on HOST (e.g. 0.0.0.0)")
+    where.add_argument(
+        "--local",
+        action="store_true",
+        help="serve the local socket only (forget an earlier --listen)",
+    )
+    start.add_argument(
+        "--port", type=int, metavar="P", help="port (default: the last one; 5432 for TCP)"
+    )
     start.set_defaults(func=_start)
 
-    stop = dbsub.add_parser("stop", help="stop the embedded server")
+    stop = dbsub.add_parser(
+        "stop",
+        help="stop the embedded server",
+        description="Stop the embedded server. While a run is in flight (a live coordinator, "
+        "or live workers holding trials) it refuses and names them, unless --force.",
+    )
+    stop.add_argument(
+        "--force",
+        action="store_true",
+        help="stop even with a run in flight (its processes reconnect after `db start`)",
+    )
     stop.set_defaults(func=_stop)
 
     status = dbsub.add_parser("status", help="is the embedded server running, and where")
@@ -114,23 +138,55 @@ def _start(args: argparse.Namespace) -> int:
     if args.port is not None and not 0 < args.port < 65536:
         raise UsageError(f"--port {args.port} is not a TCP port; use 1-65535")
     server = default_server()
-    server.start(listen=args.listen, port=args.port)
+    server.start(listen="" if args.local else args.listen, port=args.port)
     url = server.local_url()
     from tunefleet.db.migrate import upgrade
 
     upgrade(url)
     print(f"embedded PostgreSQL running (data: {server.data_dir})")
     print(f"local URL: {url}")
-    if args.listen:
+    if server.status().listen:
         print(f"remote URL: {server.remote_url()}")
         print(f"password file: {server.pgpass_path} (copy to the workers, set PGPASSFILE)")
     return 0
 
 
 def _stop(args: argparse.Namespace) -> int:
-    stopped = default_server().stop()
+    server = default_server()
+    if not args.force and server.status().running:
+        _refuse_stop_in_flight(server)
+    stopped = server.stop()
     print("embedded PostgreSQL stopped" if stopped else "embedded PostgreSQL was not running")
     return 0
+
+
+def _refuse_stop_in_flight(server: EmbeddedServer) -> None:
+    """Raise, naming them, when stopping would cut off a live coordinator or workers
+    holding trials. A server we cannot ask (no schema, refusing logins) is stopped."""
+    import psycopg
+
+    from tunefleet.db.engine import connect
+    from tunefleet.queries.queue import COORDINATOR_ALIVE_S
+    from tunefleet.queries.report import live_clients
+
+    try:
+        with connect(server.local_url(), connect_timeout=5) as conn:
+            clients = live_clients(conn, coordinator_alive_s=COORDINATOR_ALIVE_S)
+    except (psycopg.Error, TunefleetError):
+        return
+    coordinators = [c for c in clients if c["kind"] == "coordinator"]
+    workers = [c for c in clients if c["kind"] == "worker"]
+    if not coordinators and not any(w["holding"] for w in workers):
+        return
+    named = [f"the coordinator of run {c['run_id']}" for c in coordinators]
+    for w in workers:
+        holds = f", holding {w['holding']} trial{'s' if w['holding'] != 1 else ''}"
+        named.append(f"worker {w['host']} pid {w['pid']}{holds if w['holding'] else ''}")
+    raise TunefleetError(
+        f"a run is in flight: stopping the server would cut off {'; '.join(named)}; let the "
+        "run finish (or Ctrl-C its `tunefleet tune`), or stop anyway with "
+        "`tunefleet db stop --force` (they reconnect once `tunefleet db start` brings it back)"
+    )
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -144,6 +200,7 @@ def _status(args: argparse.Namespace) -> int:
         "listen": st.listen,
         "url": server.local_url() if st.running else None,
     }
+    info.update(_versions(server, st.running))
     if st.stale:
         info["note"] = (
             "a crashed server left its postmaster.pid behind; `tunefleet db start` recovers"
@@ -152,9 +209,36 @@ def _status(args: argparse.Namespace) -> int:
         print(json.dumps(info))
     else:
         for key, value in info.items():
-            print(f"{key:9} {value if value is not None else '-'}")
+            print(f"{key:14} {value if value is not None else '-'}")
     # Exit 3 when stopped, like `pg_ctl status`, so scripts can test it.
     return 0 if st.running else 3
+
+
+def _versions(server: EmbeddedServer, running: bool) -> dict[str, object]:
+    """Which PostgreSQL serves (or would serve) the data, and where its binaries come from:
+    the running server's own version when it answers, else the binaries'."""
+    import psycopg
+
+    from tunefleet.db.engine import connect
+
+    info: dict[str, object] = {"data_version": server.data_major()}
+    try:
+        binaries = server.binaries
+    except TunefleetError as exc:
+        info.update(server_version=None, binaries=None, note=str(exc))
+        return info
+    version = binaries.version or None
+    if running:
+        try:
+            with connect(server.local_url(), connect_timeout=5) as conn:
+                row = conn.execute("SHOW server_version").fetchone()
+            version = str(row["server_version"]).split()[0] if row else version
+        except (psycopg.Error, TunefleetError):
+            pass  # the binaries' version stands in
+    info["server_version"] = f"PostgreSQL {version}" if version else None
+    info["binaries"] = str(binaries.bin_dir)
+    info["binaries_from"] = binaries.origin
+    return info
 
 
 def _url(args: argparse.Namespace) -> int:

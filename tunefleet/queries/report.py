@@ -277,3 +277,35 @@ def failure_summary(conn: Conn, run_id: int) -> list[Row]:
         """,
         {"run_id": run_id},
     )
+
+
+def live_clients(
+    conn: Conn, *, coordinator_alive_s: float = 30.0, worker_alive_s: float = 60.0
+) -> list[Row]:
+    """The processes a stop of the server would cut off: coordinators driving a ``running``
+    run (heartbeat younger than ``coordinator_alive_s``) and ``active`` workers with a fresh
+    heartbeat, each with the run it drives or the trials it holds (``holding``). Empty when
+    the database has no tunefleet schema.
+
+    Read-only, no locks."""
+    if _one(conn, "SELECT to_regclass('tunefleet.run') IS NOT NULL AS ok") != {"ok": True}:
+        return []
+    return _all(
+        conn,
+        """
+        SELECT 'coordinator' AS kind, r.coordinator_id::text AS id, r.id AS run_id,
+               NULL::text AS host, NULL::integer AS pid, 0::bigint AS holding
+          FROM tunefleet.run r
+         WHERE r.state = 'running' AND r.coordinator_id IS NOT NULL
+           AND r.coordinator_heartbeat_at > now() - make_interval(secs => %(coordinator)s)
+        UNION ALL
+        SELECT 'worker', w.id::text, NULL, w.host, w.pid,
+               (SELECT count(*) FROM tunefleet.trial t
+                 WHERE t.lease_owner = w.id AND t.state = 'running')
+          FROM tunefleet.worker w
+         WHERE w.state = 'active'
+           AND w.heartbeat_at > now() - make_interval(secs => %(worker)s)
+         ORDER BY 1, 3, 4, 5
+        """,
+        {"coordinator": coordinator_alive_s, "worker": worker_alive_s},
+    )
