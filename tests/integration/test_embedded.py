@@ -389,3 +389,121 @@ def test_ordinary_user_runs_the_embedded_server(tmp_path: Path) -> None:
     finally:
         tunefleet("db", "stop")
         shutil.rmtree(home, ignore_errors=True)
+
+
+# --- a restart strands nobody: same port, TCP addresses and socket directory ------------------
+
+
+def test_restart_after_stop_or_kill_comes_back_on_the_same_address(
+    server: EmbeddedServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = server.start()
+    url = server.local_url()
+    server.stop()
+    assert server.start().port == first.port
+    assert server.local_url() == url, "a clean stop and start keep the address"
+
+    pid = server.status().pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    _wait_dead(pid)
+    # Started from a shell whose temporary directory differs: the socket does not move.
+    other_tmp = tmp_path / "other-tmp"
+    other_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(other_tmp))
+    assert server.start().pid != pid
+    assert server.local_url() == url, "after a crash too"
+    with psycopg.connect(url) as conn:  # what a live client retries
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_restart_keeps_tcp_until_asked_for_local_only(server: EmbeddedServer) -> None:
+    port = free_port()
+    server.start(listen="127.0.0.1", port=port)
+    remote = server.remote_url()
+    server.stop()
+    again = server.start()
+    assert (again.listen, again.port) == ("127.0.0.1", port)
+    assert server.remote_url() == remote, "remote workers' URL still works"
+    server.stop()
+    local = server.start(listen="")
+    assert local.listen is None and local.port != port
+    with pytest.raises(EmbeddedServerError, match="does not listen on TCP"):
+        server.remote_url()
+
+
+def _insert_live_run(url: str) -> tuple[int, int]:
+    """A run driven by a live coordinator and a live worker holding one of its trials, as
+    rows; returns (run id, worker pid)."""
+    from tests.helpers.coordinator import register_worker
+    from tests.helpers.queue_data import insert_run, insert_trials, synthetic_configs
+    from tunefleet.db.engine import connect
+
+    with connect(url) as conn:
+        run_id = insert_run(conn)
+        conn.execute(
+            "UPDATE tunefleet.run SET coordinator_id = gen_random_uuid(),"
+            " coordinator_heartbeat_at = now() WHERE id = %s",
+            (run_id,),
+        )
+        worker = register_worker(conn, device_class="any")
+        (trial,) = insert_trials(conn, run_id, synthetic_configs(1))
+        conn.execute(
+            "UPDATE tunefleet.trial SET state = 'running', attempt = 1, lease_owner = %s,"
+            " lease_expires_at = now() + interval '1 hour' WHERE id = %s",
+            (worker, trial),
+        )
+        pid = conn.execute("SELECT pid FROM tunefleet.worker WHERE id = %s", (worker,))
+        return run_id, int(pid.fetchone()["pid"])
+
+
+def test_cli_stop_with_a_run_in_flight_asks_for_force(cli, cli_env) -> None:
+    cli.ok("db", "start")
+    url = _status(cli)["url"]
+    run_id, worker_pid = _insert_live_run(url)
+
+    line = cli.fails("db", "stop")
+    assert "a run is in flight" in line and "--force" in line
+    assert f"the coordinator of run {run_id}" in line
+    assert f"worker test pid {worker_pid}, holding 1 trial" in line
+    assert _status(cli)["running"] is True, "nothing was stopped"
+
+    assert "stopped" in cli.ok("db", "stop", "--force")
+    assert _status(cli)["running"] is False
+
+
+def test_cli_stop_without_a_run_in_flight_needs_no_force(cli, cli_env) -> None:
+    cli.ok("db", "start")
+    url = _status(cli)["url"]
+    from tests.helpers.coordinator import register_worker
+    from tunefleet.db.engine import connect
+
+    with connect(url) as conn:
+        register_worker(conn)  # an idle worker waiting for work: no run is cut off
+        # A coordinator that died long ago (no heartbeat for an hour) is not live.
+        from tests.helpers.queue_data import insert_run
+
+        run_id = insert_run(conn)
+        conn.execute(
+            "UPDATE tunefleet.run SET coordinator_id = gen_random_uuid(),"
+            " coordinator_heartbeat_at = now() - interval '1 hour' WHERE id = %s",
+            (run_id,),
+        )
+    assert "stopped" in cli.ok("db", "stop")
+
+
+def test_cli_status_names_the_server_version_and_its_binaries(cli) -> None:
+    from tunefleet.db.embedded import find_binaries
+
+    binaries = find_binaries()
+    stopped = _status(cli)
+    assert stopped["server_version"] == f"PostgreSQL {binaries.version}"
+    assert stopped["binaries"] == str(binaries.bin_dir)
+    assert stopped["binaries_from"] == binaries.origin
+    cli.ok("db", "start")
+    running = _status(cli)
+    assert running["server_version"] == f"PostgreSQL {binaries.version}"
+    assert running["data_version"] == binaries.major
+    text = cli.run("db", "status").stdout
+    assert f"server_version PostgreSQL {binaries.version}" in text
+    assert f"binaries_from  {binaries.origin}" in text
