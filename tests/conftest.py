@@ -46,6 +46,20 @@ def pytest_configure(config: pytest.Config) -> None:
     config.add_cleanup(lambda: shutil.rmtree(base, ignore_errors=True))
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    """Which PostgreSQL the session's server runs on, and where its binaries come from."""
+    if os.environ.get("TUNEFLEET_TEST_ADMIN_URL"):
+        return "PostgreSQL: TUNEFLEET_TEST_ADMIN_URL"
+    from tunefleet.db.embedded import find_binaries
+    from tunefleet.errors import TunefleetError
+
+    try:
+        binaries = find_binaries()
+    except TunefleetError as exc:
+        return f"PostgreSQL: {exc}"
+    return f"PostgreSQL {binaries.version}: {binaries.describe()}"
+
+
 @pytest.fixture(scope="session")
 def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A superuser DSN on a running PostgreSQL server."""

