@@ -219,9 +219,12 @@ def test_compose_config_validates(profiles, tmp_path):
 
 # --- docker/device-workers.sh: one worker per device, signals passed on ---------------------
 
+# The record appears whole (renamed into place) once SIGTERM is handled: a test that sees it
+# never reads an empty file or stops a worker that cannot yet say it released its trials.
 FAKE_WORKER = """#!/usr/bin/env bash
-echo "$*" > "$FAKE_RECORD_DIR/worker-$$.txt"
 trap 'echo released >> "$FAKE_RECORD_DIR/worker-$$.txt"; exit 0' TERM
+echo "$*" > "$FAKE_RECORD_DIR/worker-$$.part"
+mv "$FAKE_RECORD_DIR/worker-$$.part" "$FAKE_RECORD_DIR/worker-$$.txt"
 if [[ -n "${FAKE_EXIT:-}" && " $* " == *" --device 1 "* ]]; then exit "$FAKE_EXIT"; fi
 while true; do sleep 0.1; done
 """

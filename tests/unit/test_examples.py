@@ -23,11 +23,14 @@ SCRIPTS = [SLURM, FLEET]
 DSN = "postgresql://tunefleet_worker@head:5432/tunefleet?sslmode=verify-full&sslrootcert=/x/ca.crt"
 
 # A worker stand-in: records argv and the environment it needs, waits for SIGTERM, exits 0.
+# The record appears whole (renamed into place) and only once SIGTERM is handled, so a test
+# that sees it never reads half of it or stops a worker that cannot yet say it stopped.
 FAKE_TUNEFLEET = """#!/usr/bin/env bash
 out="$FAKE_RECORD_DIR/worker-$$.txt"
-{ echo "argv: $*"; echo "dsn: $TUNEFLEET_DATABASE_URL"; echo "pgpass: $PGPASSFILE";
-  echo "localid: ${SLURM_LOCALID:-}"; echo "wait: ${TUNEFLEET_WAIT_FOR_DB_S:-}"; } > "$out"
 trap 'echo "terminated gracefully" >> "$out"; exit 0' TERM
+{ echo "argv: $*"; echo "dsn: $TUNEFLEET_DATABASE_URL"; echo "pgpass: $PGPASSFILE";
+  echo "localid: ${SLURM_LOCALID:-}"; echo "wait: ${TUNEFLEET_WAIT_FOR_DB_S:-}"; } > "$out.part"
+mv "$out.part" "$out"
 if [[ " $* " == *" --drain "* ]]; then exit 0; fi
 while true; do sleep 0.1; done
 """
