@@ -27,7 +27,8 @@ seeds a run with ``--seed-config`` (``--no-seed``: from nothing). One JSON per p
 part ends, to ``--out``, else ``$OUT``, else ``benchmarks/results``.
 A part that fails records its error and the next one runs. Each tuning run costs about
 ``--budget`` plus a minute (start-up, shutdown); ``--deadline`` skips what would not finish in
-time.
+time. ``--max-trials`` also ends each tuning run after that many evaluations (a smoke run that
+must measure something however slow the machine is).
 
     python benchmarks/gpu_tuning.py --parts gemm,face_mass --budget 120
     python benchmarks/gpu_tuning.py --parts workers --workers 2 --budget 90
@@ -78,6 +79,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="pipelined runs: worker --prepare-workers",
     )
     p.add_argument("--deadline", type=float, default=None, help="seconds for the whole script")
+    p.add_argument(
+        "--max-trials",
+        type=int,
+        default=None,
+        help="also end each tuning run after this many evaluations (default: only --budget)",
+    )
     p.add_argument(
         "--gemm-args",
         default=None,
@@ -162,6 +169,7 @@ def tune(
     prefetch: int | None = None,
     prepare_workers: int | None = None,
     seed_default: bool = True,
+    max_trials: int | None = None,
 ) -> dict[str, Any]:
     """Tune ``problem`` for ``budget`` seconds with one worker per device, each run on a
     fresh embedded server. Returns the numbers, or what is known and ``error``."""
@@ -177,6 +185,7 @@ def tune(
         "workers": len(devices),
         "devices": [f"{d.index}: {d.name}" for d in devices],
         "budget_s": budget,
+        "max_trials": max_trials,
         "prefetch": prefetch,
         "prepare_workers": prepare_workers,
     }
@@ -214,6 +223,7 @@ def tune(
                 device_class=devices[0].device_class,
                 name=label,
                 max_seconds=budget,
+                max_trials=max_trials,
                 depth_factor=depth,
                 seed_configs=seeds,
             )
@@ -404,7 +414,14 @@ def part_gemm(clock: Clock, args: argparse.Namespace, devices: list[Any]) -> dic
     gemm_args = parse_kv(args.gemm_args, GEMM_ARGS)
     out: dict[str, Any] = {"part": "gemm"}
     out["tuning"] = tune(
-        clock, "gemm", "gemm", gemm_args, devices[:1], args.budget, seed_default=not args.no_seed
+        clock,
+        "gemm",
+        "gemm",
+        gemm_args,
+        devices[:1],
+        args.budget,
+        seed_default=not args.no_seed,
+        max_trials=args.max_trials,
     )
     config = out["tuning"].get("best_config")
     if config is None:
@@ -450,6 +467,7 @@ def part_face_mass(clock: Clock, args: argparse.Namespace, devices: list[Any]) -
         prefetch=args.prefetch,
         prepare_workers=args.prepare_workers,
         seed_default=not args.no_seed,
+        max_trials=args.max_trials,
     )
     if clock.fits(args.budget + RUN_OVERHEAD_S):
         out["one_at_a_time"] = tune(
@@ -462,6 +480,7 @@ def part_face_mass(clock: Clock, args: argparse.Namespace, devices: list[Any]) -
             prefetch=0,
             prepare_workers=0,
             seed_default=not args.no_seed,
+            max_trials=args.max_trials,
         )
     else:
         out["one_at_a_time"] = {"skipped": "deadline"}
@@ -518,6 +537,7 @@ def part_workers(clock: Clock, args: argparse.Namespace, devices: list[Any]) -> 
                     devices[:n],
                     args.budget,
                     seed_default=not args.no_seed,
+                    max_trials=args.max_trials,
                 )
             )
         one = next(
