@@ -424,7 +424,7 @@ def test_listen_receives_one_notify_per_batch(db_url, db):
     try:
         queue.listen(listener)
         queue.notify_new_trials(db, "any")
-        got = [n.payload for n in listener.notifies(timeout=2.0, stop_after=1)]
+        got = [n.payload for n in listener.notifies(timeout=30.0, stop_after=1)]
         assert got == ["any"]
     finally:
         listener.close()

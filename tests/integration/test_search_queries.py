@@ -82,7 +82,16 @@ def test_a_batch_insert_sends_one_notification_and_skips_what_the_run_has(db_url
     assert [r["config_hash"] for r in again] == [config_hash({"x": 6})]
     nothing = q.insert_trials(db, run_id, "nvidia-h200", items(1, 2))
     assert nothing == []
-    notes = list(listener.notifies(timeout=0.5, stop_after=10))
+    # A marker sent last: notifications arrive in commit order, so everything the inserts
+    # sent has arrived once the marker has (however slowly), and nothing is cut off early.
+    db.execute("SELECT pg_notify(%s, 'marker')", (NOTIFY_CHANNEL,))
+    notes = []
+    for note in listener.notifies(timeout=30.0):
+        if note.payload == "marker":
+            break
+        notes.append(note)
+    else:
+        raise AssertionError(f"no marker notification within 30 s; got {notes}")
     listener.close()
     assert [(n.channel, n.payload) for n in notes] == [(NOTIFY_CHANNEL, "nvidia-h200")] * 2
     trials = db.execute(

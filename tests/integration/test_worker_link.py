@@ -55,7 +55,7 @@ def test_link_reconnects_with_backoff_and_reruns_on_connect(db_url, db):
         assert again is not None and link.down_since is None
         assert len(connects) == 2 and connects[0] != connects[1]
         queue.notify_new_trials(db, "any")  # LISTEN was re-established on the new session
-        got = [n.payload for n in again.notifies(timeout=2.0, stop_after=1)]
+        got = [n.payload for n in again.notifies(timeout=30.0, stop_after=1)]
         assert got == ["any"]
     finally:
         link.close()
