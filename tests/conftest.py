@@ -5,12 +5,17 @@ on), else a private server started for this test session in a temporary director
 embedded-server code the product itself uses. Each test that asks for ``db_url`` gets its own
 database cloned from a template that was migrated to head once, so tests never see each
 other's rows and can run in any order.
+
+``TUNEFLEET_TEST_SHUFFLE=SEED`` runs the tests in an order shuffled by ``SEED`` (modules
+shuffled, then the tests within each module), which proves that they can: ``tests/stability.py``
+sets it for every run it makes, and prints the seed.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -46,8 +51,34 @@ def pytest_configure(config: pytest.Config) -> None:
     config.add_cleanup(lambda: shutil.rmtree(base, ignore_errors=True))
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    """Which PostgreSQL the session's server runs on, and where its binaries come from."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Shuffle the order under ``TUNEFLEET_TEST_SHUFFLE`` (see the module docstring). Tests
+    stay grouped by module, so module-scoped fixtures are still set up once."""
+    seed = os.environ.get("TUNEFLEET_TEST_SHUFFLE")
+    if not seed:
+        return
+    rng = random.Random(seed)
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+    groups = list(modules.values())
+    rng.shuffle(groups)
+    for group in groups:
+        rng.shuffle(group)
+    items[:] = [item for group in groups for item in group]
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Which PostgreSQL the session's server runs on, and where its binaries come from; the
+    shuffle seed when the order is shuffled."""
+    lines = [_postgres_header()]
+    seed = os.environ.get("TUNEFLEET_TEST_SHUFFLE")
+    if seed:
+        lines.append(f"tests shuffled with TUNEFLEET_TEST_SHUFFLE={seed}")
+    return lines
+
+
+def _postgres_header() -> str:
     if os.environ.get("TUNEFLEET_TEST_ADMIN_URL"):
         return "PostgreSQL: TUNEFLEET_TEST_ADMIN_URL"
     from tunefleet.db.embedded import find_binaries
