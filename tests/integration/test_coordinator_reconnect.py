@@ -159,10 +159,15 @@ def test_a_database_that_stays_away_ends_the_coordinator_with_one_line(
     assert not db.execute("SELECT 1 FROM tunefleet.trial WHERE state = 'cancelled'").fetchall()
 
 
-def test_a_stop_during_a_lost_session_still_records_the_stop(db_url, db, pg_admin_url, caplog):
+def test_a_stop_during_a_lost_session_still_records_the_stop(
+    db_url, db, pg_admin_url, caplog, monkeypatch
+):
     """Ctrl-C (or SIGTERM) while the coordinator is reconnecting: it keeps trying for a few
     seconds, and once the database answers it marks the run stopped and cancels what is
     pending, instead of leaving the run to look driven."""
+    # Those few seconds must outlast this outage however slow the machine: giving up is the
+    # next test's subject.
+    monkeypatch.setattr(engine, "_STOP_RECONNECT_S", 60.0)
     caplog.set_level(logging.WARNING, logger="coordinator.engine")
     coordinator, driver, run_id = start_driving(db_url, settings(max_trials=1000))
     with database_away(db, pg_admin_url, run_id):
