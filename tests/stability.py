@@ -69,7 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
         epilog="Arguments after -- go to pytest instead of the default selection "
-        f"({' '.join(DEFAULT_SELECTION)}).",
+        f"({' '.join(DEFAULT_SELECTION)}); pytest runs in the checkout's root, so give paths "
+        "relative to it.",
     )
     p.add_argument("--runs", type=int, default=20, help="pytest sessions to run (default 20)")
     p.add_argument(
@@ -201,7 +202,7 @@ def run_once(index: int, seed: int, args: argparse.Namespace, scratch: Path) -> 
     seconds = time.monotonic() - started
     counts, failures = read_junit(junit)
     run = Run(index, seed, code, seconds, **counts, failures=failures)
-    if code not in (0,) and not failures:
+    if code != 0 and not failures:
         # Killed, crashed or interrupted before junit could name a test: still a failure.
         run.failures.append(Failure("(session)", "error", f"pytest exited with status {code}"))
     if not run.ok:
