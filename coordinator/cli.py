@@ -159,7 +159,7 @@ def _coordinator(args: argparse.Namespace) -> int:
         print(
             f"run {p.run_id}: {p.finished} trials ({p.cached} cached, {p.failed} failed), "
             f"{p.in_flight} in flight for {p.live_workers} workers, best {best}, "
-            f"{p.elapsed_s:.0f} s",
+            f"{p.elapsed_s:.0f} s" + (f"; {p.unserved}" if p.unserved else ""),
             file=sys.stderr,
             flush=True,
         )

@@ -79,6 +79,9 @@ class Progress:
     best_seconds: float | None
     best_gflops: float | None
     best_config: Config | None
+    #: Why no live worker may serve the run now (every live one stands aside, or none is
+    #: live), or None while some worker can.
+    unserved: str | None = None
 
 
 @dataclass(frozen=True)
@@ -477,6 +480,8 @@ class _Session:
         self.live_workers = 0
         self.live_capacity = 0
         self.target = 0
+        self.unserved: str | None = None
+        self._unserved_since: float | None = None
         self._elapsed_at = (float(row["elapsed_s"]), time.monotonic())
         self._rng = random.Random(run_id)
         self._walk: Iterator[tuple[Any, ...]] | None = None
@@ -518,8 +523,9 @@ class _Session:
             if now - last_live >= s.heartbeat_s:
                 last_live = now
                 self.live_workers, self.live_capacity = q.count_live_workers(
-                    self.conn, self.device_class, s.worker_alive_s
+                    self.conn, self.device_class, s.worker_alive_s, self.run_id
                 )
+                self._check_served(now)
             outcomes = q.fetch_unreported(self.conn, self.run_id)
             self._absorb(outcomes)
             if self.owner._stop.is_set():
@@ -537,6 +543,42 @@ class _Session:
             if not outcomes and not moved:
                 self.owner._stop.wait(s.poll_s)
         return self._finish(reason, state)
+
+    def _check_served(self, now: float) -> None:
+        """Notice a run with work that no live worker may serve, instead of spending its
+        time budget in silence; notice too when a worker turns up that can."""
+        if self.live_workers or not self.flights:
+            if self.unserved is not None:
+                _log.warning(
+                    "run %d: %d worker(s) can serve it again", self.run_id, self.live_workers
+                )
+            self.unserved, self._unserved_since = None, None
+            return
+        if self._unserved_since is None:
+            self._unserved_since = now
+        aside = q.standing_aside(self.conn, self.run_id, self.settings.worker_alive_s)
+        if aside:
+            first = aside[0]
+            why = (
+                f"every live worker of class {self.device_class} stands aside from it "
+                f"({len(aside)}; worker {first['worker_id']} on host {first['host']} cannot "
+                f"run this problem: {first['reason']})"
+            )
+        elif now - self._unserved_since >= self.settings.unserved_s:
+            why = (
+                f"no live worker of class {self.device_class} for "
+                f"{now - self._unserved_since:.0f} s"
+            )
+        else:
+            return
+        if self.unserved is None:
+            _log.warning(
+                "nobody can serve run %d: %s; start a worker whose environment runs its "
+                "problem (a worker joining later picks the run up)",
+                self.run_id,
+                why,
+            )
+        self.unserved = f"nobody can serve it: {why}"
 
     def _heartbeat(self) -> RunResult | None:
         """Refresh our heartbeat; a RunResult when someone else ended the run meanwhile."""
@@ -592,6 +634,7 @@ class _Session:
             best_seconds=st.best_seconds,
             best_gflops=st.best_gflops,
             best_config=st.best_config,
+            unserved=self.unserved,
         )
 
     # --- outcomes -----------------------------------------------------------------------

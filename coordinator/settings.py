@@ -7,7 +7,7 @@ also have environment variables:
 
 ``TUNEFLEET_MAX_TRIALS``, ``TUNEFLEET_MAX_SECONDS``, ``TUNEFLEET_TARGET_GFLOPS``,
 ``TUNEFLEET_PATIENCE``, ``TUNEFLEET_QUEUE_FACTOR`` (2), ``TUNEFLEET_QUEUE_MIN`` (1),
-``TUNEFLEET_POLL_S`` (0.2), ``TUNEFLEET_WORKER_ALIVE_S`` (60),
+``TUNEFLEET_POLL_S`` (0.2), ``TUNEFLEET_WORKER_ALIVE_S`` (60), ``TUNEFLEET_UNSERVED_S`` (30),
 ``TUNEFLEET_TRIAL_TIMEOUT_MIN_S`` (10), ``TUNEFLEET_TRIAL_TIMEOUT_MAX_S`` (600),
 ``TUNEFLEET_TECHNIQUE`` (comma-separated OpenTuner technique names).
 """
@@ -60,6 +60,10 @@ class CoordinatorSettings:
     min_depth: int = 1
     poll_s: float = 0.2
     worker_alive_s: float = 60.0
+    #: A run with work and no live worker that may serve it: said at once when every live
+    #: worker of its class stands aside from it, after this many seconds when none is live
+    #: (workers may still be starting).
+    unserved_s: float = 30.0
     heartbeat_s: float = 2.0
     trial_timeout_min_s: float = 10.0
     trial_timeout_max_s: float = 600.0
@@ -86,6 +90,7 @@ class CoordinatorSettings:
         min_depth: int | None = None,
         poll_s: float | None = None,
         worker_alive_s: float | None = None,
+        unserved_s: float | None = None,
         trial_timeout_min_s: float | None = None,
         trial_timeout_max_s: float | None = None,
     ) -> CoordinatorSettings:
@@ -117,6 +122,7 @@ class CoordinatorSettings:
             min_depth=resolve(min_depth, "QUEUE_MIN", 1, positive_int),
             poll_s=resolve(poll_s, "POLL_S", 0.2, positive_float),
             worker_alive_s=resolve(worker_alive_s, "WORKER_ALIVE_S", 60.0, positive_float),
+            unserved_s=resolve(unserved_s, "UNSERVED_S", 30.0, positive_float),
             trial_timeout_min_s=resolve(
                 trial_timeout_min_s, "TRIAL_TIMEOUT_MIN_S", 10.0, positive_float
             ),

@@ -61,6 +61,11 @@ class DeviceError(TunefleetError):
     """No usable OpenCL device, or the device is already in use by another worker."""
 
 
+class StandingAside(TunefleetError):
+    """A worker whose environment cannot run the problem of any run that has work (it stands
+    aside from every one): it exits with this reason rather than wait for nothing."""
+
+
 class RunError(TunefleetError):
     """A run that does not exist, is already driven by another coordinator, or cannot resume."""
 

@@ -78,6 +78,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "only times (default on; --no-prebuild saves their device contexts)",
     )
     p.add_argument(
+        "--stand-aside-after",
+        type=int,
+        metavar="K",
+        default=None,
+        help="stand aside from a run after the same unexplained error on K of its "
+        "configurations in a row, before any of them worked here (default 3; 0 = never)",
+    )
+    p.add_argument(
         "--poll",
         type=float,
         metavar="SECONDS",
@@ -109,7 +117,11 @@ def run_worker(args: argparse.Namespace) -> int:
     ):
         if value is not None and value <= 0:
             raise UsageError(f"{flag} {value}: use a positive number")
-    for flag, value in (("--prefetch", args.prefetch), ("--prepare-workers", args.prepare_workers)):
+    for flag, value in (
+        ("--prefetch", args.prefetch),
+        ("--prepare-workers", args.prepare_workers),
+        ("--stand-aside-after", args.stand_aside_after),
+    ):
         if value is not None and value < 0:
             raise UsageError(f"{flag} {value}: use zero or a positive number")
     if args.worker_verbose:
@@ -129,6 +141,7 @@ def run_worker(args: argparse.Namespace) -> int:
         prepare_workers=args.prepare_workers,
         poll_s=args.poll,
         prebuild=args.prebuild,
+        stand_aside_after=args.stand_aside_after,
     )
     url = database_url(settings.db)
     return Worker(settings, url).run()

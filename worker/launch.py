@@ -78,6 +78,7 @@ def worker_argv(
     prefetch: int | None = None,
     prepare_workers: int | None = None,
     poll_s: float | None = None,
+    stand_aside_after: int | None = None,
     verbose: bool = True,
     extra: Sequence[str] = (),
     python: str = sys.executable,
@@ -93,6 +94,7 @@ def worker_argv(
         ("--prefetch", prefetch),
         ("--prepare-workers", prepare_workers),
         ("--poll", poll_s),
+        ("--stand-aside-after", stand_aside_after),
     ):
         if value is not None:
             argv += [flag, str(value)]

@@ -19,6 +19,20 @@ and every held trial moves through its own stages::
     claimed -> preparing -> prepared -> measuring -> finished -> (completed: forgotten)
               (code-generation process)   (device process)     (fenced write)
 
+Environment faults. An outcome is about the configuration (``invalid``, a crash or timeout of
+its kernel: counted against the trial) or about this worker's environment: the problem does
+not load here, a dependency is missing (``ImportError``, ``ProblemError``), a child process
+dies or hangs before it has loaded the problem, or the same unexplained error on
+``stand_aside_after`` configurations of one run in a row before any configuration of that run
+reached a verdict here. An environment fault hands the trial back uncounted (the attempt row
+says ``released`` with the reason), records that this worker stands aside from the run (the
+``stand_aside`` table), and the worker stops claiming that run; it goes on serving others.
+While an unexplained error might still be either, the trial is held as a *suspect* (its lease
+heartbeated, outside the prefetch count) until a verdict of the run on this worker settles it
+as a configuration fault (``failed``, counted), or the streak makes it an environment fault.
+A worker that holds nothing and finds work only in runs it stands aside from cannot serve
+anything: it exits with status 1 and that reason.
+
 With ``prepare_workers = 0`` a claimed trial goes straight to the device process, which
 prepares and measures it in one request. At most ``1 + prefetch`` trials are held; timing is
 never concurrent (one device process, one request at a time).
@@ -51,7 +65,7 @@ import psycopg
 from tunefleet import __version__
 from tunefleet.db.schema import ANY_DEVICE_CLASS
 from tunefleet.devices import HOST_DEVICE, DeviceInfo
-from tunefleet.errors import DatabaseUnavailable, DeviceError, TunefleetError
+from tunefleet.errors import DatabaseUnavailable, DeviceError, StandingAside, TunefleetError
 from tunefleet.problems.base import Outcome, Protocol
 from tunefleet.queries import queue
 from tunefleet.queries.queue import ClaimedTrial, MeasurementRow
@@ -64,6 +78,8 @@ log = logging.getLogger("tunefleet.worker")
 
 #: How long opening the device (or finding it) may take before we give up.
 DEVICE_START_TIMEOUT_S = 120.0
+#: Longest wait between claims the database keeps refusing (doubling from ``poll_s``).
+CLAIM_BACKOFF_S = 60.0
 
 
 @dataclass
@@ -71,10 +87,14 @@ class Held:
     """One claimed trial and where it is in this worker."""
 
     claim: ClaimedTrial
-    stage: str = "claimed"  # claimed | preparing | prepared | measuring | finished
+    # claimed | preparing | prepared | measuring | finished, or suspect (see the module
+    # docstring: an unexplained error held until the run's next verdict on this worker)
+    stage: str = "claimed"
     prepared: Any = None
     child: Child | None = None
-    state: str | None = None  # the outcome once finished: done | invalid | failed | timed_out
+    # The outcome once finished: done | invalid | failed | timed_out, or handback (an
+    # environment fault: released uncounted, ``error`` the reason)
+    state: str | None = None
     error: str | None = None
     measurement: MeasurementRow | None = None
     sends: int = 0
@@ -123,6 +143,14 @@ class Worker:
         self.next_reap_at = 0.0
         self.stop_deadline: float | None = None
         self.exit_code = 0
+        #: Runs this worker stands aside from, with the reason; and those whose stand-aside
+        #: row is not written yet (the database was away).
+        self.excluded: dict[int, str] = {}
+        self.unrecorded: dict[int, str] = {}
+        #: Runs with a configuration verdict (done, invalid, timed out) on this worker: its
+        #: environment runs their problem, so their errors are about configurations.
+        self.proven: set[int] = set()
+        self.claim_failures = 0
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -276,9 +304,11 @@ class Worker:
     def step_claim(self) -> None:
         if self.stopping:
             return
-        limit = self.settings.capacity - len(self.held)
+        limit = self.settings.capacity - len(self._busy())
         if self.settings.max_trials is not None:
             limit = min(limit, self.settings.max_trials - self.claimed)
+            if limit <= 0 and not self._busy():
+                self._settle_suspects("no more trials may be claimed (--max-trials)")
         now = time.monotonic()
         if limit <= 0 or now < self.next_claim_at or not self._db_ready():
             return
@@ -289,9 +319,18 @@ class Worker:
                 device_classes=self.classes,
                 limit=limit,
                 lease_s=self.settings.lease_s,
+                excluded_runs=sorted(self.excluded),
             )
         except DatabaseDown:
             return
+        except psycopg.DatabaseError as exc:
+            # Never die of one bad row: say what the database refused, wait, try again.
+            self.claim_failures += 1
+            delay = min(self.settings.poll_s * 2 ** (self.claim_failures - 1), CLAIM_BACKOFF_S)
+            self.next_claim_at = now + delay
+            log.error("claim failed: %s; trying again in %g s", _first_line(exc), delay)
+            return
+        self.claim_failures = 0
         for claim in claims:
             self.held[claim.trial_id] = Held(claim)
             self.leases.add(claim.key)
@@ -308,17 +347,27 @@ class Worker:
             self.drained = self.idle = False
             return
         self.next_claim_at = now + self.settings.poll_s
+        if not self._busy():
+            self._settle_suspects("no other trial of the run to compare with")
         if not self.held and not self.idle:
             self.idle = True
             log.info(
                 "waiting for work (woken by notifications, polling every %g s)",
                 self.settings.poll_s,
             )
-        if self.settings.drain and not self.held:
-            try:
+        if self.held or not (self.settings.drain or self.excluded):
+            return
+        try:
+            if self.excluded:
+                work = self.link.run(queue.open_work, self.classes, sorted(self.excluded))
+                if work.excluded and not work.servable:
+                    raise StandingAside(self._cannot_serve())
+                open_work = work.servable or work.excluded
+            else:
                 open_work = self.link.run(queue.has_open_trials, self.classes)
-            except DatabaseDown:
-                return
+        except DatabaseDown:
+            return
+        if self.settings.drain:
             self.drained = not open_work
             if self.drained:
                 log.info(
@@ -374,9 +423,15 @@ class Worker:
         log.debug("timing trial %s", c.trial_id)
 
     def step_complete(self) -> None:
+        if not self._record_stand_asides():
+            return
         for held in [h for h in self.held.values() if h.stage == "finished"]:
             if not self._db_ready():
                 return
+            if held.state == "handback":
+                if not self._hand_back(held):
+                    return
+                continue
             c = held.claim
             held.sends += 1
             try:
@@ -480,9 +535,14 @@ class Worker:
     # --- replies from the children ---------------------------------------------------------------
     def _on_reply(self, held: Held, reply: Reply) -> None:
         phase = "code generation" if held.stage == "preparing" else "evaluation"
+        run = held.claim.run_id
         if reply.kind == "ok" and held.stage == "preparing":
-            held.stage, held.prepared, held.child = "prepared", reply.value, None
-        elif reply.kind == "ok":
+            if run in self.excluded:  # stood aside meanwhile: it is not timed here
+                held.finish("handback", self.excluded[run])
+            else:
+                held.stage, held.prepared, held.child = "prepared", reply.value, None
+            return
+        if reply.kind == "ok":
             self._on_outcome(held, reply.value)
         elif reply.kind == "invalid":
             held.finish("invalid", reply.message)
@@ -490,10 +550,158 @@ class Worker:
             held.finish("timed_out", f"{phase} {reply.message} and was killed")
         elif reply.kind == "died":
             held.finish("failed", f"{phase} process {reply.message}")
+        elif reply.kind == "environment":
+            held.finish("environment", f"{phase}: {reply.message}")
         else:
-            held.finish("failed", f"{phase} raised {reply.message}")
-        if held.stage == "finished" and held.state not in ("done", "invalid"):
+            held.finish("error", f"{phase} raised {reply.message}")
+        self._judge(held)
+        if held.stage == "finished" and held.state not in ("done", "invalid", "handback"):
             log.warning("trial %s: %s: %s", held.claim.trial_id, held.state, held.error)
+
+    # --- environment faults ----------------------------------------------------------------------
+    def _judge(self, held: Held) -> None:
+        """Tell the configuration's fault from the environment's (see the module docstring)."""
+        run = held.claim.run_id
+        if held.state in ("environment", "error") and run in self.excluded:
+            held.finish("handback", self.excluded[run])
+        elif held.state == "environment":
+            held.finish("handback", held.error)
+            self._stand_aside(run, str(held.error))
+        elif held.state == "error":
+            k = self.settings.stand_aside_after
+            if run in self.proven or k == 0:
+                held.state = "failed"
+                return
+            held.stage = "suspect"
+            suspects = [h for h in self.held.values() if h.stage == "suspect"]
+            for other in suspects:
+                if other.claim.run_id == run and other.error != held.error:
+                    other.stage, other.state = "finished", "failed"  # not one fault after all
+            streak = [h for h in suspects if h.claim.run_id == run and h.error == held.error]
+            log.info(
+                "trial %s: %s (held: %s of %s in a row before this worker stands aside from "
+                "run %s)",
+                held.claim.trial_id,
+                held.error,
+                len(streak),
+                k,
+                run,
+            )
+            if len(streak) >= k:
+                streak = self._not_followed(streak)
+            if len(streak) >= k:
+                for h in streak:
+                    h.finish("handback", h.error)
+                self._stand_aside(
+                    run, f"the same error on {len(streak)} configurations in a row: {held.error}"
+                )
+        elif held.state in ("done", "invalid", "timed_out"):
+            self.proven.add(run)
+            for other in self.held.values():
+                if other.stage == "suspect" and other.claim.run_id == run:
+                    other.stage, other.state = "finished", "failed"
+
+    def _not_followed(self, streak: list[Held]) -> list[Held]:
+        """The streak without the trials another worker already handed back for this same
+        error: an error that follows configurations from worker to worker is theirs (counted
+        as failed), or a streak of a few configurations that always raise the same exception
+        would make every worker of the fleet stand aside in turn."""
+        try:
+            elsewhere = self.link.run(
+                queue.handed_back_elsewhere,
+                worker_id=self.worker_id,
+                trial_ids=[h.claim.trial_id for h in streak],
+            )
+        except DatabaseDown:
+            return streak  # no evidence either way: the streak stands
+        kept = []
+        for held in streak:
+            if held.error in elsewhere.get(held.claim.trial_id, set()):
+                log.info(
+                    "trial %s: another worker handed it back for the same error; it is the "
+                    "configuration's",
+                    held.claim.trial_id,
+                )
+                held.stage, held.state = "finished", "failed"
+            else:
+                kept.append(held)
+        return kept
+
+    def _settle_suspects(self, why: str) -> None:
+        """Suspects that no further trial of their run can settle are configuration faults:
+        the streak rule needs ``stand_aside_after`` configurations to call it the
+        environment's."""
+        for held in self.held.values():
+            if held.stage == "suspect":
+                log.info("trial %s: counted as failed (%s)", held.claim.trial_id, why)
+                held.stage, held.state = "finished", "failed"
+
+    def _stand_aside(self, run: int, reason: str) -> None:
+        """Stop serving ``run``: hand back what we hold of it that is not being worked on
+        (a trial in a child finishes there and is judged when it ends), and record why."""
+        if run in self.excluded:
+            return
+        self.excluded[run] = self.unrecorded[run] = reason
+        log.warning(
+            "standing aside from run %s: worker %s on %s cannot run this problem: %s",
+            run,
+            self.worker_id,
+            self.host,
+            reason,
+        )
+        for held in self.held.values():
+            if held.claim.run_id == run and held.stage in ("claimed", "prepared", "suspect"):
+                held.finish("handback", reason)
+        self.next_claim_at = 0.0
+
+    def _record_stand_asides(self) -> bool:
+        """Write the stand-aside rows not written yet; False while the database is away."""
+        for run, reason in list(self.unrecorded.items()):
+            try:
+                self.link.run(
+                    queue.stand_aside, worker_id=self.worker_id, run_id=run, reason=reason
+                )
+            except DatabaseDown:
+                return False
+            except psycopg.DatabaseError as exc:  # e.g. the run was deleted meanwhile
+                log.error("could not record standing aside from run %s: %s", run, _first_line(exc))
+            del self.unrecorded[run]
+        return True
+
+    def _hand_back(self, held: Held) -> bool:
+        """Release one trial uncounted after an environment fault; False while the database
+        is away (tried again later)."""
+        c = held.claim
+        try:
+            released = self.link.run(
+                queue.release_trials,
+                worker_id=self.worker_id,
+                held=[c.key],
+                reason=f"{queue.ENVIRONMENT_PREFIX}{held.error}",
+            )
+        except DatabaseDown:
+            return False
+        except psycopg.DatabaseError as exc:
+            # The trial's lease expires and the reaper requeues it; we go on.
+            log.error("trial %s: could not hand it back: %s", c.trial_id, _first_line(exc))
+            released = set()
+        if c.trial_id in released:
+            log.info("trial %s handed back (not counted): %s", c.trial_id, held.error)
+            self.outcomes["handed back"] += 1
+        self._forget(held)
+        self.next_claim_at = 0.0
+        return True
+
+    def _cannot_serve(self) -> str:
+        reasons = "; ".join(f"run {run}: {why}" for run, why in sorted(self.excluded.items()))
+        return (
+            f"worker {self.worker_id} on {self.host} cannot serve any run with work: it stands "
+            f"aside from every one ({reasons})"
+        )
+
+    def _busy(self) -> list[Held]:
+        """Held trials that count against the capacity (all but the suspects)."""
+        return [h for h in self.held.values() if h.stage != "suspect"]
 
     def _on_outcome(self, held: Held, outcome: Any) -> None:
         if not isinstance(outcome, Outcome):
@@ -539,7 +747,11 @@ class Worker:
         stays unreachable for a whole lease, give up on what is left (the leases expire)."""
         if not self.stopping:
             return
-        waiting = [h for h in self.held.values() if h.stage in ("claimed", "preparing", "prepared")]
+        waiting = [
+            h
+            for h in self.held.values()
+            if h.stage in ("claimed", "preparing", "prepared", "suspect")
+        ]
         if self.stop_deadline is not None and time.monotonic() > self.stop_deadline:
             unsent = [h for h in self.held.values() if h.stage != "measuring"]
             if unsent and not self._db_ready():
@@ -725,6 +937,11 @@ def plain_json(value: Any) -> Any:
     if value is None or isinstance(value, bool | int | float | str):
         return value
     return str(value)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return lines[0] if lines else type(exc).__name__
 
 
 def _device_failure(what: str, reply: Reply) -> str:

@@ -13,6 +13,16 @@ with ``prepare_workers = 0`` the trial's limit covers both steps at once.
 Leases. ``lease_s`` (default 30 s) is how long a claim survives without a heartbeat; the
 heartbeat runs every ``lease_s / 3`` so two consecutive beats can be lost before the lease
 expires. A shorter lease recovers a dead worker's trials sooner at the cost of more writes.
+
+Standing aside. ``stand_aside_after`` (K, default 3) is how many configurations of one run in a
+row must end with the same unexplained error (an exception that is neither
+``InvalidConfiguration`` nor a known environment error) before this worker calls it its
+environment's fault and stands aside from the run, if no configuration of that run has reached
+a verdict on this worker yet. One such error is often a configuration's own; two identical ones
+in a row still happen by chance when a share of a space trips the same exception; three
+distinct configurations failing identically before anything of the run worked here is what a
+broken node looks like, and costs a healthy run at most two trials held a little longer.
+0 turns the rule off (every such error counts against its trial at once).
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_PREFETCH = 1
 DEFAULT_PREPARE_WORKERS = 1
 DEFAULT_POLL_S = 5.0
+DEFAULT_STAND_ASIDE_AFTER = 3
 #: Shortest lease we accept: below it, heartbeats would compete with the work itself.
 MIN_LEASE_S = 0.3
 #: Cap of the reconnect backoff when the database is unreachable.
@@ -64,6 +75,9 @@ class WorkerSettings:
     #: the device process's build hits OpenCL's caches: on an H200 a face-mass build went
     #: from 0.34 s to 0.008 s. Off saves each code-generation process its device context.
     prebuild: bool = True
+    #: Same unexplained error on this many configurations of a run in a row, before any
+    #: verdict of that run here: stand aside from it (see the module docstring); 0 = never.
+    stand_aside_after: int = DEFAULT_STAND_ASIDE_AFTER
 
     def __post_init__(self) -> None:
         if self.lease_s < MIN_LEASE_S:
@@ -104,6 +118,7 @@ class WorkerSettings:
         prepare_workers: int | None = None,
         poll_s: float | None = None,
         prebuild: bool | None = None,
+        stand_aside_after: int | None = None,
     ) -> WorkerSettings:
         return cls(
             db=DatabaseSettings.build(
@@ -123,4 +138,10 @@ class WorkerSettings:
             ),
             poll_s=resolve(poll_s, "WORKER_POLL", DEFAULT_POLL_S, positive_float),
             prebuild=resolve(prebuild, "WORKER_PREBUILD", True, parse_bool),
+            stand_aside_after=resolve(
+                stand_aside_after,
+                "WORKER_STAND_ASIDE_AFTER",
+                DEFAULT_STAND_ASIDE_AFTER,
+                non_negative_int,
+            ),
         )

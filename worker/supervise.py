@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tunefleet.devices import DeviceInfo
-from tunefleet.errors import InvalidConfiguration
+from tunefleet.errors import InvalidConfiguration, ProblemError, TunefleetError
 
 log = logging.getLogger("tunefleet.worker")
 
@@ -78,13 +78,32 @@ class Measure:
 
 @dataclass(frozen=True)
 class Reply:
-    """``ok`` (``value``), ``invalid`` (InvalidConfiguration), ``error`` (any other exception),
-    ``died`` (the child exited or was killed by a signal) or ``timeout`` (killed by us)."""
+    """``ok`` (``value``), ``invalid`` (InvalidConfiguration), ``environment`` (this worker
+    cannot run the problem at all: see :data:`ENVIRONMENT_ERRORS`, or the child died or hung
+    before its problem was loaded), ``error`` (any other exception), ``died`` (the child
+    exited or was killed by a signal) or ``timeout`` (killed by us).
+
+    A child also sends ``started`` (no value) once the problem of a Prepare or Measure is
+    loaded, before it works on the configuration: what happens before that is about the
+    worker's environment, what happens after it about the configuration. The parent side
+    (:meth:`Child.poll`) consumes it."""
 
     kind: str
     value: Any = None
     message: str = ""
     seconds: float = 0.0
+
+
+#: Exceptions from a problem's ``prepare`` or ``measure`` that say this worker's environment
+#: cannot run the problem (a missing module, a problem that does not load here, bad problem
+#: arguments for this node's version of it), never that one configuration is bad: the trial
+#: is handed back uncounted and the worker stands aside from the run. A problem signals the
+#: same on purpose by raising :class:`~tunefleet.errors.ProblemError`.
+ENVIRONMENT_ERRORS: tuple[type[BaseException], ...] = (ImportError, ProblemError)
+
+
+class NeedsDevice(ProblemError):
+    """A problem timed on OpenCL reached a worker that serves the host pseudo-device."""
 
 
 # --- the child side ----------------------------------------------------------------------------
@@ -133,9 +152,19 @@ def child_main(conn: multiprocessing.connection.Connection, parent_pid: int) -> 
             return
         started = time.perf_counter()
         try:
+            if isinstance(request, Prepare | Measure):
+                try:
+                    state.problem(request.problem)
+                except BaseException as exc:
+                    raise _LoadFailed(exc) from exc
+                conn.send(Reply("started"))
             reply = Reply("ok", _handle(state, request))
         except InvalidConfiguration as exc:
             reply = Reply("invalid", message=str(exc))
+        except _LoadFailed as exc:
+            reply = Reply("environment", message=f"loading the problem failed: {exc}")
+        except ENVIRONMENT_ERRORS as exc:
+            reply = Reply("environment", message=_environment_text(exc))
         except BaseException as exc:
             reply = Reply("error", message=describe_exception(exc))
         reply = Reply(reply.kind, reply.value, reply.message, time.perf_counter() - started)
@@ -145,6 +174,21 @@ def child_main(conn: multiprocessing.connection.Connection, parent_pid: int) -> 
             return
         except Exception as exc:  # an unpicklable result: report it instead
             conn.send(Reply("error", message=f"result cannot be sent back: {exc!r}"))
+
+
+class _LoadFailed(Exception):
+    """The problem of a request could not be loaded in this process."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(_environment_text(cause))
+
+
+def _environment_text(exc: BaseException) -> str:
+    """Our own errors are written to be read as they are; anything else with its type and
+    place."""
+    if isinstance(exc, TunefleetError):
+        return " ".join(str(exc).split())
+    return describe_exception(exc)
 
 
 def _handle(state: _ChildState, request: Any) -> Any:
@@ -171,7 +215,7 @@ def _handle(state: _ChildState, request: Any) -> Any:
         if request.inline_prepare:
             prepared = problem.prepare(request.args, request.config, request.device)
         if problem.needs_opencl and state.session is None:
-            raise RuntimeError(
+            raise NeedsDevice(
                 f"problem {request.problem!r} needs an OpenCL device, but this worker serves "
                 "the host pseudo-device (start it with --device PATTERN)"
             )
@@ -246,6 +290,9 @@ class Child:
         self.tag: Any = None
         self.busy = False
         self.starts = 0
+        #: The request in flight loads a problem, and the child said it has loaded it.
+        self.loads = False
+        self.loaded = False
 
     @property
     def alive(self) -> bool:
@@ -271,6 +318,7 @@ class Child:
             self.start()
         assert self.conn is not None
         self.conn.send(request)
+        self.loads, self.loaded = isinstance(request, Prepare | Measure), False
         self.busy, self.tag, self.timeout_s = True, tag, float(timeout_s)
         self.deadline = time.monotonic() + float(timeout_s)
 
@@ -280,19 +328,26 @@ class Child:
         return [self.conn, self.proc.sentinel]
 
     def poll(self, now: float | None = None) -> Reply | None:
-        """The reply of the request in flight if it ended (answered, died or timed out)."""
+        """The reply of the request in flight if it ended (answered, died or timed out).
+
+        A child that dies or hangs before it has loaded the request's problem (no
+        ``started`` yet) ends it as ``environment``: no configuration has run."""
         if not self.busy:
             return None
         assert self.conn is not None and self.proc is not None
         now = time.monotonic() if now is None else now
         gone = False
         try:
-            if self.conn.poll(0):
+            while self.conn.poll(0):
                 reply = self.conn.recv()
+                if reply.kind == "started":
+                    self.loaded = True
+                    continue
                 self.busy, self.deadline = False, None
                 return reply  # type: ignore[no-any-return]
         except (EOFError, OSError):
             gone = True  # the pipe closed: the child is exiting
+        loading = self.loads and not self.loaded
         if gone or not self.proc.is_alive():
             self.proc.join(2.0)
             if self.proc.is_alive():  # closed its pipe but lingers: finish it
@@ -300,9 +355,18 @@ class Child:
                 self.proc.join(5.0)
             reason = describe_exit(self.proc.exitcode)
             self._discard()
+            if loading:
+                return Reply(
+                    "environment", message=f"the {self.name} process {reason} loading the problem"
+                )
             return Reply("died", message=reason)
         if self.deadline is not None and now >= self.deadline:
             self.kill()
+            if loading:
+                return Reply(
+                    "environment",
+                    message=f"loading the problem exceeded the {self.timeout_s:g} s timeout",
+                )
             return Reply("timeout", message=f"exceeded the {self.timeout_s:g} s timeout")
         return None
 
@@ -340,3 +404,4 @@ class Child:
                 pass
         self.proc, self.conn = None, None
         self.busy, self.deadline, self.tag = False, None, None
+        self.loads = self.loaded = False

@@ -220,6 +220,13 @@ def status_text(conn: Any, run_id: int | None) -> str:
         lines.append(f"{heading}:")
         if runs:
             lines.append(table([_with_failed(r) for r in runs], _RUN_COLUMNS))
+        for r in runs:
+            if unserved(r) or r.get("standing_aside"):
+                lines.append(
+                    f"run {r['run_id']}: {r['standing_aside']} worker(s) stand aside"
+                    + ("; nobody can serve it" if unserved(r) else "")
+                    + f" (see `tunefleet status {r['run_id']}`)"
+                )
         workers = report.fleet(conn, include_stopped=False)
         lines.append("")
         lines.append(f"workers: {sum(1 for w in workers if w['alive'])} alive")
@@ -236,12 +243,47 @@ def status_text(conn: Any, run_id: int | None) -> str:
         lines.append("failures:")
         for f in failures[:5]:
             lines.append(f"  {f['trials']:>4} {f['state']}: {_one_line(f['error'], 90)}")
+    lines += _stand_aside_lines(p, report.stand_asides(conn, run_id))
     workers = report.fleet(conn, run_id=run_id, include_stopped=True)
     lines.append("")
     lines.append(f"workers: {sum(1 for w in workers if w['alive'])} alive")
     if workers:
         lines.append(table([_with_liveness(w) for w in workers], _WORKER_COLUMNS))
     return "\n".join(lines)
+
+
+def stand_aside_line(row: Row) -> str:
+    """``worker W on host H cannot run this problem: REASON``, as status and the live line
+    say it."""
+    gone = "" if row.get("alive", True) else " (gone)"
+    return (
+        f"worker {short_id(row['worker_id'])} on host {row['host']}{gone} cannot run this "
+        f"problem: {_one_line(row['reason'], 200)}"
+    )
+
+
+def unserved(p: Row) -> bool:
+    """A running run with work in flight and no live worker that may serve it."""
+    return (
+        p["run_state"] == "running"
+        and int(p["pending"]) + int(p["running"]) > 0
+        and not int(p.get("servable_workers") or 0)
+    )
+
+
+def _stand_aside_lines(p: Row, asides: list[Row]) -> list[str]:
+    lines = []
+    if unserved(p):
+        why = (
+            "every live worker of its class stands aside from it"
+            if any(a["alive"] for a in asides)
+            else f"no live worker of class {p['device_class']}"
+        )
+        lines.append(f"nobody can serve this run: {why}; start a worker whose environment runs it")
+    if asides:
+        lines.append("standing aside (their environment cannot run this problem):")
+        lines += [f"  {stand_aside_line(a)}" for a in asides]
+    return lines
 
 
 def _one_line(text: str, width: int) -> str:

@@ -273,8 +273,10 @@ def last_line(path: Path) -> str:
 # --- progress -----------------------------------------------------------------------------
 
 
-def progress_line(p: dict[str, Any], workers_alive: int) -> str:
-    """One line of progress: counts by state, best so far, rate, workers, elapsed."""
+def progress_line(p: dict[str, Any], workers_alive: int, unserved: str | None = None) -> str:
+    """One line of progress: counts by state, best so far, rate, workers, elapsed; then,
+    when workers stand aside from the run, how many, and why nobody can serve it (the
+    coordinator's ``unserved``) when that is so."""
     budget = f"/{p['max_trials']}" if p.get("max_trials") else ""
     return (
         f"run {p['run_id']}: {p['done']}{budget} done, {p['running']} running, "
@@ -285,6 +287,8 @@ def progress_line(p: dict[str, Any], workers_alive: int) -> str:
         + f" | {float(p['evaluations_per_minute']):.1f} eval/min"
         + f" | {workers_alive} worker{'s' if workers_alive != 1 else ''}"
         + f" | {seconds(p['elapsed_s'])}"
+        + (f" | {p['standing_aside']} standing aside" if p.get("standing_aside") else "")
+        + (f" | {unserved}" if unserved else "")
     )
 
 
@@ -417,7 +421,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     with connect(url, settings) as conn:
         last_poll = 0.0
 
-        def on_progress(_: Progress) -> None:
+        def on_progress(progress: Progress) -> None:
             nonlocal last_poll
             now = time.monotonic()
             if now - last_poll < 0.5:
@@ -426,7 +430,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
             p = report.run_progress(conn, run_id)
             fleet = report.fleet(conn, run_id=run_id, include_stopped=False)
             if p is not None:
-                display.show(progress_line(p, sum(1 for w in fleet if w["alive"])))
+                alive = sum(1 for w in fleet if w["alive"])
+                display.show(progress_line(p, alive, progress.unserved))
             exited = workers.exited()
             if plan.devices and len(exited) == len(plan.devices) and not failure:
                 rc, log = exited[0]

@@ -7,8 +7,9 @@ Four roles, each named ``<prefix><name>`` (prefix ``tunefleet_`` by default):
 ``coordinator``  creates runs and enqueues trials; reads everything; updates run and trial
                  state; cannot delete or truncate anything, nor change the schema.
 ``worker``       claims, heartbeats and completes trials and registers itself: it reads what it
-                 needs, inserts measurements, attempts, worker and device rows, and may UPDATE
-                 only the queue columns of ``trial`` (never ``config``, ``run_id``, ...).
+                 needs, inserts measurements, attempts, worker, device and stand-aside rows,
+                 and may UPDATE only the queue columns of ``trial`` (never ``config``,
+                 ``run_id``, ...).
 ``reader``       SELECT on the views only. Views run with their owner's (the migrator's)
                  rights -- PostgreSQL's default, ``security_invoker`` is off -- so the reader
                  needs no privilege on the tables behind them and cannot write anything.
@@ -72,7 +73,7 @@ WORKER_WORKER_COLUMNS = ("heartbeat_at", "state", "stopped_at")
 #: Columns of ``device`` refreshed when a known fingerprint registers again.
 WORKER_DEVICE_COLUMNS = ("details",)
 
-_ALL_TABLES = ("run", "trial", "attempt", "measurement", "worker", "device")
+_ALL_TABLES = ("run", "trial", "attempt", "measurement", "worker", "device", "stand_aside")
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,8 @@ POLICY: dict[str, tuple[TableGrant, ...]] = {
         TableGrant("worker", ("UPDATE",), WORKER_WORKER_COLUMNS),
         TableGrant("device", ("INSERT",)),
         TableGrant("device", ("UPDATE",), WORKER_DEVICE_COLUMNS),
+        # A worker records that it stands aside from a run (its own row; never updated).
+        TableGrant("stand_aside", ("INSERT",)),
     ),
     "reader": _select(ALEMBIC_TABLE, *VIEWS),
 }

@@ -13,6 +13,8 @@ Tables
 ``measurement``  the outcome of a trial on a device; doubles as the cross-run cache
 ``worker``       one row per worker process (fresh UUID per start), with its heartbeat
 ``device``       one row per device fingerprint (platform, vendor, name, driver)
+``stand_aside``  a worker process that cannot run a run's problem, and why (one row per
+                 worker and run): it no longer claims that run's trials
 """
 
 from __future__ import annotations
@@ -228,6 +230,29 @@ Index(
     unique=True,
     postgresql_where=text("outcome IS DISTINCT FROM 'released'"),
 )
+# Claims handed back: a worker judging an error streak asks whether another worker already
+# handed these trials back for the same reason.
+Index(
+    "attempt_released_idx",
+    attempt.c.trial_id,
+    postgresql_where=text("outcome = 'released'"),
+)
+
+# A worker whose environment cannot run a run's problem (the problem does not import, a
+# dependency is missing, its device process dies loading it, the same error on every
+# configuration) hands the trial back uncounted and stops claiming that run: one row per
+# worker process and run. The coordinator counts only the live workers without such a row as
+# able to serve the run, and says so when none is left.
+stand_aside = Table(
+    "stand_aside",
+    metadata,
+    Column("worker_id", UUID(as_uuid=True), ForeignKey("worker.id"), primary_key=True),
+    Column("run_id", BigInteger, ForeignKey("run.id", ondelete="CASCADE"), primary_key=True),
+    Column("reason", Text, nullable=False),
+    Column("at", DateTime(timezone=True), nullable=False, server_default=_now),
+)
+# "Who stands aside from this run": the coordinator's and status's question.
+Index("stand_aside_run_idx", stand_aside.c.run_id)
 
 measurement = Table(
     "measurement",
@@ -378,5 +403,20 @@ SELECT r.id AS run_id,
   LEFT JOIN tunefleet.trial t ON t.run_id = r.id
   LEFT JOIN tunefleet.measurement m ON m.trial_id = t.id
  GROUP BY r.id
+""",
+    # Workers standing aside from a run: who, where, why (their environment cannot run it).
+    "standing_aside": """
+SELECT s.run_id,
+       s.worker_id,
+       w.host,
+       w.pid,
+       d.name AS device_name,
+       w.state AS worker_state,
+       w.heartbeat_at,
+       s.reason,
+       s.at
+  FROM tunefleet.stand_aside s
+  JOIN tunefleet.worker w ON w.id = s.worker_id
+  LEFT JOIN tunefleet.device d ON d.id = w.device_id
 """,
 }

@@ -1,5 +1,6 @@
 """Every statement the worker side of the queue runs: registration, claim, lease heartbeat,
-fenced completion, release, the lease reaper, the device lock and wake-ups.
+fenced completion, release, standing aside from a run, the lease reaper, the device lock and
+wake-ups.
 
 All functions take an open psycopg connection in autocommit mode (``tunefleet.db.engine
 .connect``), whose session carries ``statement_timeout`` and
@@ -253,19 +254,30 @@ def claim_trials(
     device_classes: Sequence[str],
     limit: int,
     lease_s: float,
+    excluded_runs: Sequence[int] = (),
 ) -> list[ClaimedTrial]:
     """Claim up to ``limit`` pending trials of the given device classes, in
-    ``priority, id`` order: one autocommit statement.
+    ``priority, id`` order, skipping the runs in ``excluded_runs`` (those this worker stands
+    aside from): one autocommit statement.
 
     For each class, a LATERAL subquery walks the partial index on pending trials
     ``(device_class, priority, id)`` in order and takes the first ``limit`` rows with ``FOR
     UPDATE SKIP LOCKED`` (concurrent claimers skip each other's rows instead of waiting); the
-    best ``limit`` of those, over all classes, are set ``running`` with ``attempt + 1``, our
-    lease (``now() + lease``, database clock) and ``started_at``, and one ``attempt`` row is
-    recorded per claim. One index walk per class rather than ``device_class = ANY(...)``,
-    which made PostgreSQL sort every pending row of the classes on each claim. Locking: the
-    picked rows (at most ``limit`` per class; those not claimed are only locked for the
-    statement), until the statement commits; nothing is held afterwards.
+    best ``limit`` of those, over all classes, are set ``running`` with the next attempt
+    number, our lease (``now() + lease``, database clock) and ``started_at``, and one
+    ``attempt`` row is recorded per claim. One index walk per class rather than
+    ``device_class = ANY(...)``, which made PostgreSQL sort every pending row of the classes
+    on each claim. The excluded runs are a filter of that walk (``run_id <> ALL(array)``),
+    not a join: it steps over their pending rows, of which a coordinator keeps only a queue's
+    depth.
+
+    The next attempt number is one past both the trial's own counter and the last counted
+    attempt in its history (one index probe per claimed row, ``attempt_counted_unique``): a
+    row put back to ``pending`` by hand with its counter reset would otherwise collide with
+    its own history, and every worker claiming it would die of the unique key.
+
+    Locking: the picked rows (at most ``limit`` per class; those not claimed are only locked
+    for the statement), until the statement commits; nothing is held afterwards.
     """
     if limit <= 0:
         return []
@@ -277,6 +289,7 @@ def claim_trials(
              CROSS JOIN LATERAL (
                    SELECT t.id, t.priority FROM tunefleet.trial t
                     WHERE t.state = 'pending' AND t.device_class = c.device_class
+                      AND t.run_id <> ALL(%(excluded)s::bigint[])
                     ORDER BY t.priority, t.id
                     LIMIT %(limit)s
                     FOR UPDATE SKIP LOCKED
@@ -286,7 +299,10 @@ def claim_trials(
         ), claimed AS (
             UPDATE tunefleet.trial t
                SET state = 'running',
-                   attempt = t.attempt + 1,
+                   attempt = 1 + greatest(
+                       t.attempt,
+                       (SELECT max(a.attempt) FROM tunefleet.attempt a
+                         WHERE a.trial_id = t.id AND a.outcome IS DISTINCT FROM 'released')),
                    lease_owner = %(worker_id)s,
                    lease_expires_at = now() + make_interval(secs => %(lease_s)s),
                    started_at = now(),
@@ -310,6 +326,7 @@ def claim_trials(
             "limit": int(limit),
             "worker_id": worker_id,
             "lease_s": float(lease_s),
+            "excluded": [int(r) for r in excluded_runs],
         },
     ).fetchall()
     return [
@@ -494,11 +511,12 @@ def release_trials(
     held: Sequence[tuple[int, int]],
     reason: str = "released by the worker at shutdown",
 ) -> set[int]:
-    """Give held claims back (graceful shutdown): ``pending`` again with the attempt not
-    counted (``attempt - 1``), lease cleared, the attempt row marked ``released``. A trial of a
-    run that is no longer ``running`` (stopped or finished meanwhile) becomes ``cancelled``
-    instead, so nobody measures it for nothing; resuming the run enqueues it again. Returns the
-    ids released; claims no longer ours are left alone.
+    """Give held claims back (graceful shutdown, or an environment fault of this worker):
+    ``pending`` again with the attempt not counted (``attempt - 1``), lease cleared, the
+    attempt row marked ``released`` with ``reason``. A trial of a run that is no longer
+    ``running`` (stopped or finished meanwhile) becomes ``cancelled`` instead, so nobody
+    measures it for nothing; resuming the run enqueues it again. Returns the ids released;
+    claims no longer ours are left alone.
 
     Fenced like a completion. Locking: the held rows and their attempt rows, for the
     statement; the run rows are only read.
@@ -528,9 +546,72 @@ def release_trials(
         )
         SELECT id FROM given
         """,
-        {"ids": ids, "attempts": attempts, "worker_id": worker_id, "reason": reason},
+        {
+            "ids": ids,
+            "attempts": attempts,
+            "worker_id": worker_id,
+            "reason": reason,
+        },
     ).fetchall()
     return {int(r["id"]) for r in rows}
+
+
+# --- standing aside ----------------------------------------------------------------------------
+
+#: How the ``error`` of an attempt handed back after an environment fault begins.
+ENVIRONMENT_PREFIX = "environment: "
+
+
+def handed_back_elsewhere(
+    conn: psycopg.Connection[Any], *, worker_id: UUID, trial_ids: Sequence[int]
+) -> dict[int, set[str]]:
+    """For each trial, the reasons other workers gave when they handed it back after an
+    environment fault (``released`` attempts whose error starts with
+    :data:`ENVIRONMENT_PREFIX`, the prefix stripped). An error that followed a configuration
+    from another worker to this one is the configuration's, not this worker's environment.
+
+    Locking: none (a read through the partial index on released attempts).
+    """
+    if not trial_ids:
+        return {}
+    rows = conn.execute(
+        """
+        SELECT trial_id, substr(error, %(skip)s) AS reason FROM tunefleet.attempt
+         WHERE trial_id = ANY(%(ids)s::bigint[]) AND outcome = 'released'
+           AND worker_id <> %(worker_id)s AND starts_with(error, %(prefix)s)
+        """,
+        {
+            "ids": [int(t) for t in trial_ids],
+            "worker_id": worker_id,
+            "prefix": ENVIRONMENT_PREFIX,
+            "skip": len(ENVIRONMENT_PREFIX) + 1,
+        },
+    ).fetchall()
+    out: dict[int, set[str]] = {}
+    for r in rows:
+        out.setdefault(int(r["trial_id"]), set()).add(str(r["reason"]))
+    return out
+
+
+def stand_aside(
+    conn: psycopg.Connection[Any], *, worker_id: UUID, run_id: int, reason: str
+) -> None:
+    """Record that this worker cannot run run ``run_id``'s problem, and why (one row per
+    worker and run: a second call keeps the first reason). The coordinator then no longer
+    counts this worker as able to serve the run; ``status`` and the ``standing_aside`` view
+    show the reason.
+
+    Locking: the new row, for the statement (its key is this worker's own id, so no other
+    session ever contends for it).
+    """
+    conn.execute(
+        """
+        INSERT INTO tunefleet.stand_aside (worker_id, run_id, reason)
+        VALUES (%s, %s, %s)
+        ON CONFLICT (worker_id, run_id) DO NOTHING
+        """,
+        (worker_id, int(run_id), reason),
+    )
 
 
 # --- the reaper --------------------------------------------------------------------------------
@@ -617,6 +698,57 @@ def reap_expired_leases(
 #: A draining worker stays while a coordinator whose heartbeat is at most this old (seconds)
 #: drives a run of its classes: the queue of a live run is empty only between refills.
 COORDINATOR_ALIVE_S = 30.0
+
+
+@dataclass(frozen=True)
+class OpenWork:
+    """Is there work for a worker's classes, now or soon (see :func:`open_work`)?"""
+
+    #: In runs the worker may serve.
+    servable: bool
+    #: In runs it stands aside from.
+    excluded: bool
+
+
+def open_work(
+    conn: psycopg.Connection[Any],
+    device_classes: Sequence[str],
+    excluded_runs: Sequence[int],
+    coordinator_alive_s: float = COORDINATOR_ALIVE_S,
+) -> OpenWork:
+    """:func:`has_open_trials`, split by the runs a worker stands aside from: is there a
+    trial pending or running, or a run driven by a live coordinator, among the runs it may
+    serve, and among those it stands aside from? A worker with only the second kind cannot
+    serve anything.
+
+    Locking: none (reads through the pending and running partial indexes and the run table).
+    """
+    row = conn.execute(
+        """
+        WITH open_runs AS (
+            SELECT DISTINCT run_id FROM tunefleet.trial
+             WHERE state = 'pending' AND device_class = ANY(%(classes)s)
+            UNION
+            SELECT DISTINCT run_id FROM tunefleet.trial
+             WHERE state = 'running' AND device_class = ANY(%(classes)s)
+            UNION
+            SELECT id FROM tunefleet.run
+             WHERE state = 'running' AND device_class = ANY(%(classes)s)
+               AND coordinator_id IS NOT NULL
+               AND coordinator_heartbeat_at > now() - make_interval(secs => %(alive)s)
+        )
+        SELECT coalesce(bool_or(run_id <> ALL(%(excluded)s::bigint[])), false) AS servable,
+               coalesce(bool_or(run_id = ANY(%(excluded)s::bigint[])), false) AS excluded
+          FROM open_runs
+        """,
+        {
+            "classes": list(device_classes),
+            "excluded": [int(r) for r in excluded_runs],
+            "alive": float(coordinator_alive_s),
+        },
+    ).fetchone()
+    assert row is not None
+    return OpenWork(servable=bool(row["servable"]), excluded=bool(row["excluded"]))
 
 
 def has_open_trials(

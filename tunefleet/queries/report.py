@@ -19,6 +19,8 @@ Conn = psycopg.Connection[Any]
 
 #: Trial states that end an evaluation (what ``results`` shows; ``cancelled`` never ran).
 FINISHED_STATES = ("done", "invalid", "failed", "timed_out")
+#: A worker whose heartbeat is older than this (seconds) counts as gone.
+ALIVE_S = 60.0
 
 
 def _all(conn: Conn, query: str, params: dict[str, Any] | None = None) -> list[Row]:
@@ -62,7 +64,16 @@ def _runs(conn: Conn, *, run_id: int | None, only_active: bool, limit: int | Non
                r.finished_at, extract(epoch FROM p.elapsed)::float8 AS elapsed_s,
                r.coordinator_heartbeat_at,
                extract(epoch FROM now() - r.coordinator_heartbeat_at)::float8
-                 AS coordinator_age_s
+                 AS coordinator_age_s,
+               (SELECT count(*) FROM tunefleet.stand_aside s WHERE s.run_id = p.run_id)
+                 AS standing_aside,
+               (SELECT count(*) FROM tunefleet.worker w
+                 WHERE w.state = 'active'
+                   AND w.heartbeat_at > now() - make_interval(secs => %(alive)s)
+                   AND (w.device_class = p.device_class OR p.device_class = 'any')
+                   AND NOT EXISTS (SELECT 1 FROM tunefleet.stand_aside s
+                                    WHERE s.worker_id = w.id AND s.run_id = p.run_id))
+                 AS servable_workers
           FROM tunefleet.run_progress p
           JOIN tunefleet.run r ON r.id = p.run_id
          WHERE (%(run_id)s::bigint IS NULL OR p.run_id = %(run_id)s::bigint)
@@ -70,7 +81,7 @@ def _runs(conn: Conn, *, run_id: int | None, only_active: bool, limit: int | Non
          ORDER BY p.run_id DESC
          LIMIT %(limit)s
         """,
-        {"run_id": run_id, "only_active": only_active, "limit": limit},
+        {"run_id": run_id, "only_active": only_active, "limit": limit, "alive": ALIVE_S},
     )
 
 
@@ -308,4 +319,23 @@ def live_clients(
          ORDER BY 1, 3, 4, 5
         """,
         {"coordinator": coordinator_alive_s, "worker": worker_alive_s},
+    )
+
+
+def stand_asides(conn: Conn, run_id: int, *, stale_after_s: float = ALIVE_S) -> list[Row]:
+    """The workers standing aside from a run (the ``standing_aside`` view), earliest first,
+    with ``alive`` as :func:`fleet` computes it.
+
+    Read-only, no locks."""
+    return _all(
+        conn,
+        """
+        SELECT s.*,
+               (s.worker_state = 'active'
+                AND s.heartbeat_at > now() - make_interval(secs => %(stale)s)) AS alive
+          FROM tunefleet.standing_aside s
+         WHERE s.run_id = %(run_id)s
+         ORDER BY s.at, s.worker_id
+        """,
+        {"run_id": run_id, "stale": stale_after_s},
     )

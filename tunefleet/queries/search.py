@@ -195,21 +195,42 @@ class LiveWorkers(NamedTuple):
     capacity: int
 
 
-def count_live_workers(conn: Conn, device_class: str, alive_s: float) -> LiveWorkers:
+def count_live_workers(
+    conn: Conn, device_class: str, alive_s: float, run_id: int | None = None
+) -> LiveWorkers:
     """Active workers able to serve runs of ``device_class`` whose heartbeat is younger than
-    ``alive_s`` (every active worker for class ``any``), with their summed capacity.
-    Locks: none (worker_active_idx)."""
+    ``alive_s`` (every active worker for class ``any``), with their summed capacity. With
+    ``run_id``, a worker standing aside from that run does not count: it will not claim it.
+    Locks: none (worker_active_idx, then the stand_aside primary key per worker)."""
     row = conn.execute(
         """
-        SELECT count(*) AS n, coalesce(sum(capacity), 0) AS capacity
-          FROM tunefleet.worker
-         WHERE state = 'active'
-           AND heartbeat_at > now() - make_interval(secs => %(alive)s)
-           AND (device_class = %(class)s OR %(class)s = 'any')
+        SELECT count(*) AS n, coalesce(sum(w.capacity), 0) AS capacity
+          FROM tunefleet.worker w
+         WHERE w.state = 'active'
+           AND w.heartbeat_at > now() - make_interval(secs => %(alive)s)
+           AND (w.device_class = %(class)s OR %(class)s = 'any')
+           AND NOT EXISTS (SELECT 1 FROM tunefleet.stand_aside s
+                            WHERE s.worker_id = w.id AND s.run_id = %(run)s::bigint)
         """,
-        {"class": device_class, "alive": alive_s},
+        {"class": device_class, "alive": alive_s, "run": run_id},
     ).fetchone()
     return LiveWorkers(int(row["n"]), int(row["capacity"])) if row else LiveWorkers(0, 0)
+
+
+def standing_aside(conn: Conn, run_id: int, alive_s: float) -> list[Row]:
+    """The live workers standing aside from the run, earliest first: ``worker_id``, ``host``,
+    ``reason``. Locks: none (stand_aside_run_idx)."""
+    return conn.execute(
+        """
+        SELECT s.worker_id, w.host, s.reason
+          FROM tunefleet.stand_aside s
+          JOIN tunefleet.worker w ON w.id = s.worker_id
+         WHERE s.run_id = %(run)s AND w.state = 'active'
+           AND w.heartbeat_at > now() - make_interval(secs => %(alive)s)
+         ORDER BY s.at, s.worker_id
+        """,
+        {"run": run_id, "alive": alive_s},
+    ).fetchall()
 
 
 def live_worker_classes(conn: Conn, alive_s: float) -> list[str]:
