@@ -80,6 +80,9 @@ log = logging.getLogger("tunefleet.worker")
 DEVICE_START_TIMEOUT_S = 120.0
 #: Longest wait between claims the database keeps refusing (doubling from ``poll_s``).
 CLAIM_BACKOFF_S = 60.0
+#: Trials set aside in a row, without a claim that worked between them, before the worker
+#: calls it something other than bad rows (and only waits and retries).
+MAX_SKIPS_IN_ROW = 3
 
 
 @dataclass
@@ -151,6 +154,9 @@ class Worker:
         #: environment runs their problem, so their errors are about configurations.
         self.proven: set[int] = set()
         self.claim_failures = 0
+        #: Trials whose claim the database refused (one bad row), never claimed again here.
+        self.skipped: dict[int, str] = {}
+        self.skips_in_row = 0
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -305,6 +311,8 @@ class Worker:
         if self.stopping:
             return
         limit = self.settings.capacity - len(self._busy())
+        if self.claim_failures:
+            limit = min(limit, 1)  # find the one bad row: claim one at a time
         if self.settings.max_trials is not None:
             limit = min(limit, self.settings.max_trials - self.claimed)
             if limit <= 0 and not self._busy():
@@ -320,17 +328,16 @@ class Worker:
                 limit=limit,
                 lease_s=self.settings.lease_s,
                 excluded_runs=sorted(self.excluded),
+                skipped_trials=sorted(self.skipped),
             )
         except DatabaseDown:
             return
         except psycopg.DatabaseError as exc:
-            # Never die of one bad row: say what the database refused, wait, try again.
-            self.claim_failures += 1
-            delay = min(self.settings.poll_s * 2 ** (self.claim_failures - 1), CLAIM_BACKOFF_S)
-            self.next_claim_at = now + delay
-            log.error("claim failed: %s; trying again in %g s", _first_line(exc), delay)
+            self._claim_refused(exc, limit, now)
             return
         self.claim_failures = 0
+        if claims:
+            self.skips_in_row = 0
         for claim in claims:
             self.held[claim.trial_id] = Held(claim)
             self.leases.add(claim.key)
@@ -557,6 +564,41 @@ class Worker:
         self._judge(held)
         if held.stage == "finished" and held.state not in ("done", "invalid", "handback"):
             log.warning("trial %s: %s: %s", held.claim.trial_id, held.state, held.error)
+
+    def _claim_refused(self, exc: psycopg.DatabaseError, limit: int, now: float) -> None:
+        """Never die of one bad row. A claim the database refuses (a row in a state no
+        statement of ours expects) is tried again for one trial; refused again, that trial is
+        the bad row: logged, never claimed again by this worker, and the worker goes on.
+        While that cannot be told apart (nothing pending, a read that fails too, or several
+        trials in a row refused: then it is not one row), it waits, longer each time."""
+        reason = _first_line(exc)
+        self.claim_failures += 1
+        bad: int | None = None
+        if limit == 1 and self.skips_in_row < MAX_SKIPS_IN_ROW:
+            try:
+                bad = self.link.run(
+                    queue.next_pending,
+                    device_classes=self.classes,
+                    excluded_runs=sorted(self.excluded),
+                    skipped_trials=sorted(self.skipped),
+                )
+            except (DatabaseDown, psycopg.DatabaseError):
+                bad = None
+        if bad is not None:
+            self.skipped[bad] = reason
+            self.skips_in_row += 1
+            self.claim_failures = 0
+            log.error(
+                "trial %s cannot be claimed (%s); this worker leaves it alone and goes on",
+                bad,
+                reason,
+            )
+            return
+        delay = 0.0
+        if self.claim_failures > 1:
+            delay = min(self.settings.poll_s * 2 ** (self.claim_failures - 2), CLAIM_BACKOFF_S)
+        self.next_claim_at = now + delay
+        log.error("claim failed: %s; trying one trial at a time in %g s", reason, delay)
 
     # --- environment faults ----------------------------------------------------------------------
     def _judge(self, held: Held) -> None:

@@ -258,7 +258,7 @@ def stand_aside_line(row: Row) -> str:
     gone = "" if row.get("alive", True) else " (gone)"
     return (
         f"worker {short_id(row['worker_id'])} on host {row['host']}{gone} cannot run this "
-        f"problem: {_one_line(row['reason'], 200)}"
+        f"problem: {' '.join(str(row['reason']).split())}"
     )
 
 

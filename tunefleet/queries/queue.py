@@ -255,10 +255,12 @@ def claim_trials(
     limit: int,
     lease_s: float,
     excluded_runs: Sequence[int] = (),
+    skipped_trials: Sequence[int] = (),
 ) -> list[ClaimedTrial]:
     """Claim up to ``limit`` pending trials of the given device classes, in
     ``priority, id`` order, skipping the runs in ``excluded_runs`` (those this worker stands
-    aside from): one autocommit statement.
+    aside from) and the trials in ``skipped_trials`` (those whose claim the database refused):
+    one autocommit statement.
 
     For each class, a LATERAL subquery walks the partial index on pending trials
     ``(device_class, priority, id)`` in order and takes the first ``limit`` rows with ``FOR
@@ -290,6 +292,7 @@ def claim_trials(
                    SELECT t.id, t.priority FROM tunefleet.trial t
                     WHERE t.state = 'pending' AND t.device_class = c.device_class
                       AND t.run_id <> ALL(%(excluded)s::bigint[])
+                      AND t.id <> ALL(%(skipped)s::bigint[])
                     ORDER BY t.priority, t.id
                     LIMIT %(limit)s
                     FOR UPDATE SKIP LOCKED
@@ -327,6 +330,7 @@ def claim_trials(
             "worker_id": worker_id,
             "lease_s": float(lease_s),
             "excluded": [int(r) for r in excluded_runs],
+            "skipped": [int(t) for t in skipped_trials],
         },
     ).fetchall()
     return [
@@ -346,6 +350,38 @@ def claim_trials(
         )
         for r in rows
     ]
+
+
+def next_pending(
+    conn: psycopg.Connection[Any],
+    *,
+    device_classes: Sequence[str],
+    excluded_runs: Sequence[int] = (),
+    skipped_trials: Sequence[int] = (),
+) -> int | None:
+    """The id of the trial a one-row :func:`claim_trials` with the same filters would take
+    now (rows locked by a claim in flight are skipped the same way): after the database
+    refused such a claim, the trial it is about.
+
+    Locking: none (a read of the pending index; ``SKIP LOCKED`` needs no lock of its own here,
+    so it is approximated by reading committed rows only).
+    """
+    row = conn.execute(
+        """
+        SELECT t.id FROM tunefleet.trial t
+         WHERE t.state = 'pending' AND t.device_class = ANY(%(classes)s::text[])
+           AND t.run_id <> ALL(%(excluded)s::bigint[])
+           AND t.id <> ALL(%(skipped)s::bigint[])
+         ORDER BY t.priority, t.id
+         LIMIT 1
+        """,
+        {
+            "classes": list(device_classes),
+            "excluded": [int(r) for r in excluded_runs],
+            "skipped": [int(t) for t in skipped_trials],
+        },
+    ).fetchone()
+    return None if row is None else int(row["id"])
 
 
 def _unnest_params(held: Sequence[tuple[int, int]]) -> tuple[list[int], list[int]]:
