@@ -428,3 +428,54 @@ def test_listen_receives_one_notify_per_batch(db_url, db):
         assert got == ["any"]
     finally:
         listener.close()
+
+
+def test_claim_skips_the_runs_and_trials_a_worker_stands_aside_from(db):
+    w = make_worker(db)
+    aside = insert_run(db)
+    aside_ids = insert_trials(db, aside, synthetic_configs(3))
+    served = insert_run(db)
+    served_ids = insert_trials(db, served, synthetic_configs(3))
+    got = queue.claim_trials(
+        db,
+        worker_id=w,
+        device_classes=ANY,
+        limit=5,
+        lease_s=30,
+        excluded_runs=[aside],
+        skipped_trials=[served_ids[0]],
+    )
+    assert [c.trial_id for c in got] == served_ids[1:]
+    assert set(trial_states(db, aside_ids).values()) == {"pending"}
+    assert queue.next_pending(db, device_classes=ANY, excluded_runs=[aside]) == served_ids[0]
+    work = queue.open_work(db, ANY, [aside])
+    assert (work.servable, work.excluded) == (True, True)
+    queue.complete_trial(db, trial_id=got[0].trial_id, attempt=1, worker_id=w, state="invalid")
+    queue.complete_trial(db, trial_id=got[1].trial_id, attempt=1, worker_id=w, state="invalid")
+    db.execute("UPDATE tunefleet.trial SET state = 'cancelled' WHERE id = %s", (served_ids[0],))
+    work = queue.open_work(db, ANY, [aside])
+    assert (work.servable, work.excluded) == (False, True)
+
+
+def test_stand_aside_is_one_row_per_worker_and_run_keeping_the_first_reason(db):
+    w = make_worker(db)
+    run = insert_run(db)
+    queue.stand_aside(db, worker_id=w, run_id=run, reason="needs feinsum")
+    queue.stand_aside(db, worker_id=w, run_id=run, reason="something else")
+    rows = db.execute("SELECT worker_id, run_id, reason, host FROM tunefleet.standing_aside")
+    assert [tuple(r.values()) for r in rows] == [(w, run, "needs feinsum", "testhost")]
+
+
+def test_claim_numbers_the_attempt_past_its_history_after_a_reset_by_hand(db):
+    w = make_worker(db)
+    run = insert_run(db)
+    [tid] = insert_trials(db, run, synthetic_configs(1))
+    [c] = claim(db, w)
+    queue.complete_trial(db, trial_id=tid, attempt=c.attempt, worker_id=w, state="failed")
+    db.execute("UPDATE tunefleet.trial SET state = 'pending', attempt = 0 WHERE id = %s", (tid,))
+    [again] = claim(db, w)
+    assert again.attempt == 2
+    assert [(a["attempt"], a["outcome"]) for a in attempts_of(db, tid)] == [
+        (1, "failed"),
+        (2, None),
+    ]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from runfill import fill, module_database
+from runfill import CPU, fill, module_database
 
 from tests.helpers.queue_data import seed_with_invalid_default
 from tunefleet.db.engine import connect
@@ -34,6 +34,7 @@ EXPECTED: dict[str, set[str]] = {
     "one configuration on two devices": {"config", "class_a", "class_b"},
     "progress of running runs": {"run_id", "done", "best_gflops", "per_minute"},
     "top configurations of a run": {"trial_id", "config", "gflops"},
+    "workers standing aside": {"run_id", "host", "worker_state", "reason"},
 }
 
 
@@ -68,6 +69,18 @@ def real_db(pg_admin_url: str, pg_template: str, tmp_path_factory) -> Iterator[s
         assert proc.returncode == 0, proc.stdout + proc.stderr
         with connect(url) as conn:
             filled = fill(conn)
+            # A node of the CPU class whose Python lacks a dependency of the problem.
+            conn.execute(
+                """INSERT INTO tunefleet.worker (id, host, pid, device_class, version)
+                   VALUES (gen_random_uuid(), 'node-c', 104, %s, '0.1.0')""",
+                (CPU["device_class"],),
+            )
+            conn.execute(
+                """INSERT INTO tunefleet.stand_aside (worker_id, run_id, reason)
+                   SELECT id, %s, 'the problem needs feinsum (No module named ''bidict'')'
+                     FROM tunefleet.worker WHERE host = 'node-c'""",
+                (filled.cpu_run,),
+            )
         assert filled.cpu_run == 2  # the synthetic run is run 1
         yield url
 
@@ -114,6 +127,8 @@ def test_readme_sql_returns_rows(real_db: str, block: str) -> None:
         if title == "same problem on two devices side by side":
             assert [r["problem"] for r in rows] == ["gemm"]
             assert float(rows[0]["gflops_a"]) == 410.0
+        if title == "workers standing aside":
+            assert [(r["host"], r["run_id"]) for r in rows] == [("node-c", 2)]
         if title == "top configurations of a run":
             gflops = [float(r["gflops"]) for r in rows]
             assert gflops == sorted(gflops, reverse=True) and len(rows) <= 5

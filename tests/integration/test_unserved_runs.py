@@ -1,0 +1,90 @@
+"""The coordinator notices a run nobody can serve (no live worker, or every live one stands
+aside from it) and says so, in its progress and in ``status``; a healthy worker joining later
+picks the run up and it finishes normally. In-process coordinator, real PostgreSQL, a real
+worker process."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from coordinator.engine import Coordinator, Progress, RunResult, create_run
+from tests.helpers.coordinator import register_worker, settings
+from tests.helpers.queue_data import wait_until
+from tunefleet.cli.front import status_text
+from tunefleet.queries import search as q
+from worker.launch import start_worker
+
+PROBLEM = str(Path(__file__).resolve().parents[1] / "acceptance" / "environment_problem.py")
+
+
+def test_a_run_nobody_can_serve_is_reported_until_a_healthy_worker_finishes_it(
+    db_url, db, tmp_path
+):
+    s = settings(problem=PROBLEM, problem_args={}, max_trials=8, unserved_s=0.5)
+    run_id = create_run(s, db_url)
+    coordinator = Coordinator(s, db_url)
+    seen: list[Progress] = []
+    outcome: list[RunResult] = []
+    thread = threading.Thread(target=lambda: outcome.append(coordinator.run(run_id, seen.append)))
+    thread.start()
+    try:
+        # No worker at all, for longer than unserved_s.
+        wait_until(
+            lambda: any(p.unserved and "no live worker of class any" in p.unserved for p in seen),
+            timeout=60,
+            what="the coordinator to say no worker serves the run",
+        )
+        assert "nobody can serve this run: no live worker of class any" in status_text(db, run_id)
+
+        # A live worker that stands aside from it: said at once, with its reason.
+        ghost = register_worker(db, device_class="host-cpu")
+        db.execute(
+            "INSERT INTO tunefleet.stand_aside (worker_id, run_id, reason) VALUES (%s, %s, %s)",
+            (ghost, run_id, "needs libfoo"),
+        )
+        assert q.count_live_workers(db, "any", 60.0, run_id) == (0, 0)
+        wait_until(
+            lambda: any(
+                p.unserved
+                and "every live worker of class any stands aside" in p.unserved
+                and "cannot run this problem: needs libfoo" in p.unserved
+                for p in seen
+            ),
+            timeout=60,
+            what="the coordinator to say every live worker stands aside",
+        )
+        text = status_text(db, run_id)
+        assert "nobody can serve this run: every live worker of its class stands aside" in text
+        assert "on host test cannot run this problem: needs libfoo" in text
+
+        healthy = start_worker(
+            db_url, log_path=tmp_path / "healthy.log", drain=True, lease_s=2, poll_s=0.2
+        )
+        try:
+            thread.join(120)
+            assert not thread.is_alive(), healthy.log()
+            assert healthy.wait(120) == 0, healthy.log()
+        finally:
+            healthy.kill()
+    finally:
+        coordinator.request_stop()
+        thread.join(30)
+    [result] = outcome
+    assert (result.state, result.trials, result.failed) == ("finished", 8, 0)
+    assert seen[-1].unserved is None
+    counts: dict[str, Any] = {
+        r["state"]: r["n"]
+        for r in db.execute(
+            "SELECT state, count(*) AS n FROM tunefleet.trial WHERE run_id = %s GROUP BY state",
+            (run_id,),
+        )
+    }
+    assert counts == {"done": 8}
+    measured = db.execute(
+        "SELECT count(DISTINCT config_hash) AS configs, count(*) AS n FROM tunefleet.measurement"
+        " WHERE run_id = %s",
+        (run_id,),
+    ).fetchone()
+    assert (measured["configs"], measured["n"]) == (8, 8)
