@@ -22,7 +22,7 @@ and every held trial moves through its own stages::
 Environment faults. An outcome is about the configuration (``invalid``, a crash or timeout of
 its kernel: counted against the trial) or about this worker's environment: the problem does
 not load here, a dependency is missing (``ImportError``, ``ProblemError``), a child process
-dies or hangs before it has loaded the problem, or the same unexplained error on
+dies before it has loaded the problem, or the same unexplained error on
 ``stand_aside_after`` configurations of one run in a row before any configuration of that run
 reached a verdict here. An environment fault hands the trial back uncounted (the attempt row
 says ``released`` with the reason), records that this worker stands aside from the run (the

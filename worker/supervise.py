@@ -79,8 +79,8 @@ class Measure:
 @dataclass(frozen=True)
 class Reply:
     """``ok`` (``value``), ``invalid`` (InvalidConfiguration), ``environment`` (this worker
-    cannot run the problem at all: see :data:`ENVIRONMENT_ERRORS`, or the child died or hung
-    before its problem was loaded), ``error`` (any other exception), ``died`` (the child
+    cannot run the problem at all: see :data:`ENVIRONMENT_ERRORS`, or the child died before
+    its problem was loaded), ``error`` (any other exception), ``died`` (the child
     exited or was killed by a signal) or ``timeout`` (killed by us).
 
     A child also sends ``started`` (no value) once the problem of a Prepare or Measure is
@@ -330,8 +330,8 @@ class Child:
     def poll(self, now: float | None = None) -> Reply | None:
         """The reply of the request in flight if it ended (answered, died or timed out).
 
-        A child that dies or hangs before it has loaded the request's problem (no
-        ``started`` yet) ends it as ``environment``: no configuration has run."""
+        A child that dies before it has loaded the request's problem (no ``started`` yet)
+        ends it as ``environment``: no configuration has run."""
         if not self.busy:
             return None
         assert self.conn is not None and self.proc is not None
@@ -361,12 +361,9 @@ class Child:
                 )
             return Reply("died", message=reason)
         if self.deadline is not None and now >= self.deadline:
+            # Still a timeout while loading: a fresh process's start-up counts in the trial's
+            # limit, and a slow start on a loaded node is no reason to stand aside.
             self.kill()
-            if loading:
-                return Reply(
-                    "environment",
-                    message=f"loading the problem exceeded the {self.timeout_s:g} s timeout",
-                )
             return Reply("timeout", message=f"exceeded the {self.timeout_s:g} s timeout")
         return None
 

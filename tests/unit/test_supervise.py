@@ -71,8 +71,12 @@ def test_prepare_in_one_child_measure_in_another_and_errors_are_one_line():
         broken = codegen.call(Prepare("synthetic", args, {"tile": 16}, HOST_DEVICE), 30)
         assert broken.kind == "invalid" and "missing" in broken.message
         unknown = codegen.call(Prepare("no_such_problem", args, {}, HOST_DEVICE), 30)
-        assert unknown.kind == "error" and "unknown problem" in unknown.message
-        assert "\n" not in unknown.message and "(at " in unknown.message
+        assert unknown.kind == "environment" and "unknown problem" in unknown.message
+        assert "\n" not in unknown.message
+        raised = codegen.call(
+            Prepare("synthetic", {"no_such_arg": 1}, dict(OPTIMUM), HOST_DEVICE), 30
+        )
+        assert raised.kind == "environment" and "unknown argument" in raised.message
 
         host = device.call(Describe("host"), 30)
         assert host.kind == "ok" and host.value == HOST_DEVICE
@@ -85,3 +89,24 @@ def test_exit_descriptions():
     assert describe_exit(-11) == "killed by SIGSEGV"
     assert "out of memory" in describe_exit(-9)
     assert describe_exit(3) == "exited with status 3"
+
+
+def test_a_child_that_dies_loading_the_problem_is_an_environment_fault(monkeypatch):
+    """Before the child says it has loaded the problem no configuration has run: its death
+    is the environment's; after that, the configuration's."""
+    from pathlib import Path
+
+    problem = str(Path(__file__).resolve().parents[1] / "acceptance" / "environment_problem.py")
+    child = Child("device")
+    try:
+        monkeypatch.setenv("TUNEFLEET_TEST_BROKEN", "die")
+        died = child.call(
+            Measure(problem, {}, {"x": 1}, HOST_DEVICE, PROTO, inline_prepare=True), 60
+        )
+        assert died.kind == "environment", died
+        assert died.message == "the device process killed by SIGSEGV loading the problem"
+        monkeypatch.delenv("TUNEFLEET_TEST_BROKEN")
+        crash = child.call(measure({"fail_rate": 1.0, "duration": 0}), 60)
+        assert crash.kind == "died" and "SIGSEGV" in crash.message
+    finally:
+        child.close()
