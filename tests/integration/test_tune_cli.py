@@ -372,3 +372,33 @@ def test_the_wait_for_local_workers_ends_when_one_exits_or_on_ctrl_c(db_url, tmp
     finally:
         dead.stop()
         alive.stop()
+
+
+ENV_PROBLEM = str(Path(__file__).resolve().parents[1] / "acceptance" / "environment_problem.py")
+
+
+def test_tune_on_a_node_that_cannot_run_the_problem_stops_with_the_reason_and_resumes(
+    db_url, cli_env
+):
+    """A laptop whose Python lacks a module the problem's prepare needs: the local workers
+    stand aside instead of failing every trial, tune stops with their one-line reason, and
+    the run, untouched, resumes and finishes once the environment is fixed."""
+    broken = {**cli_env, "TUNEFLEET_TEST_BROKEN": "needs_module"}
+    proc = tf(broken, "tune", ENV_PROBLEM, "--db", db_url, "--workers", "2")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert_one_line_error(proc, "every local worker exited (status 1)", "No module named 'libfoo'")
+    assert "cannot serve any run with work" in proc.stderr
+    with connect(db_url) as conn:
+        states = conn.execute("SELECT state, attempt FROM tunefleet.trial").fetchall()
+        assert {r["state"] for r in states} <= {"pending", "cancelled"}, states
+        assert {r["attempt"] for r in states} == {0}
+        aside = conn.execute("SELECT reason FROM tunefleet.standing_aside").fetchall()
+        assert len(aside) == 2 and all("libfoo" in a["reason"] for a in aside)
+    fixed = tf(cli_env, "tune", "--resume", "1", "--db", db_url, "--workers", "1")
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    with connect(db_url) as conn:
+        done = conn.execute(
+            "SELECT count(*) AS n FROM tunefleet.trial WHERE state = 'done'"
+        ).fetchone()
+        assert done["n"] == 8  # the whole space, each configuration once
+        assert not conn.execute("SELECT 1 FROM tunefleet.trial WHERE state = 'failed'").fetchall()
