@@ -6,7 +6,7 @@ lock, register device and worker, open the device session, start the heartbeat t
 Then, until done, each turn of the loop runs these steps in order::
 
     collect -> abandon_lost -> start_next -> complete -> reap -> claim -> dispatch -> stop
-    -> wait
+    -> size -> wait
 
 ``collect`` comes first so that a result that is already in is always sent: a zombie's
 result is then refused by the fence, visibly, rather than silently thrown away.
@@ -37,6 +37,12 @@ With ``prepare_workers = 0`` a claimed trial goes straight to the device process
 prepares and measures it in one request. At most ``1 + prefetch`` trials are held; timing is
 never concurrent (one device process, one request at a time).
 
+``size`` keeps the books of the sizing (``worker.sizing``): how long the device was busy,
+how long it waited for code generation, what each code generation and timing took. Once a
+window is full the pool controller may grow or shrink the code-generation pool (and with it
+the prefetch), and the worker reports its sizing, its device's busy fraction and, in return,
+learns how many workers share its host.
+
 Shutdown: the first SIGTERM/SIGINT stops claiming, releases every held trial that is not being
 timed (back to pending, attempt not counted), lets the one being timed finish and records it,
 then exits 0. A second signal kills the children and exits at once; the leases expire.
@@ -55,7 +61,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from types import FrameType
 from typing import Any
 from uuid import UUID, uuid4
@@ -72,6 +78,18 @@ from tunefleet.queries.queue import ClaimedTrial, MeasurementRow
 from worker.heartbeat import Heartbeat, HeldLeases, Key
 from worker.link import DatabaseDown, Link
 from worker.settings import MAX_BACKOFF_S, WorkerSettings
+from worker.sizing import (
+    CpuSampler,
+    MachineSampler,
+    PoolController,
+    Sizing,
+    Window,
+    detect_resources,
+    idle_cores,
+    initial_sizing,
+    pool_ceiling,
+    prefetch_for,
+)
 from worker.supervise import Child, Describe, Measure, Open, Prepare, Reply
 
 log = logging.getLogger("tunefleet.worker")
@@ -83,6 +101,25 @@ CLAIM_BACKOFF_S = 60.0
 #: Trials set aside in a row, without a claim that worked between them, before the worker
 #: calls it something other than bad rows (and only waits and retries).
 MAX_SKIPS_IN_ROW = 3
+#: A sizing window lasts at least this long and holds as many prepared trials as the pool
+#: has processes (at least 2), or ends after WINDOW_MAX_S with whatever it saw.
+WINDOW_MIN_S = 2.0
+WINDOW_MAX_S = 30.0
+#: The sizing and busy fraction are reported at least this often (and when they change).
+REPORT_EVERY_S = 10.0
+#: A worker of the same host counts as sharing its cores while its heartbeat is this fresh.
+PEER_ALIVE_S = 60.0
+
+
+@dataclass
+class Books:
+    """What the device and the code generation did since the window started."""
+
+    started: float
+    busy_s: float = 0.0
+    starved_s: float = 0.0
+    prepare_s: list[float] = field(default_factory=list)
+    measure_s: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -127,7 +164,28 @@ class Worker:
         self.held: dict[int, Held] = {}
         self.leases = HeldLeases()
         self.device_child = Child("device")
-        self.prepare_children = [Child(f"codegen-{i}") for i in range(settings.prepare_workers)]
+        self.resources = detect_resources(settings.cores, peers=settings.peers)
+        self.sizing: Sizing = initial_sizing(
+            self.resources, settings.prepare_workers, settings.prefetch
+        )
+        self.controller = (
+            PoolController(self.sizing.prepare_workers, self.sizing.ceiling)
+            if self.sizing.auto_pool
+            else None
+        )
+        self._codegen_seq = 0
+        self.prepare_children: list[Child] = []
+        self._grow_children(self.sizing.prepare_workers)
+        now = time.monotonic()
+        self.books = Books(now)
+        self._booked_at = now
+        self._was_busy = self._was_starved = False
+        self.busy_total_s = 0.0
+        self.first_claim_at: float | None = None
+        self.last_report_at = -math.inf
+        self.reported: tuple[Any, ...] | None = None
+        self._cpu = CpuSampler()
+        self._machine = MachineSampler()
         self.link = Link(
             url,
             settings.db,
@@ -180,6 +238,7 @@ class Worker:
                 self.step_claim()
                 self.step_dispatch()
                 self.step_stop()
+                self.step_size()
                 self.step_wait()
             self.step_finish()
             return self.exit_code
@@ -210,8 +269,9 @@ class Worker:
             device_id=self.device_id,
             device_class=self.device.device_class,
             version=__version__,
-            capacity=self.settings.capacity,
+            capacity=self.capacity,
         )
+        self._report(conn, initial=True)
         self._open_device()
         self.heartbeat = Heartbeat(
             Link(self.url, self.settings.db, "heartbeat", max_backoff_s=MAX_BACKOFF_S),
@@ -232,6 +292,23 @@ class Worker:
             ", ".join(self.classes),
             self.settings.lease_s,
         )
+        r = self.resources
+        log.info(
+            "sizing (%s): %s code-generation process(es), prefetch %s; %g cores (%s) "
+            "shared by %s worker(s) of this host, ceiling %s",
+            self.sizing.source,
+            self.sizing.prepare_workers,
+            self.sizing.prefetch,
+            r.cores,
+            r.source,
+            r.peers,
+            self.sizing.ceiling,
+        )
+
+    @property
+    def capacity(self) -> int:
+        """Most trials held at once: the one being timed plus the prefetched ones."""
+        return self.sizing.capacity
 
     def _on_connect(self, conn: psycopg.Connection[Any]) -> None:
         if not self.is_host:
@@ -310,7 +387,7 @@ class Worker:
     def step_claim(self) -> None:
         if self.stopping:
             return
-        limit = self.settings.capacity - len(self._busy())
+        limit = self.capacity - len(self._busy())
         if self.claim_failures:
             limit = min(limit, 1)  # find the one bad row: claim one at a time
         if self.settings.max_trials is not None:
@@ -338,6 +415,8 @@ class Worker:
         self.claim_failures = 0
         if claims:
             self.skips_in_row = 0
+        if claims and self.first_claim_at is None:
+            self.first_claim_at = now
         for claim in claims:
             self.held[claim.trial_id] = Held(claim)
             self.leases.add(claim.key)
@@ -391,7 +470,8 @@ class Worker:
         if self.stopping:
             return  # the trial being timed finishes; nothing new starts
         inline = not self.prepare_children
-        for child in self.prepare_children:
+        # Children beyond the pool size are on their way out (shrunk while busy).
+        for child in self.prepare_children[: self.sizing.prepare_workers]:
             if child.busy:
                 continue
             held = self._first("claimed")
@@ -503,7 +583,7 @@ class Worker:
             self._pump_notifications(self.link.conn)
         now = time.monotonic()
         deadlines = [self.next_reap_at] if not self.stopping else []
-        if not self.stopping and len(self.held) < self.settings.capacity:
+        if not self.stopping and len(self.held) < self.capacity:
             deadlines.append(self.next_claim_at)
         for child in [*self.prepare_children, self.device_child]:
             if child.busy and child.deadline is not None:
@@ -539,10 +619,142 @@ class Worker:
         summary = ", ".join(f"{k} {v}" for k, v in sorted(self.outcomes.items())) or "nothing"
         log.info("worker %s exiting: %s", self.worker_id, summary)
 
+    # --- sizing ----------------------------------------------------------------------------------
+    def step_size(self) -> None:
+        """Book the time since the last turn under what the device was doing then; when the
+        window is full, let the controller resize the pool and report the sizing."""
+        now = time.monotonic()
+        dt, self._booked_at = now - self._booked_at, now
+        if self._was_busy:
+            self.books.busy_s += dt
+            self.busy_total_s += dt
+        elif self._was_starved:
+            self.books.starved_s += dt
+        self._was_busy = self.device_child.busy
+        self._was_starved = not self.stopping and any(
+            h.stage in ("claimed", "preparing") for h in self.held.values()
+        )
+        self._retire_children()
+        b = self.books
+        elapsed = now - b.started
+        enough = len(b.prepare_s) >= max(2, self.sizing.prepare_workers)
+        if elapsed < WINDOW_MIN_S or not (enough or elapsed >= WINDOW_MAX_S):
+            return
+        self.books = Books(now)
+        pids = [self.pid, *(c.proc.pid for c in [self.device_child, *self.prepare_children]
+                            if c.proc is not None)]  # fmt: skip
+        used = self._cpu.used(pids)
+        machine = self._machine.idle_cores()
+        window = Window(
+            seconds=elapsed,
+            device_busy_s=b.busy_s,
+            device_starved_s=b.starved_s,
+            prepare_s=tuple(b.prepare_s),
+            measure_s=tuple(b.measure_s),
+            # Cores given with --cores are this worker's to use whatever else runs here.
+            idle_cores=idle_cores(
+                self.resources.share,
+                used,
+                elapsed,
+                None if self.resources.source == "--cores" else machine,
+            ),
+        )
+        if self.controller is not None and not self.stopping:
+            ceiling = pool_ceiling(self.resources, prefetch=self.settings.prefetch)
+            before = self.sizing.prepare_workers
+            after = self.controller.observe(window, ceiling)
+            if after != before or ceiling != self.sizing.ceiling:
+                self._resize(after, ceiling)
+                if after != before:
+                    log.info(
+                        "sizing: %s -> %s code-generation process(es) (%s; device busy %.0f%%, "
+                        "waited for code generation %.0f%%, %s prepared in %.1f s)",
+                        before,
+                        after,
+                        self.controller.last_reason,
+                        100 * window.busy_fraction,
+                        100 * window.starved_fraction,
+                        len(window.prepare_s),
+                        elapsed,
+                    )
+        if self._db_ready():
+            try:
+                self.link.run(self._report)
+            except DatabaseDown:
+                pass
+
+    def _resize(self, pool: int, ceiling: int) -> None:
+        prefetch = prefetch_for(pool) if self.sizing.auto_prefetch else self.sizing.prefetch
+        self.sizing = replace(self.sizing, prepare_workers=pool, prefetch=prefetch, ceiling=ceiling)
+        self._grow_children(pool)
+        self._retire_children()
+        self.next_claim_at = 0.0  # a larger prefetch claims at once
+
+    def _grow_children(self, pool: int) -> None:
+        while len(self.prepare_children) < pool:
+            self.prepare_children.append(Child(f"codegen-{self._codegen_seq}"))
+            self._codegen_seq += 1
+
+    def _retire_children(self) -> None:
+        """Close idle code-generation processes beyond the pool size (busy ones finish their
+        trial first)."""
+        while len(self.prepare_children) > self.sizing.prepare_workers:
+            idle = next((c for c in reversed(self.prepare_children) if not c.busy), None)
+            if idle is None:
+                return
+            if any(h.child is idle for h in self.held.values()):
+                return
+            idle.close()
+            self.prepare_children.remove(idle)
+
+    def device_busy_fraction(self) -> float | None:
+        """Share of the time since the first claim that the device had a trial to time."""
+        if self.first_claim_at is None:
+            return None
+        span = time.monotonic() - self.first_claim_at
+        return min(self.busy_total_s / span, 1.0) if span > 0 else None
+
+    def _report(self, conn: psycopg.Connection[Any], initial: bool = False) -> None:
+        """Write the sizing (when it changed, or every REPORT_EVERY_S) and learn how many
+        workers share this host; at start-up a larger count resizes the pool before any
+        code-generation process has started."""
+        now = time.monotonic()
+        busy = self.device_busy_fraction()
+        state = (self.sizing, None if busy is None else round(busy, 2))
+        if not initial and state == self.reported and now - self.last_report_at < REPORT_EVERY_S:
+            return
+        peers = queue.report_worker_sizing(
+            conn,
+            self.worker_id,
+            capacity=self.capacity,
+            prepare_workers=self.sizing.prepare_workers,
+            prefetch=self.sizing.prefetch,
+            sizing=self.sizing.source,
+            device_busy=busy,
+            peer_alive_s=PEER_ALIVE_S,
+        )
+        self.reported, self.last_report_at = state, now
+        peers = max(peers, self.settings.peers)
+        if peers == self.resources.peers:
+            return
+        self.resources = self.resources.with_peers(peers)
+        if initial and self.sizing.auto_pool:
+            self.sizing = initial_sizing(
+                self.resources, self.settings.prepare_workers, self.settings.prefetch
+            )
+            self.controller = PoolController(self.sizing.prepare_workers, self.sizing.ceiling)
+            self.prepare_children = []
+            self._grow_children(self.sizing.prepare_workers)
+            self.reported = None
+            self._report(conn)
+
     # --- replies from the children ---------------------------------------------------------------
     def _on_reply(self, held: Held, reply: Reply) -> None:
         phase = "code generation" if held.stage == "preparing" else "evaluation"
         run = held.claim.run_id
+        if reply.kind == "ok":
+            timed = self.books.prepare_s if held.stage == "preparing" else self.books.measure_s
+            timed.append(reply.seconds)
         if reply.kind == "ok" and held.stage == "preparing":
             if run in self.excluded:  # stood aside meanwhile: it is not timed here
                 held.finish("handback", self.excluded[run])

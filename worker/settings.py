@@ -10,6 +10,11 @@ the trial's limit; a separate code-generation step gets the larger of the trial'
 ``timeout_s`` (the trial's limit follows the run's best kernel time, not code generation);
 with ``prepare_workers = 0`` the trial's limit covers both steps at once.
 
+Sizing. ``prepare_workers`` and ``prefetch`` are ``None`` unless a flag or variable sets
+them: the worker then sizes both itself (``worker.sizing``) from ``cores`` (``None``:
+detected) shared with ``peers`` workers its launcher started on this host. An explicit value
+always wins over the worker's own choice.
+
 Leases. ``lease_s`` (default 30 s) is how long a claim survives without a heartbeat; the
 heartbeat runs every ``lease_s / 3`` so two consecutive beats can be lost before the lease
 expires. A shorter lease recovers a dead worker's trials sooner at the cost of more writes.
@@ -27,11 +32,14 @@ broken node looks like, and costs a healthy run at most two trials held a little
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from tunefleet.cli.flags import MAX_CORES, MAX_PREFETCH, MAX_PREPARE_WORKERS
 from tunefleet.errors import UsageError
 from tunefleet.settings import (
     DatabaseSettings,
+    bounded,
     non_negative_int,
     parse_bool,
     positive_float,
@@ -41,8 +49,6 @@ from tunefleet.settings import (
 
 DEFAULT_LEASE_S = 30.0
 DEFAULT_TIMEOUT_S = 120.0
-DEFAULT_PREFETCH = 1
-DEFAULT_PREPARE_WORKERS = 1
 DEFAULT_POLL_S = 5.0
 DEFAULT_STAND_ASIDE_AFTER = 3
 #: Shortest lease we accept: below it, heartbeats would compete with the work itself.
@@ -65,10 +71,16 @@ class WorkerSettings:
     lease_s: float = DEFAULT_LEASE_S
     #: Evaluation timeout when the trial has none (see the module docstring).
     timeout_s: float = DEFAULT_TIMEOUT_S
-    #: Trials claimed ahead of the one being timed (they are prepared meanwhile).
-    prefetch: int = DEFAULT_PREFETCH
-    #: Code-generation processes; 0 = prepare in the device process right before timing.
-    prepare_workers: int = DEFAULT_PREPARE_WORKERS
+    #: Trials claimed ahead of the one being timed (they are prepared meanwhile); ``None``:
+    #: the worker sizes it.
+    prefetch: int | None = None
+    #: Code-generation processes; 0 = prepare in the device process right before timing;
+    #: ``None``: the worker sizes (and resizes) its pool.
+    prepare_workers: int | None = None
+    #: Cores this worker may use for code generation (``None``: detected).
+    cores: float | None = None
+    #: Workers its launcher started on this host, sharing its cores.
+    peers: int = 1
     #: Polling fallback when no NOTIFY arrives.
     poll_s: float = DEFAULT_POLL_S
     #: Code-generation processes also compile on the device (each opens its own context), so
@@ -87,6 +99,8 @@ class WorkerSettings:
             )
         if self.max_trials is not None and self.max_trials <= 0:
             raise UsageError(f"--max-trials {self.max_trials}: use a positive number")
+        if self.cores is not None and not (self.cores > 0 and math.isfinite(self.cores)):
+            raise UsageError(f"--cores {self.cores:g}: use a positive number of cores")
 
     @property
     def heartbeat_s(self) -> float:
@@ -97,11 +111,6 @@ class WorkerSettings:
     def reap_s(self) -> float:
         """How often this worker runs the reaper step (serialised fleet-wide)."""
         return min(max(self.lease_s / 2.0, 0.25), 15.0)
-
-    @property
-    def capacity(self) -> int:
-        """Most trials held at once: the one being timed plus the prefetched ones."""
-        return 1 + self.prefetch
 
     @classmethod
     def build(
@@ -116,6 +125,7 @@ class WorkerSettings:
         timeout_s: float | None = None,
         prefetch: int | None = None,
         prepare_workers: int | None = None,
+        cores: float | None = None,
         poll_s: float | None = None,
         prebuild: bool | None = None,
         stand_aside_after: int | None = None,
@@ -129,13 +139,17 @@ class WorkerSettings:
             max_trials=resolve(max_trials, "WORKER_MAX_TRIALS", None, positive_int),
             lease_s=resolve(lease_s, "WORKER_LEASE", DEFAULT_LEASE_S, positive_float),
             timeout_s=resolve(timeout_s, "WORKER_TIMEOUT", DEFAULT_TIMEOUT_S, positive_float),
-            prefetch=resolve(prefetch, "WORKER_PREFETCH", DEFAULT_PREFETCH, non_negative_int),
+            prefetch=resolve(
+                prefetch, "WORKER_PREFETCH", None, bounded(non_negative_int, MAX_PREFETCH)
+            ),
             prepare_workers=resolve(
                 prepare_workers,
                 "WORKER_PREPARE_WORKERS",
-                DEFAULT_PREPARE_WORKERS,
-                non_negative_int,
+                None,
+                bounded(non_negative_int, MAX_PREPARE_WORKERS),
             ),
+            cores=resolve(cores, "WORKER_CORES", None, bounded(positive_float, MAX_CORES)),
+            peers=resolve(None, "WORKER_PEERS", 1, positive_int),
             poll_s=resolve(poll_s, "WORKER_POLL", DEFAULT_POLL_S, positive_float),
             prebuild=resolve(prebuild, "WORKER_PREBUILD", True, parse_bool),
             stand_aside_after=resolve(

@@ -9,12 +9,15 @@ from worker.settings import DEFAULT_LEASE_S, DEFAULT_TIMEOUT_S, WorkerSettings
 
 
 def test_defaults(monkeypatch):
-    for name in ("LEASE", "TIMEOUT", "DRAIN", "DEVICE", "MAX_TRIALS", "PREFETCH", "PREBUILD"):
+    names = ("LEASE", "TIMEOUT", "DRAIN", "DEVICE", "MAX_TRIALS", "PREFETCH", "PREBUILD")
+    for name in (*names, "PREPARE_WORKERS", "CORES", "PEERS"):
         monkeypatch.delenv(f"TUNEFLEET_WORKER_{name}", raising=False)
     s = WorkerSettings.build(db="postgresql://u@h/db")
     assert s.lease_s == DEFAULT_LEASE_S == 30 and s.timeout_s == DEFAULT_TIMEOUT_S
     assert s.heartbeat_s == pytest.approx(10) and not s.drain and s.device is None
-    assert s.capacity == 2 and s.db.url == "postgresql://u@h/db"
+    assert s.db.url == "postgresql://u@h/db"
+    # No sizing given: the worker sizes its pool and prefetch itself (worker.sizing).
+    assert (s.prepare_workers, s.prefetch, s.cores, s.peers) == (None, None, None, 1)
     assert s.prebuild is True
 
 
@@ -33,7 +36,15 @@ def test_flag_beats_environment_beats_default(monkeypatch):
 
 @pytest.mark.parametrize(
     ("env", "value"),
-    [("WORKER_LEASE", "-1"), ("WORKER_MAX_TRIALS", "0"), ("WORKER_DRAIN", "maybe")],
+    [
+        ("WORKER_LEASE", "-1"),
+        ("WORKER_MAX_TRIALS", "0"),
+        ("WORKER_DRAIN", "maybe"),
+        ("WORKER_PREFETCH", "1001"),
+        ("WORKER_PREPARE_WORKERS", "-1"),
+        ("WORKER_CORES", "inf"),
+        ("WORKER_PEERS", "0"),
+    ],
 )
 def test_bad_environment_value_names_the_variable(monkeypatch, env, value):
     monkeypatch.setenv(f"TUNEFLEET_{env}", value)
@@ -44,3 +55,12 @@ def test_bad_environment_value_names_the_variable(monkeypatch, env, value):
 def test_too_short_lease_is_refused():
     with pytest.raises(UsageError, match="too short"):
         WorkerSettings.build(db="postgresql://u@h/db", lease_s=0.01)
+
+
+def test_explicit_sizing_from_flags_or_environment(monkeypatch):
+    monkeypatch.setenv("TUNEFLEET_WORKER_PREPARE_WORKERS", "12")
+    monkeypatch.setenv("TUNEFLEET_WORKER_CORES", "6")
+    monkeypatch.setenv("TUNEFLEET_WORKER_PEERS", "4")
+    s = WorkerSettings.build(db="postgresql://u@h/db", prefetch=8)
+    assert (s.prepare_workers, s.prefetch, s.cores, s.peers) == (12, 8, 6.0, 4)
+    assert WorkerSettings.build(db="postgresql://u@h/db", prepare_workers=0).prepare_workers == 0

@@ -183,6 +183,9 @@ _WORKER_COLUMNS = (
     Column("DEVICE", "device_name"),
     Column("STATE", "liveness"),
     Column("HEARTBEAT", "heartbeat_age_s", age),
+    Column("CODEGEN", "codegen"),
+    Column("PREFETCH", "prefetch", right=True),
+    Column("BUSY", "busy", right=True),
     Column("TRIAL", "current_trial", right=True),
     Column("MEASURED", "measured", right=True),
 )
@@ -196,6 +199,12 @@ def _with_failed(row: Row) -> Row:
 
 def _with_liveness(row: Row) -> Row:
     row = dict(row)
+    # The worker's sizing: code-generation processes and who chose them (auto: the worker
+    # itself), and the share of the time since its first claim that its device was busy.
+    pool = row.get("prepare_workers")
+    row["codegen"] = "-" if pool is None else f"{pool} {row.get('sizing') or ''}".strip()
+    busy = row.get("device_busy")
+    row["busy"] = "-" if busy is None else f"{100 * float(busy):.0f}%"
     if row["state"] == "stopped":
         row["liveness"] = "stopped"
     elif row["alive"]:

@@ -68,8 +68,18 @@ WORKER_TRIAL_COLUMNS = (
 )
 #: Columns of ``attempt`` a worker closes (its own attempt, or an expired one in the reaper).
 WORKER_ATTEMPT_COLUMNS = ("ended_at", "outcome", "error")
-#: Columns of ``worker`` a worker process changes on its own row (heartbeat, shutdown).
-WORKER_WORKER_COLUMNS = ("heartbeat_at", "state", "stopped_at")
+#: Columns of ``worker`` a worker process changes on its own row (heartbeat, shutdown, the
+#: sizing it reports).
+WORKER_WORKER_COLUMNS = (
+    "heartbeat_at",
+    "state",
+    "stopped_at",
+    "capacity",
+    "prepare_workers",
+    "prefetch",
+    "sizing",
+    "device_busy",
+)
 #: Columns of ``device`` refreshed when a known fingerprint registers again.
 WORKER_DEVICE_COLUMNS = ("details",)
 

@@ -137,8 +137,26 @@ worker = Table(
     # Trials the worker holds at once (1 + prefetch): the coordinator keeps at least the sum
     # of its live workers' capacities queued, or prefetching would find nothing to claim.
     Column("capacity", Integer, nullable=False, server_default=text("2")),
+    # The worker's own sizing (worker.sizing), as it last reported it: its code-generation
+    # processes, its prefetch, what chose them (auto, flags or mixed) and the share of the
+    # time since its first claim that its device was busy.
+    Column("prepare_workers", Integer, nullable=True),
+    Column("prefetch", Integer, nullable=True),
+    Column("sizing", Text, nullable=True),
+    Column("device_busy", DOUBLE_PRECISION, nullable=True),
     CheckConstraint("state IN ('active', 'stopped')", name="worker_state_valid"),
     CheckConstraint("capacity > 0", name="worker_capacity_positive"),
+    CheckConstraint(
+        "prepare_workers IS NULL OR prepare_workers >= 0", name="worker_prepare_workers_valid"
+    ),
+    CheckConstraint("prefetch IS NULL OR prefetch >= 0", name="worker_prefetch_valid"),
+    CheckConstraint(
+        "sizing IS NULL OR sizing IN ('auto', 'flags', 'mixed')", name="worker_sizing_valid"
+    ),
+    CheckConstraint(
+        "device_busy IS NULL OR (device_busy >= 0 AND device_busy <= 1)",
+        name="worker_device_busy_valid",
+    ),
 )
 # Live workers of a class: the coordinator sizes the queue from this.
 Index(

@@ -179,6 +179,49 @@ def heartbeat_worker(conn: psycopg.Connection[Any], worker_id: UUID) -> bool:
     return row is not None
 
 
+def report_worker_sizing(
+    conn: psycopg.Connection[Any],
+    worker_id: UUID,
+    *,
+    capacity: int,
+    prepare_workers: int,
+    prefetch: int,
+    sizing: str,
+    device_busy: float | None,
+    peer_alive_s: float,
+) -> int:
+    """Record the worker's current sizing (its ``capacity``, 1 + prefetch, is what the
+    coordinator's queue depth follows) and how much of the time its device was busy; return
+    how many live workers its host runs, itself included (they share the host's cores).
+
+    Locking: the worker's own row, for the statement; the count reads the host's rows
+    without locking them.
+    """
+    row = conn.execute(
+        """
+        UPDATE tunefleet.worker w
+           SET capacity = %(capacity)s, prepare_workers = %(prepare_workers)s,
+               prefetch = %(prefetch)s, sizing = %(sizing)s, device_busy = %(device_busy)s
+         WHERE w.id = %(worker_id)s AND w.state = 'active'
+        RETURNING (SELECT count(*) FROM tunefleet.worker o
+                    WHERE o.host = w.host AND o.state = 'active'
+                      AND (o.id = w.id
+                           OR o.heartbeat_at > now() - make_interval(secs => %(alive_s)s)))
+                  AS peers
+        """,
+        {
+            "worker_id": worker_id,
+            "capacity": int(capacity),
+            "prepare_workers": int(prepare_workers),
+            "prefetch": int(prefetch),
+            "sizing": sizing,
+            "device_busy": None if device_busy is None else float(device_busy),
+            "alive_s": float(peer_alive_s),
+        },
+    ).fetchone()
+    return 1 if row is None else max(int(row["peers"]), 1)
+
+
 def stop_worker(conn: psycopg.Connection[Any], worker_id: UUID) -> None:
     """Mark the worker ``stopped`` (graceful exit). Locking: its own row, for the statement."""
     conn.execute(

@@ -92,8 +92,10 @@ def fleet(
     stale_after_s: float = 60.0,
     include_stopped: bool = False,
 ) -> list[Row]:
-    """Worker processes with their device, heartbeat age, the trial they hold now, and how many
-    trials they measured (overall, or for ``run_id`` when given; cache copies excluded).
+    """Worker processes with their device, heartbeat age, their sizing (code-generation
+    processes, prefetch, what chose them) and device busy fraction, the trial they hold now,
+    and how many trials they measured (overall, or for ``run_id`` when given; cache copies
+    excluded).
     ``alive`` is false for an ``active`` worker whose heartbeat is older than
     ``stale_after_s`` (killed without a goodbye). Stopped workers are listed only with
     ``include_stopped``.
@@ -104,6 +106,7 @@ def fleet(
         """
         SELECT w.id AS worker_id, w.host, w.pid, w.state, w.device_class,
                d.name AS device_name, w.version, w.started_at, w.heartbeat_at, w.stopped_at,
+               w.capacity, w.prepare_workers, w.prefetch, w.sizing, w.device_busy,
                extract(epoch FROM now() - w.heartbeat_at)::float8 AS heartbeat_age_s,
                (w.state = 'active'
                 AND w.heartbeat_at > now() - make_interval(secs => %(stale)s)) AS alive,
