@@ -15,6 +15,8 @@ import time
 from types import FrameType
 from typing import Any
 
+from tunefleet.cli import flags
+from tunefleet.cli.args import add_problem_flags, raw_problem_args
 from tunefleet.cli.db import add_db_flag, add_wait_flag, wait_for_db_s
 from tunefleet.errors import UsageError
 
@@ -23,6 +25,7 @@ _NEW_RUN_FLAGS = {
     "problem": "PROBLEM",
     "size": "--size",
     "dtype": "--dtype",
+    "arg": "--arg",
     "device_class": "--device-class",
     "seed_config": "--seed-config",
     "warm_start_from": "--warm-start-from",
@@ -43,58 +46,21 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         metavar="PROBLEM",
         help="built-in problem name, path/to/problem.py[:Class] or module:attr",
     )
-    p.add_argument(
-        "--size",
-        action="append",
-        default=[],
-        metavar="K=V",
-        help="problem argument, repeatable (e.g. --size n=1024 --size m=512)",
-    )
-    p.add_argument("--dtype", help="element type, e.g. float32")
+    add_problem_flags(p)
     p.add_argument(
         "--device-class",
         metavar="CLASS",
         help="device class the run targets (default: 'any' for problems without OpenCL, "
         "else the class of the live workers when they agree)",
     )
-    p.add_argument("--name", help="a label for the run")
-    p.add_argument("--max-trials", type=int, metavar="N", help="stop after N finished trials")
-    p.add_argument(
-        "--max-time", type=float, metavar="S", help="stop S seconds after the run was created"
-    )
-    p.add_argument(
-        "--target", type=float, metavar="GFLOPS", help="stop once a trial reaches this GFLOP/s"
-    )
-    p.add_argument(
-        "--patience", type=int, metavar="K", help="stop after K trials without improvement"
-    )
-    p.add_argument(
-        "--seed-config",
-        action="append",
-        default=[],
-        metavar="JSON|FILE",
-        help="start from this configuration (a JSON object or list, or a .json file); repeatable",
-    )
-    p.add_argument(
-        "--warm-start-from",
-        metavar="CLASS",
-        help="seed with the best configurations of the same problem on another device class",
-    )
-    p.add_argument(
-        "--technique",
-        action="append",
-        default=None,
-        metavar="NAME",
-        help="OpenTuner search technique (default AUCBanditMetaTechniqueA); repeatable",
-    )
-    p.add_argument("--resume", type=int, metavar="RUN", help="continue run RUN")
+    flags.add(p, (*flags.SEARCH_FLAGS, *flags.SEED_FLAGS))
     add_db_flag(p)
     add_wait_flag(p)
     p.set_defaults(func=_coordinator)
 
 
 def _coordinator(args: argparse.Namespace) -> int:
-    from coordinator.settings import CoordinatorSettings, parse_seed_configs, parse_size
+    from coordinator.settings import CoordinatorSettings, parse_seed_configs
 
     if args.resume is not None:
         given = [flag for dest, flag in _NEW_RUN_FLAGS.items() if getattr(args, dest)]
@@ -103,10 +69,8 @@ def _coordinator(args: argparse.Namespace) -> int:
                 f"--resume continues run {args.resume} as it was created; drop {given[0]} "
                 "(budget flags may change)"
             )
-    problem_args: dict[str, Any] = dict(parse_size(s) for s in args.size)
-    if args.dtype:
-        problem_args["dtype"] = args.dtype
-    seeds = [c for text in args.seed_config for c in parse_seed_configs(text)]
+    problem_args: dict[str, Any] = raw_problem_args(args)
+    seeds = [c for text in args.seed_config or () for c in parse_seed_configs(text)]
     settings = CoordinatorSettings.build(
         problem=args.problem,
         problem_args=problem_args,

@@ -41,7 +41,15 @@ from typing import Any
 import psycopg
 
 from coordinator.mapping import SpaceMapping
-from coordinator.rules import Budget, RunStats, queue_target, stop_reason, trial_timeout
+from coordinator.rules import (
+    Budget,
+    Rate,
+    RunStats,
+    poll_slack,
+    queue_target,
+    stop_reason,
+    trial_timeout,
+)
 from coordinator.settings import CoordinatorSettings
 from tunefleet.db.engine import connect
 from tunefleet.devices import ANY_DEVICE_CLASS
@@ -82,6 +90,8 @@ class Progress:
     #: Why no live worker may serve the run now (every live one stands aside, or none is
     #: live), or None while some worker can.
     unserved: str | None = None
+    #: The part of ``queue_target`` that covers what the fleet finishes during one poll.
+    queue_slack: int = 0
 
 
 @dataclass(frozen=True)
@@ -479,6 +489,8 @@ class _Session:
         self.flights: dict[str, _Flight] = {}
         self.live_workers = 0
         self.live_capacity = 0
+        self.rate = Rate()
+        self.slack = 0
         self.target = 0
         self.unserved: str | None = None
         self._unserved_since: float | None = None
@@ -527,6 +539,7 @@ class _Session:
                 )
                 self._check_served(now)
             outcomes = q.fetch_unreported(self.conn, self.run_id)
+            self.rate.add(now, len(outcomes))  # what the workers finish, for the queue depth
             self._absorb(outcomes)
             if self.owner._stop.is_set():
                 reason, state = "user", "stopped"
@@ -630,6 +643,7 @@ class _Session:
             in_flight=len(self.flights),
             live_workers=self.live_workers,
             queue_target=self.target,
+            queue_slack=self.slack,
             elapsed_s=self._elapsed(),
             best_seconds=st.best_seconds,
             best_gflops=st.best_gflops,
@@ -676,8 +690,16 @@ class _Session:
         left = None
         if self.budget.max_trials is not None:
             left = self.budget.max_trials - self.stats.finished
+        rate = self.rate.per_second(time.monotonic())
+        self.slack = poll_slack(rate, s.poll_s)
         self.target = queue_target(
-            self.live_workers, s.depth_factor, s.min_depth, left, self.live_capacity
+            self.live_workers,
+            s.depth_factor,
+            s.min_depth,
+            left,
+            self.live_capacity,
+            rate=rate,
+            poll_s=s.poll_s,
         )
         need = self.target - len(self.flights)
         if need <= 0:

@@ -9,8 +9,12 @@ Queue depth
     the trials they hold at most, summed (1 + prefetch each). With the defaults (factor 2,
     minimum 1, prefetch 1) each worker finds a next trial waiting when it finishes one, a
     worker with a deep prefetch finds enough to prepare ahead, and a run without workers keeps
-    one trial queued for the first worker that arrives. The target never exceeds what is left
-    of ``max_trials``.
+    one trial queued for the first worker that arrives. Workers change their capacity as they
+    size themselves; the coordinator re-reads it every heartbeat. On top of that comes
+    ``ceil(rate * poll_s)``: the trials the fleet finishes (``rate`` per second, measured over
+    the last seconds) while the coordinator sleeps one poll, so that with short trials the
+    workers never find the queue empty between two of its top-ups and the poll never bounds
+    the rate. The target never exceeds what is left of ``max_trials``.
 
 Trial timeout (``trial.timeout_s``)
     ``None`` (the worker's default) until the run has a measured result; afterwards
@@ -52,12 +56,22 @@ def queue_target(
     min_depth: int,
     budget_left: int | None = None,
     capacity: int = 0,
+    rate: float = 0.0,
+    poll_s: float = 0.0,
 ) -> int:
     """How many trials of the run should be pending or running."""
     target = max(min_depth, math.ceil(depth_factor * max(live_workers, 0)), capacity)
+    target += poll_slack(rate, poll_s)
     if budget_left is not None:
         target = min(target, max(budget_left, 0))
     return target
+
+
+def poll_slack(rate: float, poll_s: float) -> int:
+    """Trials the fleet finishes during one poll of the coordinator (see the docstring)."""
+    if rate > 0 and poll_s > 0 and math.isfinite(rate):
+        return math.ceil(rate * poll_s)
+    return 0
 
 
 def trial_timeout(
@@ -73,6 +87,25 @@ def trial_timeout(
     launches = int(protocol.get("warmup", 2)) + int(protocol.get("max_launches", 200))
     allowance = SLOWDOWN * best_median_s * launches + COMPILE_FACTOR * (max_compile_s or 0.0)
     return min(max_s, max(min_s, allowance))
+
+
+class Rate:
+    """Outcomes per second over the last ``span_s`` seconds (a sliding window)."""
+
+    def __init__(self, span_s: float = 10.0) -> None:
+        self.span_s = span_s
+        self._events: list[tuple[float, int]] = []
+
+    def add(self, now: float, count: int) -> None:
+        if count > 0:
+            self._events.append((now, count))
+
+    def per_second(self, now: float) -> float:
+        self._events = [(t, n) for t, n in self._events if now - t <= self.span_s]
+        if not self._events:
+            return 0.0
+        span = max(now - self._events[0][0], 1.0)  # a first burst is not a rate
+        return sum(n for _, n in self._events) / span
 
 
 @dataclass(frozen=True)

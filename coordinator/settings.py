@@ -15,13 +15,15 @@ also have environment variables:
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tunefleet.cli.flags import MAX_BUDGET_S, MAX_COUNT
 from tunefleet.errors import UsageError
-from tunefleet.settings import positive_float, positive_int, resolve
+from tunefleet.settings import bounded, positive_float, positive_int, resolve
 from tunefleet.space import Config
 
 
@@ -99,8 +101,8 @@ class CoordinatorSettings:
         if resume is not None and resume <= 0:
             raise UsageError(f"--resume {resume} is not a run id; use a positive integer")
         _check_positive("--max-trials", max_trials)
-        _check_positive("--max-time", max_seconds)
-        _check_positive("--target", target_gflops)
+        _check_positive("--max-time", max_seconds, MAX_BUDGET_S)
+        _check_positive("--target", target_gflops, 1e12)
         _check_positive("--patience", patience)
         settings = cls(
             problem=problem,
@@ -114,10 +116,12 @@ class CoordinatorSettings:
             if techniques
             else resolve(None, "TECHNIQUE", (), _techniques),
             resume=resume,
-            max_trials=resolve(max_trials, "MAX_TRIALS", None, positive_int),
-            max_seconds=resolve(max_seconds, "MAX_SECONDS", None, positive_float),
+            max_trials=resolve(max_trials, "MAX_TRIALS", None, bounded(positive_int, MAX_COUNT)),
+            max_seconds=resolve(
+                max_seconds, "MAX_SECONDS", None, bounded(positive_float, MAX_BUDGET_S)
+            ),
             target_gflops=resolve(target_gflops, "TARGET_GFLOPS", None, positive_float),
-            patience=resolve(patience, "PATIENCE", None, positive_int),
+            patience=resolve(patience, "PATIENCE", None, bounded(positive_int, MAX_COUNT)),
             depth_factor=resolve(depth_factor, "QUEUE_FACTOR", 2.0, positive_float),
             min_depth=resolve(min_depth, "QUEUE_MIN", 1, positive_int),
             poll_s=resolve(poll_s, "POLL_S", 0.2, positive_float),
@@ -142,22 +146,15 @@ class CoordinatorSettings:
         return settings
 
 
-def _check_positive(flag: str, value: float | None) -> None:
-    if value is not None and not value > 0:
-        raise UsageError(f"{flag} {value} must be positive")
-
-
-def parse_size(text: str) -> tuple[str, Any]:
-    """``k=v`` from ``--size``: the value as JSON when it parses (numbers, lists), else text."""
-    key, sep, raw = text.partition("=")
-    key = key.strip()
-    if not sep or not key or not raw.strip():
-        raise UsageError(f"--size {text!r} is not KEY=VALUE; write e.g. --size n=1024")
-    try:
-        value: Any = json.loads(raw)
-    except json.JSONDecodeError:
-        value = raw.strip()
-    return key, value
+def _check_positive(flag: str, value: float | None, high: float = MAX_COUNT) -> None:
+    """What a Python caller passes gets the limits the command line has."""
+    if value is None:
+        return
+    if not (value > 0 and math.isfinite(value)):
+        raise UsageError(f"{flag} {value} must be a positive finite number")
+    if value > high:
+        limit = f"{int(high)}" if float(high).is_integer() else f"{high:g}"
+        raise UsageError(f"{flag} {value:g} is above the limit {limit}; use a smaller number")
 
 
 def parse_seed_configs(text: str) -> list[Config]:

@@ -76,6 +76,19 @@ def non_negative_int(raw: str) -> int:
     return value
 
 
+def bounded(parse: Callable[[str], T], high: float) -> Callable[[str], T]:
+    """``parse``, refusing values above ``high`` (a limit the storage or the processes set)."""
+
+    def check(raw: str) -> T:
+        value = parse(raw)
+        if value > high:  # type: ignore[operator]
+            limit = f"{int(high)}" if float(high).is_integer() else f"{high:g}"
+            raise ValueError(f"must be at most {limit}")
+        return value
+
+    return check
+
+
 def parse_bool(raw: str) -> bool:
     lowered = raw.strip().lower()
     if lowered in {"1", "true", "yes", "on"}:

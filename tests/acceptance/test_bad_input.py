@@ -102,8 +102,8 @@ def stored(
     # The search is random: seed one configuration that is invalid by construction, so the
     # stored run always holds both terminal states the snapshot must protect.
     coordinator = subprocess.Popen(
-        [sys.executable, "-m", "tunefleet", "coordinator", "synthetic", "--size",
-         "duration=0.01", "--size", "invalid_rate=0.3", "--max-trials", "8",
+        [sys.executable, "-m", "tunefleet", "coordinator", "synthetic", "--arg",
+         "duration=0.01", "--arg", "invalid_rate=0.3", "--max-trials", "8",
          "--seed-config", json.dumps(first_invalid({"invalid_rate": 0.3})), "--db", url],
         env=env, cwd=logs, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -226,7 +226,7 @@ CLI_ROWS = {
         "doubler: n must be a multiple of 64",
     ),
     "bad built-in argument": CliRow(
-        ("coordinator", "synthetic", "--size", "fail_rate=2", "--db", "{db}"),
+        ("coordinator", "synthetic", "--arg", "fail_rate=2", "--db", "{db}"),
         1,
         "synthetic: fail_rate=2 must be between 0 and 1",
     ),

@@ -24,9 +24,9 @@ pytestmark = pytest.mark.acceptance
 #: Quick synthetic evaluations timed with one launch.
 FAST = [
     "synthetic",
-    "--size",
+    "--arg",
     "duration=0.02",
-    "--size",
+    "--arg",
     "invalid_rate=0.1",
 ]
 
@@ -138,8 +138,27 @@ def test_a_second_coordinator_process_is_refused_with_one_line(db_url, db, cli_e
     ("args", "code", "message"),
     [
         (["nope"], 1, "unknown problem 'nope'; built-ins are"),
-        (["synthetic", "--size", "noise=-4"], 1, "synthetic: noise=-4 must be >= 0"),
-        (["synthetic", "--size", "noise"], 2, "--size 'noise' is not KEY=VALUE"),
+        (["synthetic", "--arg", "noise=-4"], 1, "synthetic: noise=-4 must be >= 0"),
+        (["synthetic", "--size", "noise"], 2, "--size 'noise' is not NAME=VALUE"),
+        (["synthetic", "--size", "noise=0.5"], 2, "--size noise='0.5' is not a positive integer"),
+        (
+            ["synthetic", "--max-trials", "99999999999"],
+            2,
+            "--max-trials 99999999999 is above the limit 2147483647",
+        ),
+        (["synthetic", "--max-time", "inf"], 2, "--max-time inf: use a finite number, at most"),
+        (["synthetic", "--patience", "0"], 2, "--patience 0: use at least 1"),
+        (
+            ["synthetic", "--arg", "duration=1e308"],
+            1,
+            "synthetic: duration=1e+308 must be between 0 and 3600",
+        ),
+        (["synthetic", "--arg", "duration=NaN"], 2, "--arg duration='NaN' is not a finite"),
+        (
+            ["gemm", "--size", "n=99999999999999999999"],
+            2,
+            "--size n=99999999999999999999 is above the limit 2147483647",
+        ),
         (["synthetic", "--seed-config", "{x: 1}"], 2, "--seed-config is not valid JSON"),
         (["synthetic", "--seed-config", '{"x": 1}'], 2, "seed configuration 1: configuration"),
         (["synthetic", "--resume", "3"], 2, "--resume continues run 3 as it was created; drop"),

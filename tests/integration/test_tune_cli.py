@@ -300,7 +300,31 @@ def _best_trial(env: dict[str, str]) -> int:
         (["no-such-problem"], ["unknown problem 'no-such-problem'"]),
         (["gemm", "--size", "n=-4"], ["--size n='-4' is not a positive integer"]),
         (["gemm", "--dtype", "int7"], ["dtype", "int7"]),
-        (["synthetic", "--max-trials", "0"], ["--max-trials 0 must be a positive number"]),
+        (["synthetic", "--max-trials", "0"], ["--max-trials 0: use at least 1"]),
+        # Values the storage cannot hold, or that never end, are refused before anything runs.
+        (
+            ["synthetic", "--max-trials", "99999999999"],
+            ["--max-trials 99999999999 is above the limit 2147483647; use a smaller number"],
+        ),
+        (["synthetic", "--max-time", "inf"], ["--max-time inf: use a finite number, at most"]),
+        (["synthetic", "--max-time", "1e400"], ["--max-time 1e400: use a finite number"]),
+        (
+            ["gemm", "--size", "n=99999999999999999999"],
+            ["--size n=99999999999999999999 is above the limit 2147483647"],
+        ),
+        (
+            ["synthetic", "--arg", "duration=1e308"],
+            ["synthetic: duration=1e+308 must be between 0 and 3600"],
+        ),
+        (["synthetic", "--arg", "duration=Infinity"], ["--arg duration='Infinity'", "finite"]),
+        (["synthetic", "--prefetch", "-1"], ["--prefetch -1: use zero or a positive number"]),
+        (["synthetic", "--prepare-workers", "257"], ["--prepare-workers 257 is above the limit"]),
+        (["synthetic", "--cores", "nan"], ["--cores nan: use a finite number"]),
+        (
+            ["synthetic", "--workers", "0", "--prefetch", "8"],
+            ["--prefetch sets up the workers this command starts", "tunefleet worker"],
+        ),
+        (["--resume", "3", "--seed-config", "{}"], ["--resume continues run 3", "--seed-config"]),
         (["--resume", "42"], ["run 42 does not exist"]),
         (["synthetic", "--db", "postgresql://nobody@127.0.0.1:1/none"], ["cannot connect"]),
     ],
@@ -335,6 +359,16 @@ def test_tune_help_names_every_flag(home):
         "--target",
         "--db",
         "--resume",
+        # What a one-node user needs of the coordinator and the worker.
+        "--technique",
+        "--patience",
+        "--seed-config",
+        "--warm-start-from",
+        "--timeout",
+        "--prefetch",
+        "--prepare-workers",
+        "--cores",
+        "--prebuild",
     ):
         assert flag in text
 

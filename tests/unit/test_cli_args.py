@@ -56,6 +56,23 @@ def test_malformed_problem_flags_name_the_flag_and_the_fix(flag, value, message)
 
 
 @pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--size", "n=2147483648", "--size n=2147483648 is above the limit 2147483647"),
+        ("--size", "n=99999999999999999999", "is above the limit 2147483647 .kernels index"),
+        ("--arg", "duration=Infinity", "--arg duration='Infinity' is not a finite number"),
+        ("--arg", "duration=1e400", "--arg duration='1e400' is not a finite number"),
+        ("--arg", "shape=[1, NaN]", "is not a finite number"),
+        ("--arg", "seed=99999999999999999999", "has an integer above the limit 9007199254740992"),
+    ],
+)
+def test_values_nothing_can_hold_are_refused_with_the_limit(flag, value, message):
+    with pytest.raises(UsageError, match=message):
+        raw_problem_args(parse(flag, value))
+    assert raw_problem_args(parse("--size", "n=2147483647")) == {"n": 2147483647}
+
+
+@pytest.mark.parametrize(
     "args",
     [
         {"n": 256, "dtype": "float32"},

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.rules import Budget, RunStats, queue_target, stop_reason, trial_timeout
+from coordinator.rules import (
+    Budget,
+    Rate,
+    RunStats,
+    poll_slack,
+    queue_target,
+    stop_reason,
+    trial_timeout,
+)
 
 PROTOCOL = {"warmup": 2, "max_launches": 200}
 
@@ -30,6 +38,26 @@ def test_queue_target_covers_what_prefetching_workers_hold():
     assert queue_target(2, 2.0, 1, None, capacity=18) == 18
     assert queue_target(2, 2.0, 1, None, capacity=4) == 4  # the defaults: factor 2 decides
     assert queue_target(2, 2.0, 1, 10, capacity=18) == 10  # still within the trial budget
+
+
+def test_the_queue_also_covers_what_the_fleet_finishes_during_one_poll():
+    # 40 trials a second and a 0.2 s poll: 8 more queued, so no worker finds it empty.
+    assert poll_slack(40.0, 0.2) == 8
+    assert poll_slack(0.5, 0.2) == 1
+    assert poll_slack(0.0, 0.2) == 0 and poll_slack(float("inf"), 0.2) == 0
+    assert queue_target(4, 2.0, 1, None, capacity=10, rate=40.0, poll_s=0.2) == 18
+    assert queue_target(4, 2.0, 1, 12, capacity=10, rate=40.0, poll_s=0.2) == 12  # budget
+
+
+def test_rate_is_outcomes_per_second_over_a_sliding_window():
+    r = Rate(span_s=10.0)
+    assert r.per_second(0.0) == 0.0
+    r.add(0.0, 5)
+    assert r.per_second(0.5) == 5.0  # a first burst counts over one second, not 0.5
+    r.add(4.0, 15)
+    assert r.per_second(4.0) == 5.0  # 20 outcomes over 4 s
+    assert r.per_second(12.0) == pytest.approx(15 / 8)  # the first batch left the window
+    assert r.per_second(30.0) == 0.0
 
 
 def test_trial_timeout_is_the_default_until_a_result_then_scales_with_the_best_time():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.settings import CoordinatorSettings, parse_seed_configs, parse_size
+from coordinator.settings import CoordinatorSettings, parse_seed_configs
 from tunefleet.errors import UsageError
 
 
@@ -20,14 +20,24 @@ def test_bad_environment_values_name_the_variable(monkeypatch):
     monkeypatch.setenv("TUNEFLEET_PATIENCE", "-2")
     with pytest.raises(UsageError, match="TUNEFLEET_PATIENCE='-2' is not valid"):
         CoordinatorSettings.build(problem="synthetic")
+    monkeypatch.delenv("TUNEFLEET_PATIENCE")
+    monkeypatch.setenv("TUNEFLEET_MAX_TRIALS", "99999999999")
+    limit = r"TUNEFLEET_MAX_TRIALS='99999999999' is not valid: must be at most 2147483647"
+    with pytest.raises(UsageError, match=limit):
+        CoordinatorSettings.build(problem="synthetic")
 
 
 @pytest.mark.parametrize(
     ("kw", "match"),
     [
         ({}, "name a PROBLEM to tune, or --resume RUN"),
-        ({"problem": "synthetic", "max_trials": 0}, "--max-trials 0 must be positive"),
-        ({"problem": "synthetic", "max_seconds": -1.0}, "--max-time -1.0 must be positive"),
+        ({"problem": "synthetic", "max_trials": 0}, "--max-trials 0 must be a positive"),
+        ({"problem": "synthetic", "max_seconds": -1.0}, "--max-time -1.0 must be a positive"),
+        (
+            {"problem": "synthetic", "max_trials": 99999999999},
+            r"--max-trials 1e\+11 is above the limit 2147483647",
+        ),
+        ({"problem": "synthetic", "max_seconds": float("inf")}, "--max-time inf must be a pos"),
         ({"resume": -3}, "--resume -3 is not a run id"),
         ({"problem": "synthetic", "techniques": ["Nope"]}, "unknown search technique 'Nope'"),
     ],
@@ -35,14 +45,6 @@ def test_bad_environment_values_name_the_variable(monkeypatch):
 def test_bad_settings_are_one_line_errors(kw, match):
     with pytest.raises(UsageError, match=match):
         CoordinatorSettings.build(**kw)
-
-
-def test_sizes_parse_as_json_when_they_can():
-    assert parse_size("n=1024") == ("n", 1024)
-    assert parse_size("shape=[2, 3]") == ("shape", [2, 3])
-    assert parse_size("dtype=float32") == ("dtype", "float32")
-    with pytest.raises(UsageError, match="--size 'n' is not KEY=VALUE"):
-        parse_size("n")
 
 
 def test_seed_configs_come_as_json_object_list_or_file(tmp_path):

@@ -44,7 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        # Flag values are checked as they are parsed (tunefleet.cli.flags): a value out of
+        # range is a one-line UsageError like every other mistake.
+        args = parser.parse_args(argv)
+    except TunefleetError as exc:
+        print(f"tunefleet: error: {exc}", file=sys.stderr)
+        return exc.exit_code
     logging.basicConfig(
         level=logging.WARNING - 10 * min(args.verbose, 2),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -3,7 +3,12 @@
 ``--size n=256`` (repeatable, or comma-separated ``n=256,m=128``) and ``--arg key=value`` put
 ``key: value`` into the raw arguments handed to the problem's ``normalise_args``; ``--dtype``
 sets ``dtype``. Values are read as JSON when they parse (numbers, booleans, lists), else kept
-as strings. :func:`command_line_args` renders stored arguments back into flags, so the
+as strings. This is the one parser of problem arguments: every command that takes a problem
+(``tune``, ``coordinator``, ``measure``) reads them through it, so ``--size n=256,k=64`` is two
+sizes everywhere. A size is a positive integer of at most :data:`MAX_SIZE` (loopy kernels
+index with 32-bit integers); no value may be NaN or infinite, and an integer ``--arg`` beyond
+:data:`MAX_JSON_INT` (where JSON numbers stop being exact) is refused.
+:func:`command_line_args` renders stored arguments back into flags, so the
 reproduce command printed by ``tunefleet best`` round-trips exactly.
 """
 
@@ -11,11 +16,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tunefleet.errors import UsageError
+
+#: Largest ``--size``: loopy's generated kernels index with 32-bit integers.
+MAX_SIZE = 2**31 - 1
+#: Largest integer ``--arg`` value: beyond it a JSON number is no longer exact.
+MAX_JSON_INT = 2**53
 
 
 def add_problem_flags(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +55,27 @@ def _value(text: str) -> Any:
         return text
 
 
+def _finite(value: Any) -> bool:
+    """No NaN or infinity anywhere in a parsed value (JSON lists and objects included)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    return True
+
+
+def _too_big(value: Any) -> bool:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return abs(value) > MAX_JSON_INT
+    if isinstance(value, list):
+        return any(_too_big(v) for v in value)
+    if isinstance(value, dict):
+        return any(_too_big(v) for v in value.values())
+    return False
+
+
 def _pairs(items: Sequence[str], flag: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items:
@@ -64,6 +96,20 @@ def _pairs(items: Sequence[str], flag: str) -> dict[str, Any]:
                 raise UsageError(
                     f"--size {key}={raw.strip()!r} is not a positive integer; write e.g. "
                     f"--size {key}=256"
+                )
+            if flag == "--size" and value > MAX_SIZE:
+                raise UsageError(
+                    f"--size {key}={value} is above the limit {MAX_SIZE} (kernels index with "
+                    "32-bit integers); use a smaller size"
+                )
+            if not _finite(value):
+                raise UsageError(
+                    f"{flag} {key}={raw.strip()!r} is not a finite number; give a number"
+                )
+            if _too_big(value):
+                raise UsageError(
+                    f"{flag} {key}={raw.strip()!r} has an integer above the limit "
+                    f"{MAX_JSON_INT} (2^53, where JSON numbers stop being exact)"
                 )
             out[key] = value
     return out

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from tunefleet.cli import flags
 from tunefleet.cli.args import add_problem_flags, raw_problem_args
 from tunefleet.cli.db import add_db_flag
 from tunefleet.cli.output import args_text, gflops, seconds
@@ -70,14 +71,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         metavar="PATTERN",
         help="device index, part of its name, or (with --workers 0) the device class to target",
     )
-    p.add_argument("--max-trials", type=int, metavar="N", help="stop after N evaluations")
-    p.add_argument("--max-time", type=float, metavar="S", help="stop after S seconds")
-    p.add_argument("--target", type=float, metavar="GFLOPS", help="stop once this is reached")
-    p.add_argument("--name", help="a name for the run (shown by `tunefleet runs`)")
-    p.add_argument("--resume", type=int, metavar="RUN", help="continue a stopped run")
+    # The coordinator's and the worker's flags a one-node user needs, defined once.
+    flags.add(p, (*flags.SEARCH_FLAGS, *flags.SEED_FLAGS, *flags.WORKER_FLAGS))
     p.add_argument(
         "--progress-every",
-        type=float,
+        type=flags.seconds("--progress-every", high=flags.MAX_TIMEOUT_S),
         default=None,
         metavar="S",
         help="seconds between progress lines when stdout is not a terminal (default 5)",
@@ -193,6 +191,9 @@ class LocalWorkers:
 
     def start(self, devices: tuple[str, ...], extra: list[str]) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        # The workers share this machine's cores: each sizes its code generation for its part
+        # from the start, before the others have registered in the database.
+        env = {**os.environ, "TUNEFLEET_WORKER_PEERS": str(max(len(devices), 1))}
         for i, device in enumerate(devices):
             log = self.log_dir / f"worker-{i}.log"
             cmd = [sys.executable, "-m", "tunefleet", "worker", "--db", self.url]
@@ -201,6 +202,7 @@ class LocalWorkers:
                 proc = subprocess.Popen(
                     cmd,
                     stdin=subprocess.DEVNULL,
+                    env=env,
                     stdout=fh,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,  # the terminal's Ctrl-C is ours to forward, once
@@ -327,26 +329,20 @@ class ProgressDisplay:
 # --- the command --------------------------------------------------------------------------
 
 
-def _check_budget(args: argparse.Namespace) -> None:
-    for flag, value in (
-        ("--max-trials", args.max_trials),
-        ("--max-time", args.max_time),
-        ("--target", args.target),
-    ):
-        if value is not None and not value > 0:
-            raise UsageError(f"{flag} {value} must be a positive number")
-    if args.progress_every is not None and not args.progress_every > 0:
-        raise UsageError(f"--progress-every {args.progress_every} must be positive")
-
-
 def cmd_tune(args: argparse.Namespace) -> int:
     from tunefleet.db.engine import connect, database_url
     from tunefleet.problems.registry import get_problem
     from tunefleet.queries import report
 
-    _check_budget(args)
     if args.problem is None and args.resume is None:
         raise UsageError("name a PROBLEM to tune (see `tunefleet problems`) or --resume RUN")
+    if args.resume is not None:
+        given = [f for f, v in (("--seed-config", args.seed_config),
+                                ("--warm-start-from", args.warm_start_from)) if v]  # fmt: skip
+        if given:
+            raise UsageError(
+                f"--resume continues run {args.resume} as it was created; drop {given[0]}"
+            )
 
     settings = DatabaseSettings.build(args.db, application_name="tunefleet-tune")
     if args.resume is not None:
@@ -365,27 +361,36 @@ def cmd_tune(args: argparse.Namespace) -> int:
         problem = get_problem(run["problem"])
         problem_args = dict(run["problem_args"])
         plan = _resume_plan(problem.needs_opencl, args, run)
+        _check_worker_flags(plan, args)
     else:
         # Check what the user typed before touching the database or any device.
         problem = get_problem(args.problem)
         problem_args = problem.normalise_args(raw_problem_args(args))
         problem.space(problem_args)
         plan = plan_workers(problem.needs_opencl, args.workers, args.device)
+        _check_worker_flags(plan, args)
         url = database_url(settings)
 
     from coordinator.engine import Coordinator, Progress, create_run
-    from coordinator.settings import CoordinatorSettings
+    from coordinator.settings import CoordinatorSettings, parse_seed_configs
 
+    seeds: list[dict[str, Any]] = []
+    if args.resume is None:
+        seeds = [*_baseline(problem, problem_args)]
+        seeds += [c for text in args.seed_config or () for c in parse_seed_configs(text)]
     coord_settings = CoordinatorSettings.build(
         problem=None if args.resume is not None else args.problem,
         problem_args=problem_args,
-        seed_configs=() if args.resume is not None else _baseline(problem, problem_args),
+        seed_configs=seeds,
+        warm_start_from=args.warm_start_from,
+        techniques=args.technique,
         device_class=plan.device_class,
         name=args.name,
         resume=args.resume,
         max_trials=args.max_trials,
         max_seconds=args.max_time,
         target_gflops=args.target,
+        patience=args.patience,
     )
     engine_db = DatabaseSettings(
         url=url,
@@ -407,6 +412,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         flush=True,
     )
     workers = LocalWorkers(url, home_dir() / "logs" / f"run-{run_id}")
+    worker_flags = flags.worker_argv(args)
     failure: list[str] = []
     interrupts = 0
 
@@ -444,7 +450,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         previous = {sig: signal.signal(sig, on_signal) for sig in stop_signals}
         result = None
         try:
-            workers.start(plan.devices, [])
+            workers.start(plan.devices, worker_flags)
             workers.wait_registered(conn, WORKERS_UP_S, give_up=lambda: interrupts > 0)
             result = coordinator.run(run_id, progress_callback=on_progress)
         except KeyboardInterrupt:
@@ -480,6 +486,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
     except RunError as exc:
         print(f"tunefleet: {exc}", file=sys.stderr)
         return 1
+
+
+def _check_worker_flags(plan: WorkerPlan, args: argparse.Namespace) -> None:
+    given = flags.worker_argv(args)
+    if given and not plan.devices:
+        raise UsageError(
+            f"{given[0]} sets up the workers this command starts, and --workers 0 starts "
+            "none; give it to `tunefleet worker` on the worker machines"
+        )
 
 
 def _baseline(problem: Any, problem_args: dict[str, Any]) -> tuple[dict[str, Any], ...]:

@@ -21,8 +21,9 @@ noise.
 
 Problem arguments (all optional):
 
-``duration``         seconds each measurement really takes (default 0.01)
-``prepare_duration`` seconds each preparation (the code-generation step) takes (default 0)
+``duration``         seconds each measurement really takes (default 0.01, at most 3600)
+``prepare_duration`` seconds each preparation (the code-generation step) takes (default 0,
+                     at most 3600)
 ``invalid_rate``     fraction of configurations rejected as invalid when prepared
 ``fail_rate``        fraction whose evaluator crashes (the process kills itself with SIGSEGV)
 ``hang_rate``        fraction whose evaluator never returns
@@ -70,6 +71,8 @@ DEFAULTS: dict[str, Any] = {
     "seed": 0,
 }
 FAULTS = ("none", "invalid", "fail", "hang")
+#: Longest ``duration`` / ``prepare_duration`` accepted, in seconds.
+MAX_DURATION_S = 3600.0
 
 
 def objective(config: Mapping[str, Any]) -> float:
@@ -131,8 +134,10 @@ class Synthetic(Problem):
                 f"synthetic: unknown argument(s) {unknown}; known are {sorted(DEFAULTS)}"
             )
         args = {**DEFAULTS, **raw}
-        for key in ("duration", "prepare_duration", "noise"):
-            args[key] = _number(key, args[key], low=0.0)
+        for key in ("duration", "prepare_duration"):
+            # An hour: past it an evaluation would outlive any worker's timeout anyway.
+            args[key] = _number(key, args[key], low=0.0, high=MAX_DURATION_S)
+        args["noise"] = _number("noise", args["noise"], low=0.0)
         for key in ("invalid_rate", "fail_rate", "hang_rate"):
             args[key] = _number(key, args[key], low=0.0, high=1.0)
         total = args["invalid_rate"] + args["fail_rate"] + args["hang_rate"]

@@ -1,0 +1,208 @@
+"""One definition of every flag that more than one command takes.
+
+``tunefleet tune`` is the front door of a one-node user: it accepts what that user needs of
+``tunefleet coordinator`` (budget, search technique, patience, seeds, warm start) and of
+``tunefleet worker`` (per-trial timeout, prefetch, code-generation processes, cores), and each
+of those flags is defined once here, so a flag has the same name, help and limits wherever it
+appears. Problem arguments (``--size``/``--dtype``/``--arg``) have their own single parser in
+:mod:`tunefleet.cli.args`.
+
+Values are checked while the command line is parsed: a value out of range raises
+:class:`~tunefleet.errors.UsageError` (one line, exit 2, naming the flag, the limit and what
+to write instead) before anything is stored. The limits are what the storage and the
+processes can honour: counts go into PostgreSQL ``integer`` columns, seconds must be finite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tunefleet.errors import UsageError
+
+#: Largest count a run stores (PostgreSQL ``integer``).
+MAX_COUNT = 2**31 - 1
+#: Largest run id (PostgreSQL ``bigint``).
+MAX_ID = 2**63 - 1
+#: Longest budget: a year (a run with a longer one is a run without --max-time).
+MAX_BUDGET_S = 366 * 24 * 3600.0
+#: Longest evaluation timeout, lease or polling interval: a day.
+MAX_TIMEOUT_S = 24 * 3600.0
+#: Most trials one worker claims ahead / code-generation processes it runs / cores it uses.
+MAX_PREFETCH = 1000
+MAX_PREPARE_WORKERS = 256
+MAX_CORES = 4096.0
+
+
+def _num(x: float) -> str:
+    """A limit as people write it: whole numbers in full, others short."""
+    return f"{int(x)}" if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
+
+
+def count(flag: str, low: int = 1, high: int = MAX_COUNT) -> Callable[[str], int]:
+    """A whole number in ``low..high`` for ``flag``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise UsageError(
+                f"{flag} {text!r} is not a whole number; write e.g. {flag} 20"
+            ) from None
+        if value < low:
+            what = "zero or a positive number" if low == 0 else f"at least {low}"
+            raise UsageError(f"{flag} {value}: use {what}")
+        if value > high:
+            raise UsageError(f"{flag} {value} is above the limit {high}; use a smaller number")
+        return value
+
+    return parse
+
+
+def seconds(flag: str, high: float = MAX_BUDGET_S, low: float = 0.0) -> Callable[[str], float]:
+    """A finite number above ``low`` (exclusive when 0) and at most ``high``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text.strip())
+        except ValueError:
+            raise UsageError(f"{flag} {text!r} is not a number; write e.g. {flag} 60") from None
+        if not math.isfinite(value):
+            raise UsageError(f"{flag} {text.strip()}: use a finite number, at most {_num(high)}")
+        if not (value > low if low == 0 else value >= low):
+            raise UsageError(f"{flag} {value:g}: use a positive number" + (
+                f" of at least {low:g}" if low else ""))  # fmt: skip
+        if value > high:
+            raise UsageError(
+                f"{flag} {value:g} is above the limit {_num(high)}; use a smaller number"
+            )
+        return value
+
+    return parse
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One flag: its name(s), argparse keywords and help, added the same way everywhere."""
+
+    names: tuple[str, ...]
+    help: str
+    kwargs: tuple[tuple[str, Any], ...] = ()
+
+    def add(self, parser: argparse.ArgumentParser, **override: Any) -> None:
+        options = {"default": None, **dict(self.kwargs), "help": self.help, **override}
+        parser.add_argument(*self.names, **options)
+
+
+def _flag(*names: str, help: str, **kwargs: Any) -> Flag:
+    return Flag(tuple(names), help, tuple(kwargs.items()))
+
+
+# --- the run: budget and search (coordinator, tune) ---------------------------------------------
+MAX_TRIALS = _flag(
+    "--max-trials",
+    type=count("--max-trials"),
+    metavar="N",
+    help="stop after N finished trials (cache answers included)",
+)
+MAX_TIME = _flag(
+    "--max-time",
+    type=seconds("--max-time"),
+    metavar="S",
+    help="stop S seconds after the run was created (resumed runs count their earlier time)",
+)
+TARGET = _flag(
+    "--target",
+    type=seconds("--target", high=1e12),
+    metavar="GFLOPS",
+    help="stop once a trial reaches this GFLOP/s",
+)
+PATIENCE = _flag(
+    "--patience",
+    type=count("--patience"),
+    metavar="K",
+    help="stop after K finished trials without improving the best time",
+)
+NAME = _flag("--name", help="a label for the run (shown by `tunefleet runs`)")
+RESUME = _flag(
+    "--resume", type=count("--resume", high=MAX_ID), metavar="RUN", help="continue run RUN"
+)
+TECHNIQUE = _flag(
+    "--technique",
+    action="append",
+    metavar="NAME",
+    help="OpenTuner search technique (default AUCBanditMetaTechniqueA); repeatable",
+)
+SEED_CONFIG = _flag(
+    "--seed-config",
+    action="append",
+    metavar="JSON|FILE",
+    help="measure this configuration first (a JSON object or list, or a .json file); repeatable",
+)
+WARM_START_FROM = _flag(
+    "--warm-start-from",
+    metavar="CLASS",
+    help="seed with the best configurations of the same problem on another device class",
+)
+SEARCH_FLAGS = (MAX_TRIALS, MAX_TIME, TARGET, PATIENCE, NAME, RESUME)
+SEED_FLAGS = (TECHNIQUE, SEED_CONFIG, WARM_START_FROM)
+
+# --- the worker's evaluation and sizing (worker, tune) ------------------------------------------
+TIMEOUT = _flag(
+    "--timeout",
+    type=seconds("--timeout", high=MAX_TIMEOUT_S),
+    metavar="SECONDS",
+    help="evaluation timeout of a trial the coordinator gave none (default 120); code "
+    "generation always gets at least this long",
+)
+PREFETCH = _flag(
+    "--prefetch",
+    type=count("--prefetch", low=0, high=MAX_PREFETCH),
+    metavar="N",
+    help="trials claimed ahead of the one being timed, prepared meanwhile (default: one per "
+    "code-generation process, sized by the worker)",
+)
+PREPARE_WORKERS = _flag(
+    "--prepare-workers",
+    type=count("--prepare-workers", low=0, high=MAX_PREPARE_WORKERS),
+    metavar="N",
+    help="code-generation processes, fixed; 0 prepares in the device process (default: the "
+    "worker sizes its pool from its cores and the measured code-generation and device times)",
+)
+CORES = _flag(
+    "--cores",
+    type=seconds("--cores", high=MAX_CORES),
+    metavar="N",
+    help="cores this worker may use for code generation (default: what its CPU affinity, "
+    "cgroup quota and SLURM_CPUS_PER_TASK allow, shared with the other workers of this host)",
+)
+PREBUILD = _flag(
+    "--prebuild",
+    action=argparse.BooleanOptionalAction,
+    help="code-generation processes also compile on the device, so the device process only "
+    "times (default on; --no-prebuild saves their device contexts)",
+)
+WORKER_FLAGS = (TIMEOUT, PREFETCH, PREPARE_WORKERS, CORES, PREBUILD)
+
+
+def add(parser: argparse.ArgumentParser, flags: Sequence[Flag]) -> None:
+    for flag in flags:
+        flag.add(parser)
+
+
+def worker_argv(args: argparse.Namespace) -> list[str]:
+    """The worker flags given to ``tune``, as ``tunefleet worker`` arguments."""
+    out: list[str] = []
+    for flag in WORKER_FLAGS:
+        name = flag.names[0]
+        value = getattr(args, name.lstrip("-").replace("-", "_"), None)
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            out.append(name if value else "--no-" + name.lstrip("-"))
+        else:
+            out += [name, f"{value:g}" if isinstance(value, float) else str(value)]
+    return out
