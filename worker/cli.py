@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from tunefleet.cli import flags
 from tunefleet.cli.db import add_db_flag, add_wait_flag, wait_for_db_s
 
 
@@ -41,45 +42,24 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="exit once no trial of this device's classes is pending or running and no live "
         "coordinator drives a run of them (default: wait for more work)",
     )
-    p.add_argument("--max-trials", type=int, metavar="N", default=None, help="stop after N trials")
+    p.add_argument(
+        "--max-trials",
+        type=flags.count("--max-trials"),
+        metavar="N",
+        default=None,
+        help="stop this worker after N trials",
+    )
     p.add_argument(
         "--lease",
-        type=float,
+        type=flags.seconds("--lease", high=flags.MAX_TIMEOUT_S),
         metavar="SECONDS",
         default=None,
         help="lease of a claimed trial without heartbeat (default 30; heartbeat every third)",
     )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        metavar="SECONDS",
-        default=None,
-        help="evaluation timeout for trials without their own (default 120)",
-    )
-    p.add_argument(
-        "--prefetch",
-        type=int,
-        metavar="N",
-        default=None,
-        help="trials claimed ahead of the one being timed, prepared meanwhile (default 1)",
-    )
-    p.add_argument(
-        "--prepare-workers",
-        type=int,
-        metavar="N",
-        default=None,
-        help="code-generation processes; 0 prepares in the device process (default 1)",
-    )
-    p.add_argument(
-        "--prebuild",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="code-generation processes also compile on the device, so the device process "
-        "only times (default on; --no-prebuild saves their device contexts)",
-    )
+    flags.add(p, flags.WORKER_FLAGS)
     p.add_argument(
         "--stand-aside-after",
-        type=int,
+        type=flags.count("--stand-aside-after", low=0, high=flags.MAX_COUNT),
         metavar="K",
         default=None,
         help="stand aside from a run after the same unexplained error on K of its "
@@ -87,7 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument(
         "--poll",
-        type=float,
+        type=flags.seconds("--poll", high=flags.MAX_TIMEOUT_S),
         metavar="SECONDS",
         default=None,
         help="polling interval when no notification arrives (default 5)",
@@ -105,25 +85,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def run_worker(args: argparse.Namespace) -> int:
     from tunefleet.db.engine import database_url
-    from tunefleet.errors import UsageError
     from worker.loop import Worker
     from worker.settings import WorkerSettings
 
-    for flag, value in (
-        ("--max-trials", args.max_trials),
-        ("--lease", args.lease),
-        ("--timeout", args.timeout),
-        ("--poll", args.poll),
-    ):
-        if value is not None and value <= 0:
-            raise UsageError(f"{flag} {value}: use a positive number")
-    for flag, value in (
-        ("--prefetch", args.prefetch),
-        ("--prepare-workers", args.prepare_workers),
-        ("--stand-aside-after", args.stand_aside_after),
-    ):
-        if value is not None and value < 0:
-            raise UsageError(f"{flag} {value}: use zero or a positive number")
     if args.worker_verbose:
         level = logging.INFO if args.worker_verbose == 1 else logging.DEBUG
         logging.getLogger().setLevel(min(logging.getLogger().level, level))
@@ -139,6 +103,7 @@ def run_worker(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         prefetch=args.prefetch,
         prepare_workers=args.prepare_workers,
+        cores=args.cores,
         poll_s=args.poll,
         prebuild=args.prebuild,
         stand_aside_after=args.stand_aside_after,
