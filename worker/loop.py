@@ -641,10 +641,16 @@ class Worker:
         if elapsed < WINDOW_MIN_S or not (enough or elapsed >= WINDOW_MAX_S):
             return
         self.books = Books(now)
-        pids = [self.pid, *(c.proc.pid for c in [self.device_child, *self.prepare_children]
-                            if c.proc is not None)]  # fmt: skip
-        used = self._cpu.used(pids)
+        codegen = [c.proc.pid for c in self.prepare_children if c.proc is not None]
+        device = [self.device_child.proc.pid] if self.device_child.proc is not None else []
+        pids = [self.pid, *device, *codegen]
+        per_pid = self._cpu.used(pids)
+        used = None if per_pid is None else sum(per_pid.values())
+        codegen_cpu = None if per_pid is None else sum(per_pid.get(p, 0.0) for p in codegen)
         machine = self._machine.idle_cores()
+        # A process that started during the window has no CPU figure for all of it (and spent
+        # it starting): decide from the next window, one whose processes were all there.
+        whole = per_pid is None or set(pids) <= set(per_pid)
         window = Window(
             seconds=elapsed,
             device_busy_s=b.busy_s,
@@ -658,8 +664,9 @@ class Worker:
                 elapsed,
                 None if self.resources.source == "--cores" else machine,
             ),
+            codegen_cores=None if codegen_cpu is None else codegen_cpu / elapsed,
         )
-        if self.controller is not None and not self.stopping:
+        if self.controller is not None and not self.stopping and whole:
             ceiling = pool_ceiling(self.resources, prefetch=self.settings.prefetch)
             before = self.sizing.prepare_workers
             after = self.controller.observe(window, ceiling)

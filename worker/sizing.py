@@ -25,8 +25,9 @@ Runtime control (:class:`PoolController`), once per window of several prepared t
   as that: the loop's own database round trips then bound the rate, so more processes add
   nothing). Trials that are quick to generate need only one.
 * grow when the device waited for prepared kernels (``STARVED_FRACTION`` of the window or
-  more), demand is above the pool and cores are idle: by the number of idle cores, at most
-  to demand and the ceiling;
+  more), demand is above the pool and cores are idle: by as many processes as the idle cores
+  hold at the CPU one process was seen to use (a process that mostly waits needs none), at
+  most to demand and the ceiling;
 * shrink by one when demand is below the pool (device-bound or short trials), or when the
   cores are saturated and the last growth did not raise the rate of prepared trials by
   ``GAIN`` (code generation starves the machine: the device process and the search need a
@@ -57,6 +58,8 @@ STARVED_FRACTION = 0.10
 #: Idle cores needed before growing; fewer than this counts as saturated when shrinking.
 IDLE_TO_GROW = 1.0
 SATURATED_IDLE = 0.25
+#: A code-generation process using less of a core than this counts as waiting, not working.
+MIN_CPU_PER_PROCESS = 0.1
 #: Relative gain in prepared trials per second a growth must bring to be kept.
 GAIN = 1.10
 #: Windows before a size that did not pay may be tried again.
@@ -306,6 +309,8 @@ class Window:
     measure_s: Sequence[float] = ()
     #: Idle cores of the worker's share (``None``: unknown; then growth is not held back).
     idle_cores: float | None = None
+    #: Cores the code-generation processes used on average (``None``: unknown).
+    codegen_cores: float | None = None
 
     @property
     def busy_fraction(self) -> float:
@@ -368,8 +373,18 @@ class PoolController:
             new, reason = max(need, self.pool - 1), "demand"
         elif starved and need > self.pool:
             idle = math.inf if w.idle_cores is None else w.idle_cores
-            if idle >= IDLE_TO_GROW:
-                step = max(1, math.floor(idle)) if math.isfinite(idle) else need - self.pool
+            # What one more process would use: a process that mostly waits (I/O, a remote
+            # compiler) costs little, so growth needs idle cores only for what it will burn.
+            per = 1.0
+            if w.codegen_cores is not None and self.pool > 0:
+                per = min(max(w.codegen_cores / self.pool, 0.0), 1.0)
+            if per < MIN_CPU_PER_PROCESS:
+                step = need - self.pool
+            elif idle >= IDLE_TO_GROW * per:
+                step = max(1, math.floor(idle / per)) if math.isfinite(idle) else need - self.pool
+            else:
+                step = 0
+            if step > 0:
                 # A size that did not pay bars itself and everything above it for a while.
                 barred = min(self.barred, default=MAX_POOL + 1) - 1
                 target = min(need, self.pool + step, self.ceiling, barred)
@@ -414,8 +429,9 @@ class CpuSampler:
         except (AttributeError, ValueError, OSError):
             self._ticks = 100.0
 
-    def used(self, pids: Sequence[int]) -> float | None:
-        """CPU seconds the processes used since the previous call (``None`` without /proc)."""
+    def used(self, pids: Sequence[int]) -> dict[int, float] | None:
+        """CPU seconds each process used since the previous call, for the processes seen
+        both times (``None`` without /proc)."""
         now: dict[int, float] = {}
         for pid in pids:
             text = _read(Path(f"/proc/{pid}/stat"))
@@ -424,9 +440,9 @@ class CpuSampler:
                 now[pid] = value
         if not now:
             return None
-        total = sum(max(v - self._last[p], 0.0) for p, v in now.items() if p in self._last)
+        used = {p: max(v - self._last[p], 0.0) for p, v in now.items() if p in self._last}
         self._last = now
-        return total
+        return used
 
 
 def machine_idle(stat_first_line: str) -> tuple[float, float] | None:

@@ -239,3 +239,35 @@ def test_idle_cores_of_the_share_and_of_the_machine():
     assert idle_cores(4, used_cpu_s=None, seconds=5.0) is None
     assert machine_idle("cpu  100 0 50 800 50 0 0 0 0 0") == (1000.0, 850.0)
     assert machine_idle("nonsense") is None
+
+
+def test_growth_asks_idle_cores_only_for_the_cpu_a_process_burns():
+    # Code generation that mostly waits (0.05 of a core each): no idle core needed at all.
+    c = PoolController(pool=2, ceiling=8)
+    waiting = window(prepare_s=[2.0] * 4, measure_s=[0.1] * 4, idle_cores=0.0, codegen_cores=0.1)
+    assert c.observe(waiting) == 8
+    # CPU-bound code generation (a full core each): 3.5 idle cores hold 3 more processes.
+    c = PoolController(pool=2, ceiling=8)
+    burning = window(prepare_s=[2.0] * 4, measure_s=[0.1] * 4, idle_cores=3.5, codegen_cores=2.0)
+    assert c.observe(burning) == 5
+    # Half a core each: 1.2 idle cores hold 2 more.
+    c = PoolController(pool=2, ceiling=8)
+    half = window(prepare_s=[2.0] * 4, measure_s=[0.1] * 4, idle_cores=1.2, codegen_cores=1.0)
+    assert c.observe(half) == 4
+    # CPU-bound and nothing idle: no growth.
+    c = PoolController(pool=2, ceiling=8)
+    full = window(prepare_s=[2.0] * 4, measure_s=[0.1] * 4, idle_cores=0.3, codegen_cores=2.0)
+    assert c.observe(full) == 2
+
+
+def test_cpu_sampler_counts_only_processes_seen_twice():
+    import os
+
+    from worker.sizing import CpuSampler
+
+    sampler = CpuSampler()
+    me = os.getpid()
+    assert sampler.used([me]) == {}  # first sight: no figure yet
+    sum(i * i for i in range(200_000))  # burn a little CPU
+    used = sampler.used([me, 2**22 + 12345])  # plus a pid that does not exist
+    assert used is not None and set(used) == {me} and used[me] >= 0.0
