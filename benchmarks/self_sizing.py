@@ -27,7 +27,7 @@ sizing each worker ended with and its device busy fraction) and writes
 ``benchmarks/results``.
 
     python benchmarks/self_sizing.py --suite cpu --budget 40
-    python benchmarks/self_sizing.py --suite gpu --budget 70 --out results/
+    python benchmarks/self_sizing.py --suite gpu --out results/
 """
 
 from __future__ import annotations
@@ -215,13 +215,13 @@ def sizing_text(out: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--suite", choices=sorted(SUITES), default="cpu")
-    p.add_argument("--budget", type=float, default=None, help="seconds per arm (cpu 40, gpu 70)")
+    p.add_argument("--budget", type=float, default=None, help="seconds per arm (cpu 40, gpu 60)")
     p.add_argument("--cases", default=None, help="comma list of case names (default: all)")
     p.add_argument("--device", default=None, help="tune --device (default: tune's choice)")
     p.add_argument("--quick", action="store_true", help="tiny budgets and sizes: a smoke run")
     p.add_argument("--out", default=None, help="JSON file or folder")
     args = p.parse_args(argv)
-    budget = args.budget or (20.0 if args.quick else 40.0 if args.suite == "cpu" else 70.0)
+    budget = args.budget or (20.0 if args.quick else 40.0 if args.suite == "cpu" else 60.0)
     cases = [c for c in SUITES[args.suite] if not args.cases or c.name in args.cases.split(",")]
     info = h.machine()
     load = info["load_average"]

@@ -183,7 +183,7 @@ class Worker:
         self.busy_total_s = 0.0
         self.first_claim_at: float | None = None
         self.last_report_at = -math.inf
-        self.reported: tuple[Any, ...] | None = None
+        self.reported: Sizing | None = None
         self._cpu = CpuSampler()
         self._machine = MachineSampler()
         self.link = Link(
@@ -613,6 +613,7 @@ class Worker:
         if self.heartbeat is not None:
             self.heartbeat.stop()
         try:
+            self.link.run(self._report, force=True)  # the final busy fraction, for status
             self.link.run(queue.stop_worker, self.worker_id)
         except DatabaseDown:
             log.warning("could not mark worker %s stopped: database unreachable", self.worker_id)
@@ -721,14 +722,19 @@ class Worker:
         span = time.monotonic() - self.first_claim_at
         return min(self.busy_total_s / span, 1.0) if span > 0 else None
 
-    def _report(self, conn: psycopg.Connection[Any], initial: bool = False) -> None:
+    def _report(
+        self, conn: psycopg.Connection[Any], initial: bool = False, force: bool = False
+    ) -> None:
         """Write the sizing (when it changed, or every REPORT_EVERY_S) and learn how many
         workers share this host; at start-up a larger count resizes the pool before any
         code-generation process has started."""
         now = time.monotonic()
         busy = self.device_busy_fraction()
-        state = (self.sizing, None if busy is None else round(busy, 2))
-        if not initial and state == self.reported and now - self.last_report_at < REPORT_EVERY_S:
+        if (
+            not (initial or force)
+            and self.sizing == self.reported
+            and now - self.last_report_at < REPORT_EVERY_S
+        ):
             return
         peers = queue.report_worker_sizing(
             conn,
@@ -740,7 +746,7 @@ class Worker:
             device_busy=busy,
             peer_alive_s=PEER_ALIVE_S,
         )
-        self.reported, self.last_report_at = state, now
+        self.reported, self.last_report_at = self.sizing, now
         peers = max(peers, self.settings.peers)
         if peers == self.resources.peers:
             return

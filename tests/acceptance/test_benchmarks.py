@@ -132,3 +132,29 @@ def test_gpu_tuning_runs_its_gemm_part_on_any_opencl_device(tmp_path: Path) -> N
     assert ("cublas_gflops" in cublas) != ("error" in cublas)
     if "error" in cublas:
         assert data["ratio_to_cublas"] is None
+
+
+def test_self_sizing_runs_both_arms_through_tune(tmp_path: Path) -> None:
+    """The self-sizing script's code-generation-bound synthetic case, tiny budget: both arms
+    are real ``tunefleet tune`` runs on their own embedded servers, and the second one's
+    sizing flags reached its worker (its row says ``flags``)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    out = tmp_path / "sizing.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "self_sizing.py"), "--suite", "cpu",
+         "--cases", "synthetic-codegen", "--budget", "12", "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=400, stdin=subprocess.DEVNULL,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    [case] = data["cases"]
+    assert case["case"] == "synthetic-codegen" and case["other"] == "today"
+    for arm in ("defaults", "today"):
+        assert case[arm]["exit"] == 0 and case[arm]["evaluations"] >= 1, case[arm]
+        [worker] = case[arm]["workers"]
+        assert worker["sizing"] == ("auto" if arm == "defaults" else "flags"), worker
+    assert case["today"]["workers"][0]["prepare_workers"] == 1
+    assert case["rate_ratio"] > 0
+    assert data["machine"]["load_average"] is not None
