@@ -71,7 +71,7 @@ def test_faults_everywhere_lose_nothing_and_measure_nothing_twice(tmp_path: Path
             lease_s=LEASE_S,
             worker_options={"timeout_s": 4, "poll_s": 0.5, "prepare_workers": 0},
         )
-        sizes = [f"--size={k}={v}" for k, v in {**PROBLEM_ARGS, "seed": SEED % 1000}.items()]
+        sizes = [f"--arg={k}={v}" for k, v in {**PROBLEM_ARGS, "seed": SEED % 1000}.items()]
         chaos.start_coordinator("synthetic", *sizes, "--max-trials", str(MAX_TRIALS))
         run_id = chaos.wait_for(
             lambda: chaos.query("SELECT max(id) AS id FROM tunefleet.run")[0]["id"],
