@@ -7,7 +7,7 @@ them with the share of the time its device was busy, so ``tunefleet status`` sho
 Rows written before this revision have no sizing (NULL).
 
 Revision ID: 0005_worker_sizing
-Revises: 0002_worker_capacity
+Revises: 0004_stand_aside
 Create Date: 2026-12-01 13:00:00
 """
 
@@ -18,7 +18,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision = "0005_worker_sizing"
-down_revision = "0002_worker_capacity"
+down_revision = "0004_stand_aside"
 branch_labels = None
 depends_on = None
 
