@@ -213,8 +213,9 @@ def drive(
 ) -> tuple[Any, float, float, Timers]:
     """Create a run of the wide problem and drive it to ``trials`` evaluations (or
     ``max_seconds``)."""
+    # The rate of the search alone: confirmation (a few evaluations after the budget) is off.
     settings = CoordinatorSettings.build(
-        problem=PROBLEM, max_trials=trials, max_seconds=max_seconds, poll_s=poll
+        problem=PROBLEM, max_trials=trials, max_seconds=max_seconds, poll_s=poll, confirm=0
     )
     with Timers() as timers:
         started, cpu = time.perf_counter(), time.thread_time()

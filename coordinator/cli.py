@@ -32,6 +32,17 @@ _NEW_RUN_FLAGS = {
 }
 
 
+def confirmation_line(result: Any) -> str:
+    """One line on whether the best was confirmed, with the spread and the noise."""
+    if not result.confirmed:
+        return "confirmed: no (the best was measured once; see --confirm)"
+    text = (
+        f"confirmed: {result.confirmed_median_s:.6g} s on re-measurement, spread "
+        f"{100 * result.spread:.2f} % (sample noise {100 * result.noise:.2f} %)"
+    )
+    return text + (" DISAGREES beyond the noise" if result.disagrees else "")
+
+
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``tunefleet coordinator``."""
     p = sub.add_parser(
@@ -84,6 +95,7 @@ def _coordinator(args: argparse.Namespace) -> int:
         max_seconds=args.max_time,
         target_gflops=args.target,
         patience=args.patience,
+        confirm=args.confirm,
     )
 
     from tunefleet.db.engine import database_url
@@ -142,5 +154,6 @@ def _coordinator(args: argparse.Namespace) -> int:
     else:
         gflops = "" if result.best_gflops is None else f", {result.best_gflops:.4g} GFLOP/s"
         print(f"best: {result.best_median_s:.6g} s{gflops} (trial {result.best_trial_id})")
-        print(json.dumps(result.best_config, sort_keys=True))
+        print(confirmation_line(result))
+        print(json.dumps(result.best_config, sort_keys=True))  # the last line, for scripts
     return 0

@@ -18,6 +18,17 @@ One loop iteration, with a handful of statements however many trials move:
    statement with one NOTIFY;
 4. sleep ``poll_s`` when nothing happened.
 
+Confirmation: when a stop rule ends the search (not a user's stop), the coordinator cancels
+the pending search trials, waits for the running ones, and re-measures the ``confirm`` best
+configurations (default 3): one ``confirm`` trial each, queued ahead of everything, with
+fresh inputs (another input seed), for another worker of the class than the one that
+measured it where one is live (the claim leaves it to the others for ``CONFIRM_AVOID_S``),
+never answered from the cache. While a confirmation moves a configuration out of the top
+``confirm``, the next one is confirmed too (at most ``2 * confirm`` per ending). Only then is
+the run finished; its best is the best by confirmed figure (``best_per_run``).
+Confirmations are not trials of the search: the search never hears of them and they do not
+count against ``max_trials`` (they do extend the run's wall time past ``max_seconds``).
+
 Only the coordinator holding the run's advisory lock drives it; a second one gets
 :class:`~tunefleet.errors.RunError`. After a crash, :meth:`Coordinator.run` on the same run
 re-learns every finished trial, adopts pending and running ones, and enqueues nothing the run
@@ -92,6 +103,8 @@ class Progress:
     unserved: str | None = None
     #: The part of ``queue_target`` that covers what the fleet finishes during one poll.
     queue_slack: int = 0
+    #: Confirmations pending or running (the run is confirming its best when > 0).
+    confirming: int = 0
 
 
 @dataclass(frozen=True)
@@ -109,6 +122,20 @@ class RunResult:
     best_median_s: float | None
     best_gflops: float | None
     best_trial_id: int | None
+    #: The best was re-measured (``confirmed_*``: the confirmation's figures), how far apart
+    #: the two measurements are (``spread``, relative) and whether that exceeds the noise of
+    #: their samples or the re-measurement failed (``disagrees``).
+    confirmed: bool = False
+    confirmed_median_s: float | None = None
+    confirmed_gflops: float | None = None
+    spread: float | None = None
+    noise: float | None = None
+    disagrees: bool | None = None
+
+
+#: A confirmation waits this long (seconds) for a worker other than the original's, while
+#: one is live, before the original's worker may take it.
+CONFIRM_AVOID_S = 60.0
 
 
 # --- run creation ---------------------------------------------------------------------------
@@ -487,6 +514,10 @@ class _Session:
         self.tuner = Tuner(self.space, techniques)
         self.stats = RunStats()
         self.flights: dict[str, _Flight] = {}
+        #: Confirmation trials of the run pending or running (their ids).
+        self.confirming: set[int] = set()
+        #: Pending trials cancelled when the search ended (before its confirmations).
+        self.cancelled = 0
         self.live_workers = 0
         self.live_capacity = 0
         self.rate = Rate()
@@ -509,7 +540,10 @@ class _Session:
     def _resume(self) -> None:
         """Adopt the run's queue and re-learn its outcomes (a fresh run has only seeds)."""
         for row in q.in_flight_trials(self.conn, self.run_id):
-            self.flights[row["config_hash"]] = _Flight(row["id"], row["config"])
+            if row["purpose"] == "confirm":
+                self.confirming.add(row["id"])
+            else:
+                self.flights[row["config_hash"]] = _Flight(row["id"], row["config"])
         self._absorb(q.reported_outcomes(self.conn, self.run_id))
         self._absorb(q.fetch_unreported(self.conn, self.run_id))
         if self.stats.finished or self.flights:
@@ -548,6 +582,12 @@ class _Session:
                 self.budget, self.stats, self._elapsed(), self.space_size, len(self.flights)
             )
             if reason:
+                if s.confirm > 0:
+                    ended = self._confirm()
+                    if isinstance(ended, RunResult):
+                        return ended
+                    if ended == "user":
+                        reason, state = "user", "stopped"
                 break
             moved = self._dispatch()
             if self.progress_callback and (outcomes or moved or now - last_progress > 1.0):
@@ -593,6 +633,107 @@ class _Session:
             )
         self.unserved = f"nobody can serve it: {why}"
 
+    def _confirm(self) -> RunResult | str | None:
+        """Re-measure the best configurations before the run reports its best (see the
+        module docstring). Returns None when done, ``"user"`` when a stop was requested, or
+        the RunResult of a run that was ended from outside meanwhile."""
+        s = self.settings
+        enqueued = 0
+        last_beat = last_live = last_progress = -1e9
+        while True:
+            now = time.monotonic()
+            if now - last_beat >= s.heartbeat_s:
+                last_beat = now
+                external = self._heartbeat()
+                if external is not None:
+                    return external
+            if now - last_live >= s.heartbeat_s:
+                last_live = now
+                self.live_workers, self.live_capacity = q.count_live_workers(
+                    self.conn, self.device_class, s.worker_alive_s, self.run_id
+                )
+            # The search is over: nothing of it waits in the queue (a released trial would
+            # come back as pending), and what still runs is waited for, then ranked too.
+            self.cancelled += q.cancel_pending(self.conn, self.run_id, "search")
+            outcomes = q.fetch_unreported(self.conn, self.run_id)
+            self._absorb(outcomes)
+            self._refresh_flights()
+            if self.owner._stop.is_set():
+                return "user"
+            if self.live_workers == 0:
+                # Nobody would measure (or reap) anything: end as the search did before.
+                _log.warning(
+                    "run %d: no live worker to confirm the best configurations on; "
+                    "finishing with what is confirmed so far",
+                    self.run_id,
+                )
+                return None
+            moved = 0
+            if not self.flights:
+                candidates = q.confirmation_candidates(self.conn, self.run_id, s.confirm)
+                todo = [c for c in candidates if c["confirm_state"] in (None, "cancelled")]
+                todo = todo[: max(0, 2 * s.confirm - enqueued)]
+                if todo:
+                    moved = len(self._enqueue_confirmations(todo))
+                    enqueued += len(todo)
+                elif not self.confirming:
+                    return None
+            if self.progress_callback and (outcomes or moved or now - last_progress > 1.0):
+                last_progress = now
+                self.progress_callback(self._progress())
+            if not outcomes and not moved:
+                self.owner._stop.wait(s.poll_s)
+
+    def _refresh_flights(self) -> None:
+        """Keep ``flights`` and ``confirming`` to what the database has in flight now."""
+        search, confirming = set(), set()
+        for row in q.in_flight_trials(self.conn, self.run_id):
+            if row["purpose"] == "confirm":
+                confirming.add(row["id"])
+            else:
+                search.add(row["config_hash"])
+        self.flights = {h: f for h, f in self.flights.items() if h in search}
+        self.confirming = confirming
+
+    def _enqueue_confirmations(self, candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        timeout = trial_timeout(
+            self.stats.best_seconds,
+            self.stats.max_compile_s,
+            self.protocol,
+            self.settings.trial_timeout_min_s,
+            self.settings.trial_timeout_max_s,
+        )
+        base = int(self.protocol.get("seed") or 0)
+        items = []
+        for c in candidates:
+            measured = c["input_seed"] if c["input_seed"] is not None else base
+            items.append(
+                {
+                    "trial_id": c["trial_id"],
+                    "config": c["config"],
+                    "config_hash": c["config_hash"],
+                    "avoid_worker": c["worker_id"],
+                    "input_seed": fresh_input_seed(int(measured), int(c["trial_id"])),
+                }
+            )
+        rows = q.insert_confirmations(
+            self.conn,
+            self.run_id,
+            self.device_class,
+            items,
+            avoid_s=CONFIRM_AVOID_S,
+            timeout_s=timeout,
+            max_attempts=self.settings.max_attempts,
+        )
+        self.confirming.update(int(r["id"]) for r in rows)
+        _log.info(
+            "run %d: confirming %d of its best configurations (trials %s)",
+            self.run_id,
+            len(rows),
+            ", ".join(str(r["confirms_trial_id"]) for r in rows),
+        )
+        return rows
+
     def _heartbeat(self) -> RunResult | None:
         """Refresh our heartbeat; a RunResult when someone else ended the run meanwhile."""
         row = q.heartbeat_run(self.conn, self.run_id, self.owner.coordinator_id)
@@ -610,7 +751,7 @@ class _Session:
         return base + time.monotonic() - at
 
     def _finish(self, reason: str, state: str) -> RunResult:
-        cancelled = q.cancel_pending(self.conn, self.run_id)
+        cancelled = self.cancelled + q.cancel_pending(self.conn, self.run_id)
         q.finish_run(self.conn, self.run_id, self.owner.coordinator_id, reason, state)
         if self.progress_callback:
             self.progress_callback(self._progress())
@@ -631,6 +772,12 @@ class _Session:
             best_median_s=best["median_s"] if best else None,
             best_gflops=best["gflops"] if best else None,
             best_trial_id=best["trial_id"] if best else None,
+            confirmed=bool(best and best["confirmed"]),
+            confirmed_median_s=best["confirmed_median_s"] if best else None,
+            confirmed_gflops=best["confirmed_gflops"] if best else None,
+            spread=best["spread"] if best else None,
+            noise=best["noise"] if best else None,
+            disagrees=best["disagrees"] if best else None,
         )
 
     def _progress(self) -> Progress:
@@ -649,6 +796,7 @@ class _Session:
             best_gflops=st.best_gflops,
             best_config=st.best_config,
             unserved=self.unserved,
+            confirming=len(self.confirming),
         )
 
     # --- outcomes -----------------------------------------------------------------------
@@ -657,6 +805,11 @@ class _Session:
         told: list[tuple[Any, float | None]] = []
         learned: list[tuple[Config, float | None]] = []
         for row in rows:
+            if row.get("purpose") == "confirm":
+                # A re-measurement: the best_per_run ranking reads it from the database; the
+                # search and the budget never hear of it.
+                self.confirming.discard(row["id"])
+                continue
             h = row["config_hash"]
             seconds = row["median_s"] if row["state"] == "done" else None
             flight = self.flights.pop(h, None)
@@ -867,6 +1020,13 @@ class _Session:
             for combo in self._walk:
                 yield {p.name: v for p, v in zip(params, combo, strict=True)}
             self._walk = None
+
+
+def fresh_input_seed(measured_with: int, trial_id: int) -> int:
+    """The input seed of a confirmation of ``trial_id``: never the seed the original was
+    measured with, stable for one trial (a revived confirmation draws the same inputs)."""
+    seed = (measured_with + 1 + trial_id) % 2**31
+    return seed if seed != measured_with else (measured_with + 1) % 2**31
 
 
 def _rules_of(spec: str) -> Problem | None:

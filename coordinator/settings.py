@@ -9,7 +9,9 @@ also have environment variables:
 ``TUNEFLEET_PATIENCE``, ``TUNEFLEET_QUEUE_FACTOR`` (2), ``TUNEFLEET_QUEUE_MIN`` (1),
 ``TUNEFLEET_POLL_S`` (0.2), ``TUNEFLEET_WORKER_ALIVE_S`` (60), ``TUNEFLEET_UNSERVED_S`` (30),
 ``TUNEFLEET_TRIAL_TIMEOUT_MIN_S`` (10), ``TUNEFLEET_TRIAL_TIMEOUT_MAX_S`` (600),
-``TUNEFLEET_TECHNIQUE`` (comma-separated OpenTuner technique names).
+``TUNEFLEET_TECHNIQUE`` (comma-separated OpenTuner technique names),
+``TUNEFLEET_CONFIRM`` (3: how many of the best configurations are re-measured before the run
+reports its best; 0 turns confirmation off).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 from tunefleet.cli.flags import MAX_BUDGET_S, MAX_COUNT
 from tunefleet.errors import UsageError
-from tunefleet.settings import bounded, positive_float, positive_int, resolve
+from tunefleet.settings import MAX_CONFIRM, bounded, positive_float, positive_int, resolve
 from tunefleet.space import Config
 
 
@@ -70,6 +72,9 @@ class CoordinatorSettings:
     trial_timeout_min_s: float = 10.0
     trial_timeout_max_s: float = 600.0
     max_attempts: int = 3
+    # --- confirmation -----------------------------------------------------------------------
+    #: Best configurations re-measured (fresh inputs, another worker) when the budget ends.
+    confirm: int = 3
 
     @classmethod
     def build(
@@ -95,6 +100,7 @@ class CoordinatorSettings:
         unserved_s: float | None = None,
         trial_timeout_min_s: float | None = None,
         trial_timeout_max_s: float | None = None,
+        confirm: int | None = None,
     ) -> CoordinatorSettings:
         if resume is None and not problem:
             raise UsageError("name a PROBLEM to tune, or --resume RUN to continue a run")
@@ -104,6 +110,10 @@ class CoordinatorSettings:
         _check_positive("--max-time", max_seconds, MAX_BUDGET_S)
         _check_positive("--target", target_gflops, 1e12)
         _check_positive("--patience", patience)
+        if confirm is not None and (isinstance(confirm, bool) or not 0 <= confirm <= MAX_CONFIRM):
+            raise UsageError(
+                f"--confirm {confirm} must be between 0 (off) and {MAX_CONFIRM} configurations"
+            )
         settings = cls(
             problem=problem,
             problem_args=dict(problem_args or {}),
@@ -133,6 +143,7 @@ class CoordinatorSettings:
             trial_timeout_max_s=resolve(
                 trial_timeout_max_s, "TRIAL_TIMEOUT_MAX_S", 600.0, positive_float
             ),
+            confirm=resolve(confirm, "CONFIRM", 3, _confirm_count),
         )
         if settings.trial_timeout_max_s < settings.trial_timeout_min_s:
             raise UsageError(
@@ -144,6 +155,16 @@ class CoordinatorSettings:
 
             check_techniques(settings.techniques)
         return settings
+
+
+def _confirm_count(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError("must be a whole number of configurations (0: off)") from None
+    if not 0 <= value <= MAX_CONFIRM:
+        raise ValueError(f"must be between 0 and {MAX_CONFIRM}")
+    return value
 
 
 def _check_positive(flag: str, value: float | None, high: float = MAX_COUNT) -> None:

@@ -23,6 +23,11 @@ T = TypeVar("T")
 ENV_PREFIX = "TUNEFLEET_"
 
 
+#: Most configurations one run confirms (``--confirm``; each costs one more evaluation at the
+#: end of the run).
+MAX_CONFIRM = 1000
+
+
 def resolve(flag: T | None, env: str, default: T, parse: Callable[[str], T]) -> T:
     """Return ``flag`` if given, else ``$TUNEFLEET_<env>`` parsed, else ``default``.
 

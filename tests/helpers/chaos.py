@@ -196,7 +196,8 @@ class ChaosRun:
         if self.run_id is None:
             return 0
         rows = self.query(
-            "SELECT count(*) AS n FROM tunefleet.trial WHERE run_id = %s AND state = ANY(%s)",
+            "SELECT count(*) AS n FROM tunefleet.trial"
+            " WHERE run_id = %s AND state = ANY(%s) AND purpose = 'search'",
             (self.run_id, list(FINISHED_STATES)),
         )
         return int(rows[0]["n"])
@@ -375,10 +376,29 @@ def violations(db: psycopg.Connection[Any], run_id: int, max_trials: int) -> lis
     for r in rows(
         """
         SELECT config_hash, count(*) AS n FROM tunefleet.trial
-         WHERE run_id = %(run)s GROUP BY config_hash HAVING count(*) > 1
+         WHERE run_id = %(run)s AND purpose = 'search'
+         GROUP BY config_hash HAVING count(*) > 1
         """
     ):
-        bad.append(f"configuration {r['config_hash']} has {r['n']} trials in the run")
+        bad.append(f"configuration {r['config_hash']} has {r['n']} search trials in the run")
+    # ... and a confirmation re-measures one done search trial of the same run, at most once
+    for r in rows(
+        """
+        SELECT c.id, o.run_id, o.state, o.purpose,
+               (SELECT count(*) FROM tunefleet.trial x
+                 WHERE x.confirms_trial_id = c.confirms_trial_id) AS siblings
+          FROM tunefleet.trial c LEFT JOIN tunefleet.trial o ON o.id = c.confirms_trial_id
+         WHERE c.run_id = %(run)s AND c.purpose = 'confirm'
+           AND (o.run_id IS DISTINCT FROM c.run_id OR o.state <> 'done'
+                OR o.purpose <> 'search'
+                OR (SELECT count(*) FROM tunefleet.trial x
+                     WHERE x.confirms_trial_id = c.confirms_trial_id) <> 1)
+        """
+    ):
+        bad.append(
+            f"confirmation {r['id']} re-measures a {r['state']} {r['purpose']} trial of run "
+            f"{r['run_id']} ({r['siblings']} confirmations of it)"
+        )
     for r in rows(
         """
         SELECT t.id, t.state, t.lease_expires_at, t.finished_at FROM tunefleet.trial t
@@ -401,11 +421,14 @@ def violations(db: psycopg.Connection[Any], run_id: int, max_trials: int) -> lis
         """
     ):
         bad.append(f"trial {r['id']} ({r['state']}) has {r['n']} measurements")
-    # 3. no configuration was measured twice in the run
+    # 3. no configuration was measured twice by the run's search (a confirmation re-measures
+    #    by design, once per search trial: the unique index trial_confirms_unique)
     for r in rows(
         """
-        SELECT config_hash, count(*) AS n FROM tunefleet.measurement
-         WHERE run_id = %(run)s GROUP BY config_hash HAVING count(*) > 1
+        SELECT m.config_hash, count(*) AS n FROM tunefleet.measurement m
+          JOIN tunefleet.trial t ON t.id = m.trial_id
+         WHERE m.run_id = %(run)s AND t.purpose = 'search'
+         GROUP BY m.config_hash HAVING count(*) > 1
         """
     ):
         bad.append(f"configuration {r['config_hash']} was measured {r['n']} times")
@@ -463,11 +486,15 @@ def violations(db: psycopg.Connection[Any], run_id: int, max_trials: int) -> lis
         SELECT count(*) FILTER (WHERE state IN ('done', 'invalid', 'failed', 'timed_out'))
                    AS finished,
                count(*) FILTER (WHERE NOT reported AND state <> 'cancelled') AS unreported
-          FROM tunefleet.trial WHERE run_id = %(run)s
+          FROM tunefleet.trial WHERE run_id = %(run)s AND purpose = 'search'
         """
     )
     if count["finished"] != max_trials:
         bad.append(f"{count['finished']} trials finished; the budget was exactly {max_trials}")
     if count["unreported"]:
         bad.append(f"{count['unreported']} finished trials were never reported to the search")
+    # 6. the best was confirmed before the run reported it (the default --confirm 3)
+    [best] = rows("SELECT confirmed FROM tunefleet.best_per_run WHERE run_id = %(run)s")
+    if not best["confirmed"]:
+        bad.append("the run's best was not confirmed by a re-measurement")
     return bad

@@ -88,13 +88,14 @@ def logs(workers: list[WorkerProcess]) -> str:
 
 
 def measured_twice(db: Any) -> list[dict[str, Any]]:
-    """Configurations measured more than once under one cache key (cache answers excluded),
-    and trials claimed more than once: both must be empty."""
+    """Configurations measured more than once under one cache key by the search (cache
+    answers and confirmations, re-measurements by design, excluded), and trials claimed
+    more than once: both must be empty."""
     twice = db.execute(
         """
         SELECT m.cache_key, m.config_hash, count(*) AS n
           FROM tunefleet.measurement m JOIN tunefleet.trial t ON t.id = m.trial_id
-         WHERE t.source <> 'cache'
+         WHERE t.source <> 'cache' AND t.purpose = 'search'
          GROUP BY m.cache_key, m.config_hash HAVING count(*) > 1
         """
     ).fetchall()
@@ -110,7 +111,8 @@ def measured_twice(db: Any) -> list[dict[str, Any]]:
 
 def trial_counts(db: Any, run_id: int) -> dict[str, int]:
     rows = db.execute(
-        "SELECT state, count(*) AS n FROM tunefleet.trial WHERE run_id = %s GROUP BY state",
+        "SELECT state, count(*) AS n FROM tunefleet.trial"
+        " WHERE run_id = %s AND purpose = 'search' GROUP BY state",
         (run_id,),
     ).fetchall()
     return {r["state"]: r["n"] for r in rows}

@@ -56,7 +56,7 @@ def driven(db: Any, run_id: int) -> bool:
 
 def finished(db: Any, run_id: int) -> int:
     row = db.execute(
-        "SELECT count(*) AS n FROM tunefleet.trial WHERE run_id = %s "
+        "SELECT count(*) AS n FROM tunefleet.trial WHERE run_id = %s AND purpose = 'search' "
         "AND state IN ('done', 'invalid', 'failed', 'timed_out')",
         (run_id,),
     ).fetchone()

@@ -35,6 +35,8 @@ EXPECTED: dict[str, set[str]] = {
     "progress of running runs": {"run_id", "done", "best_gflops", "per_minute"},
     "top configurations of a run": {"trial_id", "config", "gflops"},
     "workers standing aside": {"run_id", "host", "worker_state", "reason"},
+    "confirmations of a run": {"trial_id", "confirmed_ms", "spread_pct", "noise_pct", "disagrees"},
+    "confirmed best per run": {"run_id", "confirmed", "confirmed_gflops", "spread_pct"},
 }
 
 

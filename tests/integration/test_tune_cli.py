@@ -11,6 +11,7 @@ import csv
 import io
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -73,16 +74,28 @@ def test_tune_synthetic_then_every_read_command(home, tmp_path):
     assert progress, out
     assert "workers" in progress[-1] and "GFLOP/s" in progress[-1]
     assert "best: trial" in out and "tunefleet measure synthetic" in out
+    # the best was re-measured before it was reported, and the last line says so
+    assert "\nconfirmed: median " in out, out
+    assert re.fullmatch(
+        r"run 1: best trial \d+ confirmed by re-measurement \(.* spread \d+\.\d\d %, "
+        r"within the samples' noise of \d+\.\d\d %\)",
+        out.splitlines()[-1],
+    ), out
 
     with embedded_conn(home) as conn:
         counts = conn.execute(
-            "SELECT state, count(*) AS n FROM tunefleet.trial WHERE run_id = 1 GROUP BY state"
+            "SELECT state, count(*) AS n FROM tunefleet.trial"
+            " WHERE run_id = 1 AND purpose = 'search' GROUP BY state"
         ).fetchall()
+        confirmed = conn.execute(
+            "SELECT count(*) AS n FROM tunefleet.confirmations WHERE run_id = 1 AND state = 'done'"
+        ).fetchone()["n"]
         states = {r["state"]: r["n"] for r in counts}
         run = conn.execute("SELECT * FROM tunefleet.run WHERE id = 1").fetchone()
         workers = conn.execute("SELECT state FROM tunefleet.worker").fetchall()
     finished = sum(states.get(s, 0) for s in ("done", "invalid", "failed", "timed_out"))
     assert finished >= 24 and states.get("done", 0) > 0
+    assert confirmed >= 3  # the three best, at least (more when one drops out of the top)
     assert states.get("running", 0) == 0 and states.get("pending", 0) == 0
     assert run["state"] == "finished"
     assert len(workers) == 2 and {w["state"] for w in workers} == {"stopped"}
@@ -285,7 +298,20 @@ def test_tune_a_tiny_gemm_on_the_pocl_cpu_device(home, tmp_path):
             "SELECT m.code, m.gflops, d.platform FROM tunefleet.measurement m "
             "JOIN tunefleet.device d ON d.id = m.device_id ORDER BY m.median_s LIMIT 1"
         ).fetchone()
+        # The kernel's best was re-measured with fresh inputs (another seed, validated again).
+        confirmed = conn.execute(
+            "SELECT c.state, c.input_seed, m.protocol->>'seed' AS seed, m.validation"
+            " FROM tunefleet.confirmations c"
+            " JOIN tunefleet.measurement m ON m.trial_id = c.confirm_trial_id"
+        ).fetchall()
     assert m["gflops"] > 0 and "Portable Computing Language" in m["platform"]
+    assert confirmed and all(
+        c["state"] == "done"
+        and c["input_seed"] != 0
+        and c["seed"] == str(c["input_seed"])
+        and c["validation"]["passed"]
+        for c in confirmed
+    ), confirmed
     code = tf(home, "show", "1", str(_best_trial(home)), "--code")
     assert "__kernel" in code.stdout
 
@@ -325,6 +351,7 @@ def _best_trial(env: dict[str, str]) -> int:
             ["--prefetch sets up the workers this command starts", "tunefleet worker"],
         ),
         (["--resume", "3", "--seed-config", "{}"], ["--resume continues run 3", "--seed-config"]),
+        (["synthetic", "--confirm", "-1"], ["--confirm -1: use zero or a positive number"]),
         (["--resume", "42"], ["run 42 does not exist"]),
         (["synthetic", "--db", "postgresql://nobody@127.0.0.1:1/none"], ["cannot connect"]),
     ],
@@ -369,8 +396,25 @@ def test_tune_help_names_every_flag(home):
         "--prepare-workers",
         "--cores",
         "--prebuild",
+        "--confirm",
     ):
         assert flag in text
+
+
+def test_confirm_zero_reports_an_unconfirmed_best(home):
+    proc = tf(
+        home, "tune", "synthetic", "--arg", "duration=0.01", "--workers", "1",
+        "--max-trials", "3", "--confirm", "0", timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "\nconfirmed: no (measured once" in proc.stdout
+    last = proc.stdout.splitlines()[-1]
+    assert re.fullmatch(
+        r"run 1: best trial \d+ is NOT confirmed: confirmation is off \(--confirm 0\)", last
+    ), proc.stdout
+    with embedded_conn(home) as conn:
+        n = conn.execute("SELECT count(*) AS n FROM tunefleet.trial WHERE purpose = 'confirm'")
+        assert n.fetchone()["n"] == 0
 
 
 def test_the_search_waits_until_its_local_workers_have_registered(db_url, tmp_path):

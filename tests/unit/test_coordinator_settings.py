@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from coordinator.engine import fresh_input_seed
 from coordinator.settings import CoordinatorSettings, parse_seed_configs
 from tunefleet.errors import UsageError
 
@@ -39,6 +40,8 @@ def test_bad_environment_values_name_the_variable(monkeypatch):
         ),
         ({"problem": "synthetic", "max_seconds": float("inf")}, "--max-time inf must be a pos"),
         ({"resume": -3}, "--resume -3 is not a run id"),
+        ({"problem": "synthetic", "confirm": -1}, "--confirm -1 must be between 0 .off. and"),
+        ({"problem": "synthetic", "confirm": 10**6}, "--confirm 1000000 must be between"),
         ({"problem": "synthetic", "techniques": ["Nope"]}, "unknown search technique 'Nope'"),
     ],
 )
@@ -59,3 +62,21 @@ def test_seed_configs_come_as_json_object_list_or_file(tmp_path):
         parse_seed_configs('[{"x": 1}, 5]')
     with pytest.raises(UsageError, match="neither JSON nor a file"):
         parse_seed_configs(str(tmp_path / "missing.json"))
+
+
+def test_confirm_defaults_to_three_and_reads_its_variable(monkeypatch):
+    assert CoordinatorSettings.build(problem="synthetic").confirm == 3
+    monkeypatch.setenv("TUNEFLEET_CONFIRM", "0")
+    assert CoordinatorSettings.build(problem="synthetic").confirm == 0
+    assert CoordinatorSettings.build(problem="synthetic", confirm=5).confirm == 5
+    monkeypatch.setenv("TUNEFLEET_CONFIRM", "many")
+    with pytest.raises(UsageError, match="TUNEFLEET_CONFIRM='many' is not valid: must be a whole"):
+        CoordinatorSettings.build(problem="synthetic")
+
+
+@pytest.mark.parametrize("measured", [0, 5, 2**31 - 2, 2**31 - 1])
+@pytest.mark.parametrize("trial_id", [1, 7, 2**31 - 2, 2**31 - 1, 2**40])
+def test_a_confirmation_never_reuses_the_original_inputs(measured, trial_id):
+    seed = fresh_input_seed(measured, trial_id)
+    assert seed != measured and 0 <= seed < 2**31
+    assert seed == fresh_input_seed(measured, trial_id)  # a revived one draws the same inputs

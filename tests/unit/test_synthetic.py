@@ -15,6 +15,7 @@ from tunefleet.problems.synthetic import (
     OPTIMUM_SECONDS,
     Synthetic,
     fault_of,
+    is_lucky,
     objective,
 )
 
@@ -60,6 +61,37 @@ def test_noise_is_deterministic_per_config_and_seed():
     assert a.samples_s == b.samples_s and len(set(a.samples_s)) > 1
 
 
+def test_a_lucky_configuration_is_fast_once_and_true_on_fresh_inputs():
+    problem = Synthetic()
+    args = problem.normalise_args({"duration": 0, "lucky_rate": 0.05, "luck": 0.5})
+    configs = list(all_configs())
+    lucky = [c for c in configs if is_lucky(args, c)]
+    assert 0.02 < len(lucky) / len(configs) < 0.09
+    assert lucky == [c for c in configs if is_lucky(args, c)]  # deterministic
+    config = lucky[0]
+    prepared = problem.prepare(args, config, HOST_DEVICE)
+    search = problem.measure(prepared, None, Protocol(seed=0))
+    again = problem.measure(prepared, None, Protocol(seed=17))
+    assert search.median_s == pytest.approx(0.5 * OPTIMUM_SECONDS)  # faster than the optimum
+    assert again.median_s == pytest.approx(objective(config))
+    assert again.protocol["seed"] == 17
+    honest = next(c for c in configs if not is_lucky(args, c))
+    prepared = problem.prepare(args, honest, HOST_DEVICE)
+    assert problem.measure(prepared, None, Protocol(seed=0)).median_s == pytest.approx(
+        problem.measure(prepared, None, Protocol(seed=17)).median_s
+    )
+
+
+def test_fresh_inputs_draw_other_noise():
+    problem = Synthetic()
+    args = problem.normalise_args({"duration": 0, "noise": 0.1})
+    prepared = problem.prepare(args, dict(OPTIMUM), HOST_DEVICE)
+    a = problem.measure(prepared, None, Protocol(seed=0))
+    b = problem.measure(prepared, None, Protocol(seed=5))
+    assert a.samples_s != b.samples_s
+    assert all(OPTIMUM_SECONDS <= x < 1.1 * OPTIMUM_SECONDS for x in a.samples_s + b.samples_s)
+
+
 def test_faults_are_deterministic_and_follow_the_rates():
     args = Synthetic().normalise_args({"invalid_rate": 0.2, "fail_rate": 0.1, "hang_rate": 0.1})
     configs = list(all_configs())
@@ -93,6 +125,8 @@ def test_invalid_configurations_raise_in_prepare():
         ({"fault_phase": "later"}, "fault_phase"),
         ({"seed": "x"}, "seed"),
         ({"noise": float("nan")}, "noise"),
+        ({"lucky_rate": 2}, "lucky_rate"),
+        ({"luck": 0}, "luck=0"),
     ],
 )
 def test_bad_arguments_are_named(raw, message):

@@ -147,7 +147,14 @@ WARM_START_FROM = _flag(
     metavar="CLASS",
     help="seed with the best configurations of the same problem on another device class",
 )
-SEARCH_FLAGS = (MAX_TRIALS, MAX_TIME, TARGET, PATIENCE, NAME, RESUME)
+CONFIRM = _flag(
+    "--confirm",
+    type=count("--confirm", low=0, high=1000),
+    metavar="K",
+    help="when the budget ends, re-measure the K best configurations (fresh inputs, another "
+    "worker where one is live) before reporting the best (default 3, TUNEFLEET_CONFIRM; 0: off)",
+)
+SEARCH_FLAGS = (MAX_TRIALS, MAX_TIME, TARGET, PATIENCE, NAME, RESUME, CONFIRM)
 SEED_FLAGS = (TECHNIQUE, SEED_CONFIG, WARM_START_FROM)
 
 # --- the worker's evaluation and sizing (worker, tune) ------------------------------------------

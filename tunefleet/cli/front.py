@@ -433,6 +433,7 @@ def cmd_best(args: argparse.Namespace) -> int:
         f"median {seconds(top['median_s'])} (min {seconds(top['min_s'])})"
         + (f", {gflops(top['gbps'])} GB/s" if top.get("gbps") is not None else "")
     )
+    _out(confirmation_text(top))
     _out(f"device: {top['device_name'] or '-'} (driver {top['driver_version'] or '-'})")
     _out("configuration:")
     width = max((len(k) for k in top["config"]), default=0)
@@ -447,16 +448,60 @@ def cmd_best(args: argparse.Namespace) -> int:
         _out(f"top {len(best)}:")
         _out(
             table(
-                [{**b, "config_text": compact_json(b["config"])} for b in best],
+                [
+                    {**b, "config_text": compact_json(b["config"]), "spread_text": _spread(b)}
+                    for b in best
+                ],
                 (
                     Column("TRIAL", "trial_id", right=True),
                     Column("GFLOP/s", "gflops", gflops, right=True),
                     Column("MEDIAN", "median_s", seconds, right=True),
+                    Column("CONFIRMED", "confirmed_median_s", seconds, right=True),
+                    Column("SPREAD", "spread_text", right=True),
                     Column("CONFIG", "config_text"),
                 ),
             )
         )
     return 0
+
+
+def _spread(b: Row) -> str:
+    if b.get("confirm_state") in ("invalid", "failed", "timed_out"):
+        return "failed!"
+    if b.get("spread") is None:
+        return "-"
+    return f"{100 * b['spread']:.1f} %" + ("!" if b.get("disagrees") else "")
+
+
+def confirmation_text(best: Row) -> str:
+    """The ``confirmed:`` line of ``tunefleet best``: the re-measurement of the best, how far
+    apart the two measurements are and whether that is more than their samples' noise."""
+    state = best.get("confirm_state")
+    if state is None:
+        return "confirmed: no (measured once; runs confirm their best when the budget ends)"
+    if state in ("pending", "running"):
+        return f"confirmed: not yet (trial {best['confirm_trial_id']} is {state})"
+    if state == "cancelled":
+        return f"confirmed: no (trial {best['confirm_trial_id']} was cancelled by a stop)"
+    if state != "done":
+        return (
+            f"confirmed: NO, the re-measurement (trial {best['confirm_trial_id']}) ended "
+            f"{state}: every configuration that re-measured ranks ahead of this one"
+        )
+    where = best.get("confirm_worker_host") or "?"
+    same = best.get("confirm_worker_id") == best.get("worker_id")
+    text = (
+        f"confirmed: median {seconds(best['confirmed_median_s'])}, "
+        f"{gflops(best['confirmed_gflops'])} GFLOP/s (trial {best['confirm_trial_id']} on "
+        f"{where}{', the same worker' if same else ', another worker'}, input seed "
+        f"{best['confirm_input_seed']}); spread {100 * best['spread']:.2f} %"
+    )
+    if best.get("disagrees"):
+        return (
+            text + f" DISAGREES: more than the samples' noise ({100 * best['noise']:.2f} %); "
+            "the figures are not reproducible to that precision"
+        )
+    return text + f", within the samples' noise ({100 * best['noise']:.2f} %)"
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -483,6 +528,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     _out(f"trial {trial['trial_id']} of run {trial['run_id']}: {trial['state']}")
     _out(f"  config      {compact_json(trial['config'])}")
     _out(f"  source      {trial['source']}, attempt {trial['attempt']}/{trial['max_attempts']}")
+    if trial.get("purpose") == "confirm":
+        _out(
+            f"  confirms    trial {trial['confirms_trial_id']} "
+            f"(fresh inputs: input seed {trial['input_seed']})"
+        )
     _out(f"  started     {timestamp(trial['started_at'])}")
     _out(f"  finished    {timestamp(trial['finished_at'])}")
     if trial["worker_host"]:

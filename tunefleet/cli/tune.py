@@ -285,6 +285,7 @@ def progress_line(p: dict[str, Any], workers_alive: int, unserved: str | None = 
         f"{p['pending']} pending, {p['invalid']} invalid, {p['failed']} failed"
         + (f", {p['timed_out']} timed out" if p.get("timed_out") else "")
         + (f", {p['cached']} cached" if p.get("cached") else "")
+        + (f", confirming {p['confirming']}" if p.get("confirming") else "")
         + f" | best {gflops(p['best_gflops'])} GFLOP/s"
         + f" | {float(p['evaluations_per_minute']):.1f} eval/min"
         + f" | {workers_alive} worker{'s' if workers_alive != 1 else ''}"
@@ -391,6 +392,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         max_seconds=args.max_time,
         target_gflops=args.target,
         patience=args.patience,
+        confirm=args.confirm,
     )
     engine_db = DatabaseSettings(
         url=url,
@@ -482,10 +484,30 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from tunefleet.cli.front import cmd_best
 
     try:
-        return cmd_best(argparse.Namespace(run=run_id, db=url, top=1, json=False))
+        rc = cmd_best(argparse.Namespace(run=run_id, db=url, top=1, json=False))
     except RunError as exc:
         print(f"tunefleet: {exc}", file=sys.stderr)
         return 1
+    print(final_line(run_id, result, coord_settings.confirm), flush=True)
+    return rc
+
+
+def final_line(run_id: int, result: Any, confirm: int) -> str:
+    """The last line of ``tune``: the best, and whether a re-measurement confirmed it."""
+    if not result.confirmed:
+        why = (
+            "confirmation is off (--confirm 0)"
+            if confirm == 0
+            else "its re-measurement did not finish"
+        )
+        return f"run {run_id}: best trial {result.best_trial_id} is NOT confirmed: {why}"
+    text = (
+        f"run {run_id}: best trial {result.best_trial_id} confirmed by re-measurement "
+        f"({seconds(result.confirmed_median_s)}, spread {100 * result.spread:.2f} %"
+    )
+    if result.disagrees:
+        return text + f", beyond the samples' noise of {100 * result.noise:.2f} %: DISAGREES)"
+    return text + f", within the samples' noise of {100 * result.noise:.2f} %)"
 
 
 def _check_worker_flags(plan: WorkerPlan, args: argparse.Namespace) -> None:

@@ -8,7 +8,8 @@ from here directly: only through the migrations.
 Tables
 ------
 ``run``          one tuning campaign (problem, arguments, target device class, budget, state)
-``trial``        one configuration of one run and its queue state (the queue *is* this table)
+``trial``        one configuration of one run and its queue state (the queue *is* this table);
+                 a ``confirm`` trial re-measures a search trial before the run reports its best
 ``attempt``      the history of every claim of a trial: who, when, how it ended
 ``measurement``  the outcome of a trial on a device; doubles as the cross-run cache
 ``worker``       one row per worker process (fresh UUID per start), with its heartbeat
@@ -33,7 +34,6 @@ from sqlalchemy import (
     MetaData,
     Table,
     Text,
-    UniqueConstraint,
     text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, DOUBLE_PRECISION, JSONB, UUID
@@ -43,6 +43,11 @@ SCHEMA = "tunefleet"
 #: Trial states. Terminal states never change again.
 TRIAL_STATES = ("pending", "running", "done", "invalid", "failed", "timed_out", "cancelled")
 TERMINAL_TRIAL_STATES = ("done", "invalid", "failed", "timed_out", "cancelled")
+#: Why a trial exists: ``search`` (a point of the search; one per configuration and run) or
+#: ``confirm`` (a re-measurement of a search trial with fresh inputs, ideally on another
+#: worker, before the run reports its best; never told to the search, never a trial of the
+#: budget).
+TRIAL_PURPOSES = ("search", "confirm")
 #: Run states: ``running`` while a coordinator may drive it, ``finished`` after a stop rule,
 #: ``stopped`` when a user stopped it (it can be resumed).
 RUN_STATES = ("running", "finished", "stopped")
@@ -191,14 +196,48 @@ trial = Table(
     # The search has been told about this trial's outcome (resume re-tells nothing twice).
     Column("reported", Boolean, nullable=False, server_default=text("false")),
     Column("error", Text, nullable=True),
-    UniqueConstraint("run_id", "config_hash", name="trial_run_config_unique"),
+    Column("purpose", Text, nullable=False, server_default=text("'search'")),
+    # The search trial a confirmation re-measures (NULL for search trials).
+    Column(
+        "confirms_trial_id",
+        BigInteger,
+        ForeignKey("trial.id", ondelete="CASCADE"),
+        nullable=True,
+    ),
+    # A confirmation is measured by another worker than the original's where one is live:
+    # the claim skips it for ``avoid_worker`` until ``avoid_until`` (then takes it anyway).
+    # No foreign key: a worker row may go while the confirmation still waits.
+    Column("avoid_worker", UUID(as_uuid=True), nullable=True),
+    Column("avoid_until", DateTime(timezone=True), nullable=True),
+    # Replaces the run protocol's input seed for this trial (fresh inputs); NULL: the run's.
+    Column("input_seed", Integer, nullable=True),
     CheckConstraint(_in("state", TRIAL_STATES), name="trial_state_valid"),
+    CheckConstraint(_in("purpose", TRIAL_PURPOSES), name="trial_purpose_valid"),
+    CheckConstraint(
+        "(purpose = 'confirm') = (confirms_trial_id IS NOT NULL)",
+        name="trial_confirm_names_its_trial",
+    ),
     CheckConstraint("attempt >= 0 AND max_attempts > 0", name="trial_attempts_valid"),
     CheckConstraint(
         "state <> 'running' OR (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)",
         name="trial_running_has_lease",
     ),
     CheckConstraint("source IN ('search', 'seed', 'cache')", name="trial_source_valid"),
+)
+# One search trial per configuration and run (confirmations repeat a configuration).
+Index(
+    "trial_run_config_unique",
+    trial.c.run_id,
+    trial.c.config_hash,
+    unique=True,
+    postgresql_where=text("purpose = 'search'"),
+)
+# One confirmation per search trial (a resumed run revives a cancelled one, never adds more).
+Index(
+    "trial_confirms_unique",
+    trial.c.confirms_trial_id,
+    unique=True,
+    postgresql_where=text("purpose = 'confirm'"),
 )
 # The claim: ORDER BY priority, id over pending rows of the worker's device classes.
 Index(
@@ -350,9 +389,48 @@ SELECT t.run_id,
   LEFT JOIN tunefleet.measurement m ON m.trial_id = t.id
   LEFT JOIN tunefleet.device d ON d.id = m.device_id
   LEFT JOIN tunefleet.worker w ON w.id = t.lease_owner
- WHERE t.state IN ('done', 'invalid', 'failed', 'timed_out')
+ WHERE t.state IN ('done', 'invalid', 'failed', 'timed_out') AND t.purpose = 'search'
 """,
-    # The fastest measured configuration of each run.
+    # One row per confirmation: the search trial it re-measured, both figures, how far apart
+    # they are (spread), how noisy the samples of either measurement were (noise), and
+    # whether the two disagree by more than that noise (or the re-measurement failed).
+    "confirmations": """
+SELECT c.run_id,
+       c.confirms_trial_id AS trial_id,
+       c.id AS confirm_trial_id,
+       o.config,
+       c.state,
+       c.input_seed,
+       mo.median_s AS original_median_s,
+       mc.median_s AS confirmed_median_s,
+       mo.gflops AS original_gflops,
+       mc.gflops AS confirmed_gflops,
+       mo.worker_id AS original_worker_id,
+       mc.worker_id AS confirm_worker_id,
+       (greatest(mo.median_s, mc.median_s) - least(mo.median_s, mc.median_s))
+         / least(mo.median_s, mc.median_s) AS spread,
+       greatest((SELECT max(x) - min(x) FROM unnest(mo.samples_s) AS x) / mo.median_s,
+                (SELECT max(x) - min(x) FROM unnest(mc.samples_s) AS x) / mc.median_s)
+         AS noise,
+       CASE WHEN c.state = 'done'
+            THEN (greatest(mo.median_s, mc.median_s) - least(mo.median_s, mc.median_s))
+                   / least(mo.median_s, mc.median_s)
+                 > greatest((SELECT max(x) - min(x) FROM unnest(mo.samples_s) AS x)
+                              / mo.median_s,
+                            (SELECT max(x) - min(x) FROM unnest(mc.samples_s) AS x)
+                              / mc.median_s)
+            WHEN c.state IN ('invalid', 'failed', 'timed_out') THEN true
+       END AS disagrees,
+       c.finished_at
+  FROM tunefleet.trial c
+  JOIN tunefleet.trial o ON o.id = c.confirms_trial_id
+  LEFT JOIN tunefleet.measurement mo ON mo.trial_id = o.id
+  LEFT JOIN tunefleet.measurement mc ON mc.trial_id = c.id
+ WHERE c.purpose = 'confirm'
+""",
+    # The best configuration of each run: ranked by its confirmed figure where a confirmation
+    # measured one (else by its search measurement); a configuration whose re-measurement
+    # failed ranks after every other.
     "best_per_run": """
 SELECT DISTINCT ON (t.run_id)
        t.run_id,
@@ -365,13 +443,24 @@ SELECT DISTINCT ON (t.run_id)
        m.min_s,
        m.gflops,
        m.gbps,
-       d.name AS device_name
+       d.name AS device_name,
+       c.state = 'done' AS confirmed,
+       c.confirm_trial_id,
+       c.confirmed_median_s,
+       c.confirmed_gflops,
+       c.spread,
+       c.noise,
+       c.disagrees
   FROM tunefleet.trial t
   JOIN tunefleet.run r ON r.id = t.run_id
   JOIN tunefleet.measurement m ON m.trial_id = t.id
   LEFT JOIN tunefleet.device d ON d.id = m.device_id
- WHERE t.state = 'done'
- ORDER BY t.run_id, m.median_s, t.id
+  LEFT JOIN tunefleet.confirmations c ON c.trial_id = t.id
+ WHERE t.state = 'done' AND t.purpose = 'search'
+ ORDER BY t.run_id,
+          coalesce(c.state IN ('invalid', 'failed', 'timed_out'), false),
+          coalesce(c.confirmed_median_s, m.median_s),
+          t.id
 """,
     # The fastest configuration ever measured per problem, arguments and device class,
     # across runs and imported archives.
@@ -416,9 +505,15 @@ SELECT r.id AS run_id,
        coalesce(r.finished_at, now()) - r.created_at AS elapsed,
        count(t.id) FILTER (WHERE t.state IN ('done', 'invalid', 'failed', 'timed_out'))
          / greatest(extract(epoch FROM coalesce(r.finished_at, now()) - r.created_at) / 60.0,
-                    1e-9) AS evaluations_per_minute
+                    1e-9) AS evaluations_per_minute,
+       (SELECT count(*) FROM tunefleet.trial c
+         WHERE c.run_id = r.id AND c.purpose = 'confirm'
+           AND c.state IN ('done', 'invalid', 'failed', 'timed_out')) AS confirmed,
+       (SELECT count(*) FROM tunefleet.trial c
+         WHERE c.run_id = r.id AND c.purpose = 'confirm'
+           AND c.state IN ('pending', 'running')) AS confirming
   FROM tunefleet.run r
-  LEFT JOIN tunefleet.trial t ON t.run_id = r.id
+  LEFT JOIN tunefleet.trial t ON t.run_id = r.id AND t.purpose = 'search'
   LEFT JOIN tunefleet.measurement m ON m.trial_id = t.id
  GROUP BY r.id
 """,

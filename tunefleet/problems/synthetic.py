@@ -17,7 +17,15 @@ Objective, in seconds::
 The unique optimum is ``tile=16, unroll=4, vector=True, order="ikj"`` with ``t = 1 ms``
 (:data:`OPTIMUM`, :data:`OPTIMUM_SECONDS`). With ``noise > 0`` each sample is perturbed by a
 relative amount in ``[0, noise)``, so the median stays ordered like the objective for small
-noise.
+noise; the perturbations depend on the configuration and the protocol's input seed, so a
+re-measurement with fresh inputs draws other samples.
+
+Luck: with ``lucky_rate > 0`` that fraction of the configurations (deterministic per
+configuration hash and ``seed``, like the faults) is *lucky*: measured with the protocol's
+default inputs (input seed 0, as every search trial is) it reports ``luck`` times the
+optimum's time — faster than the optimum, the tuner's favourite — while re-measured with
+any other input seed (a confirmation's fresh inputs) it reports its true objective. It
+models a measurement that was fast once by chance (a quiet moment, a lucky allocation).
 
 Problem arguments (all optional):
 
@@ -29,7 +37,9 @@ Problem arguments (all optional):
 ``hang_rate``        fraction whose evaluator never returns
 ``fault_phase``      ``measure`` (default) or ``prepare``: where crashes and hangs happen
 ``noise``            relative noise of the samples (default 0)
-``seed``             selects which configurations are faulty (default 0)
+``lucky_rate``       fraction of configurations that measure fast once (default 0)
+``luck``             a lucky measurement's time as a fraction of the optimum's (default 0.5)
+``seed``             selects which configurations are faulty or lucky (default 0)
 
 Faults are deterministic per configuration hash and seed, like a real configuration that
 always kills the driver: one uniform number ``u`` per configuration picks the fault, with
@@ -68,6 +78,8 @@ DEFAULTS: dict[str, Any] = {
     "hang_rate": 0.0,
     "fault_phase": "measure",
     "noise": 0.0,
+    "lucky_rate": 0.0,
+    "luck": 0.5,
     "seed": 0,
 }
 FAULTS = ("none", "invalid", "fail", "hang")
@@ -105,6 +117,12 @@ def fault_of(args: Mapping[str, Any], config: Mapping[str, Any]) -> str:
     return "none"
 
 
+def is_lucky(args: Mapping[str, Any], config: Mapping[str, Any]) -> bool:
+    """Whether this configuration measures fast once under these arguments (see Luck)."""
+    digest = hashlib.sha256(f"lucky:{args['seed']}:{config_hash(config)}".encode()).hexdigest()
+    return int(digest[:13], 16) / float(16**13) < float(args["lucky_rate"])
+
+
 def _crash() -> None:
     """Die like a segfaulting driver, without leaving a core file behind."""
     try:
@@ -138,8 +156,11 @@ class Synthetic(Problem):
             # An hour: past it an evaluation would outlive any worker's timeout anyway.
             args[key] = _number(key, args[key], low=0.0, high=MAX_DURATION_S)
         args["noise"] = _number("noise", args["noise"], low=0.0)
-        for key in ("invalid_rate", "fail_rate", "hang_rate"):
+        for key in ("invalid_rate", "fail_rate", "hang_rate", "lucky_rate"):
             args[key] = _number(key, args[key], low=0.0, high=1.0)
+        args["luck"] = _number("luck", args["luck"], low=0.0)
+        if not args["luck"] > 0:
+            raise ProblemError(f"synthetic: luck={args['luck']!r} must be > 0")
         total = args["invalid_rate"] + args["fail_rate"] + args["hang_rate"]
         if total > 1.0 + 1e-12:
             raise ProblemError(
@@ -185,7 +206,10 @@ class Synthetic(Problem):
         if args["fault_phase"] == "measure":
             _inject(fault)
         base = objective(config)
-        rng = random.Random(f"{args['seed']}:{config_hash(config)}")
+        if protocol.seed == 0 and is_lucky(args, config):
+            base = args["luck"] * OPTIMUM_SECONDS
+        draw = f"{args['seed']}:{config_hash(config)}"
+        rng = random.Random(draw if protocol.seed == 0 else f"{draw}:{protocol.seed}")
         launches = max(int(protocol.min_launches), 1)
         samples = tuple(base * (1.0 + args["noise"] * rng.random()) for _ in range(launches))
         median = statistics.median(samples)

@@ -120,7 +120,7 @@ def run_measurements(conn: Conn, run_id: int) -> list[Row]:
               FROM tunefleet.trial t
               JOIN tunefleet.measurement m ON m.trial_id = t.id
               LEFT JOIN tunefleet.device d ON d.id = m.device_id
-             WHERE t.run_id = %(run_id)s AND t.state = 'done'
+             WHERE t.run_id = %(run_id)s AND t.state = 'done' AND t.purpose = 'search'
              ORDER BY t.id
             """,
             {"run_id": run_id},

@@ -34,6 +34,10 @@ REAPER_LOCK_NAME = "tunefleet:reaper"
 #: Prefix of the session-level advisory lock a worker holds on its device for its lifetime.
 DEVICE_LOCK_PREFIX = "tunefleet:device"
 
+#: A confirmation leaves its original worker alone while another worker of its class has
+#: heartbeated within this many seconds (the coordinator's default liveness window).
+WORKER_ALIVE_S = 60.0
+
 #: Outcomes a worker may report for its own claim.
 COMPLETION_STATES = ("done", "invalid", "failed", "timed_out")
 
@@ -299,6 +303,7 @@ def claim_trials(
     lease_s: float,
     excluded_runs: Sequence[int] = (),
     skipped_trials: Sequence[int] = (),
+    alive_s: float = WORKER_ALIVE_S,
 ) -> list[ClaimedTrial]:
     """Claim up to ``limit`` pending trials of the given device classes, in
     ``priority, id`` order, skipping the runs in ``excluded_runs`` (those this worker stands
@@ -321,6 +326,13 @@ def claim_trials(
     row put back to ``pending`` by hand with its counter reset would otherwise collide with
     its own history, and every worker claiming it would die of the unique key.
 
+    A confirmation (a re-measurement of a search trial) names the worker that measured the
+    original in ``avoid_worker``: that worker skips it while another worker able to serve
+    its class (and not standing aside from its run) has heartbeated within ``alive_s``,
+    until ``avoid_until`` (then it takes it anyway). Its ``input_seed`` replaces the run
+    protocol's ``seed`` in the claimed protocol, so the worker builds fresh inputs and
+    records the seed with the measurement.
+
     Locking: the picked rows (at most ``limit`` per class; those not claimed are only locked
     for the statement), until the statement commits; nothing is held afterwards.
     """
@@ -336,6 +348,18 @@ def claim_trials(
                     WHERE t.state = 'pending' AND t.device_class = c.device_class
                       AND t.run_id <> ALL(%(excluded)s::bigint[])
                       AND t.id <> ALL(%(skipped)s::bigint[])
+                      AND (t.avoid_worker IS DISTINCT FROM %(worker_id)s
+                           OR t.avoid_until <= now()
+                           OR NOT EXISTS (
+                                SELECT 1 FROM tunefleet.worker w
+                                 WHERE w.state = 'active' AND w.id <> %(worker_id)s
+                                   AND w.heartbeat_at
+                                       > now() - make_interval(secs => %(alive_s)s)
+                                   AND (w.device_class = t.device_class
+                                        OR t.device_class = 'any')
+                                   AND NOT EXISTS (
+                                        SELECT 1 FROM tunefleet.stand_aside s
+                                         WHERE s.worker_id = w.id AND s.run_id = t.run_id)))
                     ORDER BY t.priority, t.id
                     LIMIT %(limit)s
                     FOR UPDATE SKIP LOCKED
@@ -356,13 +380,16 @@ def claim_trials(
               FROM picked
              WHERE t.id = picked.id
          RETURNING t.id, t.run_id, t.attempt, t.max_attempts, t.config, t.config_hash,
-                   t.timeout_s, t.device_class, t.priority
+                   t.timeout_s, t.device_class, t.priority, t.input_seed
         ), recorded AS (
             INSERT INTO tunefleet.attempt (trial_id, attempt, worker_id)
             SELECT id, attempt, %(worker_id)s FROM claimed
         )
         SELECT c.id, c.run_id, c.attempt, c.max_attempts, c.config, c.config_hash,
-               c.timeout_s, c.device_class, r.problem, r.problem_args, r.protocol, r.cache_key
+               c.timeout_s, c.device_class, r.problem, r.problem_args, r.cache_key,
+               CASE WHEN c.input_seed IS NULL THEN r.protocol
+                    ELSE jsonb_set(r.protocol, '{seed}', to_jsonb(c.input_seed)) END
+                 AS protocol
           FROM claimed c
           JOIN tunefleet.run r ON r.id = c.run_id
          ORDER BY c.priority, c.id
@@ -374,6 +401,7 @@ def claim_trials(
             "lease_s": float(lease_s),
             "excluded": [int(r) for r in excluded_runs],
             "skipped": [int(t) for t in skipped_trials],
+            "alive_s": float(alive_s),
         },
     ).fetchall()
     return [

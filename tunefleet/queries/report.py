@@ -133,8 +133,14 @@ def fleet(
 
 
 def best_trials(conn: Conn, run_id: int, *, limit: int = 1) -> list[Row]:
-    """The ``limit`` fastest finished (``done``) trials of a run with their measurement and
-    device, fastest first (by median time, as ``best_per_run`` orders).
+    """The ``limit`` best finished (``done``) search trials of a run with their measurement,
+    device and confirmation, best first, ranked as ``best_per_run`` ranks them: by the
+    confirmed figure where a confirmation measured one, else by the search's median time; a
+    configuration whose re-measurement failed comes after every other.
+
+    ``confirm_state`` is the confirmation's trial state (NULL: never confirmed);
+    ``confirmed_median_s``, ``confirmed_gflops``, ``confirm_worker_host``, ``spread``,
+    ``noise`` and ``disagrees`` come from the ``confirmations`` view.
 
     Read-only, no locks."""
     return _all(
@@ -144,13 +150,20 @@ def best_trials(conn: Conn, run_id: int, *, limit: int = 1) -> list[Row]:
                m.median_s, m.min_s, m.gflops, m.gbps, m.compile_s, m.protocol, m.validation,
                m.versions, m.code IS NOT NULL AS has_code,
                d.name AS device_name, d.device_class, d.platform, d.driver_version,
-               w.host AS worker_host
+               w.host AS worker_host, m.worker_id,
+               c.confirm_trial_id, c.state AS confirm_state, c.confirmed_median_s,
+               c.confirmed_gflops, c.input_seed AS confirm_input_seed,
+               c.confirm_worker_id, cw.host AS confirm_worker_host,
+               c.spread, c.noise, c.disagrees
           FROM tunefleet.trial t
           JOIN tunefleet.measurement m ON m.trial_id = t.id
           LEFT JOIN tunefleet.device d ON d.id = m.device_id
           LEFT JOIN tunefleet.worker w ON w.id = m.worker_id
-         WHERE t.run_id = %(run_id)s AND t.state = 'done'
-         ORDER BY m.median_s, t.id
+          LEFT JOIN tunefleet.confirmations c ON c.trial_id = t.id
+          LEFT JOIN tunefleet.worker cw ON cw.id = c.confirm_worker_id
+         WHERE t.run_id = %(run_id)s AND t.state = 'done' AND t.purpose = 'search'
+         ORDER BY coalesce(c.state IN ('invalid', 'failed', 'timed_out'), false),
+                  coalesce(c.confirmed_median_s, m.median_s), t.id
          LIMIT %(limit)s
         """,
         {"run_id": run_id, "limit": limit},
@@ -166,7 +179,8 @@ def trial_detail(conn: Conn, run_id: int, trial_id: int) -> Row | None:
         conn,
         """
         SELECT t.id AS trial_id, t.run_id, t.config, t.config_hash, t.state, t.source,
-               t.attempt, t.max_attempts, t.error, t.created_at, t.started_at, t.finished_at,
+               t.purpose, t.confirms_trial_id, t.input_seed, t.attempt, t.max_attempts,
+               t.error, t.created_at, t.started_at, t.finished_at,
                m.id AS measurement_id, m.median_s, m.min_s, m.samples_s, m.gflops, m.gbps,
                m.flop_count, m.byte_count, m.compile_s, m.protocol, m.validation, m.versions,
                m.code, m.source AS measurement_source,
@@ -236,7 +250,7 @@ def progress_series(conn: Conn, run_id: int) -> list[Row]:
           FROM tunefleet.trial t
           JOIN tunefleet.run r ON r.id = t.run_id
           LEFT JOIN tunefleet.measurement m ON m.trial_id = t.id AND t.state = 'done'
-         WHERE t.run_id = %(run_id)s
+         WHERE t.run_id = %(run_id)s AND t.purpose = 'search'
            AND t.state IN ('done', 'invalid', 'failed', 'timed_out')
            AND t.finished_at IS NOT NULL
         WINDOW w AS (ORDER BY t.finished_at, t.id)
@@ -286,6 +300,7 @@ def failure_summary(conn: Conn, run_id: int) -> list[Row]:
         SELECT t.state, coalesce(t.error, '(no reason recorded)') AS error, count(*) AS trials
           FROM tunefleet.trial t
          WHERE t.run_id = %(run_id)s AND t.state IN ('invalid', 'failed', 'timed_out')
+           AND t.purpose = 'search'
          GROUP BY t.state, t.error
          ORDER BY count(*) DESC, t.state
         """,

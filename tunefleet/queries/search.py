@@ -292,7 +292,7 @@ def insert_trials(
                    %(timeout)s, %(attempts)s
               FROM jsonb_to_recordset(%(trials)s) AS c(config jsonb, config_hash text,
                                                        source text)
-            ON CONFLICT (run_id, config_hash) DO UPDATE
+            ON CONFLICT (run_id, config_hash) WHERE purpose = 'search' DO UPDATE
                SET state = 'pending', timeout_s = excluded.timeout_s, finished_at = NULL,
                    reported = false, error = NULL,
                    max_attempts = greatest(t.max_attempts, t.attempt + 1)
@@ -347,7 +347,7 @@ def insert_cached_trials(
             SELECT %(run)s, %(class)s, hit.config, hit.config_hash, 'done', 'cache', true,
                    now(), now()
               FROM hit
-            ON CONFLICT (run_id, config_hash) DO UPDATE
+            ON CONFLICT (run_id, config_hash) WHERE purpose = 'search' DO UPDATE
                SET state = 'done', source = 'cache', reported = true, finished_at = now(),
                    error = NULL
              WHERE t.state = 'cancelled'
@@ -395,6 +395,7 @@ def known_invalid(
           JOIN tunefleet.trial t ON t.run_id = r.id
          WHERE r.cache_key = %(key)s AND r.id <> %(run)s
            AND t.config_hash = ANY(%(hashes)s) AND t.state = 'invalid'
+           AND t.purpose = 'search'
          ORDER BY t.config_hash, t.id
         """,
         {"key": cache_key, "run": run_id, "hashes": list(config_hashes)},
@@ -431,7 +432,7 @@ def insert_invalid_trials(
                coalesce(c.source, 'search'), true, now(), now(), c.error
           FROM jsonb_to_recordset(%(trials)s) AS c(config jsonb, config_hash text,
                                                    source text, error text)
-        ON CONFLICT (run_id, config_hash) DO UPDATE
+        ON CONFLICT (run_id, config_hash) WHERE purpose = 'search' DO UPDATE
            SET state = 'invalid', reported = true, finished_at = now(), error = excluded.error
          WHERE t.state = 'cancelled'
         RETURNING t.id, t.config_hash, t.config, t.error
@@ -440,8 +441,9 @@ def insert_invalid_trials(
     ).fetchall()
 
 
-def cancel_pending(conn: Conn, run_id: int) -> int:
-    """Cancel the run's pending trials (running ones finish and are kept); returns how many.
+def cancel_pending(conn: Conn, run_id: int, purpose: str | None = None) -> int:
+    """Cancel the run's pending trials (running ones finish and are kept), only those of
+    ``purpose`` (``search`` or ``confirm``) when given; returns how many.
     Locks: the pending rows of the run, for this statement; a row a worker is claiming at
     this instant is skipped by neither side twice (the claim's SKIP LOCKED or this update
     waits for the other's row lock, then re-checks ``state``)."""
@@ -449,18 +451,19 @@ def cancel_pending(conn: Conn, run_id: int) -> int:
         """
         UPDATE tunefleet.trial
            SET state = 'cancelled', finished_at = now()
-         WHERE run_id = %s AND state = 'pending'
+         WHERE run_id = %s AND state = 'pending' AND (%s::text IS NULL OR purpose = %s::text)
         """,
-        (run_id,),
+        (run_id, purpose, purpose),
     ).rowcount
 
 
 # --- outcomes ---------------------------------------------------------------------------------
 def fetch_unreported(conn: Conn, run_id: int) -> list[Row]:
-    """Finished trials of the run the search has not been told about, marked reported in the
-    same statement, in finishing order, with their measurement (NULLs for invalid, failed
-    and timed-out trials). Locks: those trial rows, for this statement
-    (trial_unreported_idx); workers never touch finished rows."""
+    """Finished trials of the run the coordinator has not been told about, marked reported in
+    the same statement, in finishing order, with their measurement (NULLs for invalid, failed
+    and timed-out trials) and ``purpose`` (a ``confirm`` trial names the search trial it
+    re-measured in ``confirms_trial_id``; it is never told to the search). Locks: those trial
+    rows, for this statement (trial_unreported_idx); workers never touch finished rows."""
     return conn.execute(
         """
         WITH o AS (
@@ -468,10 +471,11 @@ def fetch_unreported(conn: Conn, run_id: int) -> list[Row]:
                SET reported = true
              WHERE t.run_id = %s AND NOT t.reported
                AND t.state IN ('done', 'invalid', 'failed', 'timed_out')
-            RETURNING t.id, t.config, t.config_hash, t.state, t.source, t.error, t.finished_at
+            RETURNING t.id, t.config, t.config_hash, t.state, t.source, t.error, t.finished_at,
+                      t.purpose, t.confirms_trial_id
         )
-        SELECT o.id, o.config, o.config_hash, o.state, o.source, o.error,
-               m.median_s, m.gflops, m.compile_s
+        SELECT o.id, o.config, o.config_hash, o.state, o.source, o.error, o.purpose,
+               o.confirms_trial_id, m.median_s, m.gflops, m.compile_s
           FROM o LEFT JOIN tunefleet.measurement m ON m.trial_id = o.id
          ORDER BY o.finished_at, o.id
         """,
@@ -485,8 +489,8 @@ def reported_outcomes(conn: Conn, run_id: int) -> list[Row]:
     measurement. Locks: none."""
     return conn.execute(
         """
-        SELECT o.id, o.config, o.config_hash, o.state, o.source, o.error,
-               m.median_s, m.gflops, m.compile_s
+        SELECT o.id, o.config, o.config_hash, o.state, o.source, o.error, o.purpose,
+               o.confirms_trial_id, m.median_s, m.gflops, m.compile_s
           FROM tunefleet.trial o
           LEFT JOIN tunefleet.measurement m ON m.trial_id = o.id
          WHERE o.run_id = %s AND o.reported
@@ -498,11 +502,11 @@ def reported_outcomes(conn: Conn, run_id: int) -> list[Row]:
 
 
 def in_flight_trials(conn: Conn, run_id: int) -> list[Row]:
-    """Pending and running trials of the run (``id``, ``config``, ``config_hash``, ``state``).
-    Locks: none."""
+    """Pending and running trials of the run (``id``, ``config``, ``config_hash``, ``state``,
+    ``purpose``, ``confirms_trial_id``). Locks: none."""
     return conn.execute(
         """
-        SELECT id, config, config_hash, state
+        SELECT id, config, config_hash, state, purpose, confirms_trial_id
           FROM tunefleet.trial
          WHERE run_id = %s AND state IN ('pending', 'running')
          ORDER BY id
@@ -512,19 +516,114 @@ def in_flight_trials(conn: Conn, run_id: int) -> list[Row]:
 
 
 def best_of_run(conn: Conn, run_id: int) -> Row | None:
-    """The run's fastest done trial with its numbers. Locks: none."""
+    """The run's best done trial as ``best_per_run`` ranks it (by its confirmed figure where
+    a confirmation measured one), with its numbers and its confirmation's. Locks: none."""
     row: Row | None = conn.execute(
         """
-        SELECT t.id AS trial_id, t.config, t.source, m.median_s, m.min_s, m.gflops, m.gbps
-          FROM tunefleet.trial t
-          JOIN tunefleet.measurement m ON m.trial_id = t.id
-         WHERE t.run_id = %s AND t.state = 'done'
-         ORDER BY m.median_s, t.id
-         LIMIT 1
+        SELECT b.trial_id, t.config, t.source, b.median_s, b.min_s, b.gflops, b.gbps,
+               coalesce(b.confirmed, false) AS confirmed, b.confirm_trial_id,
+               b.confirmed_median_s, b.confirmed_gflops, b.spread, b.noise, b.disagrees
+          FROM tunefleet.best_per_run b
+          JOIN tunefleet.trial t ON t.id = b.trial_id
+         WHERE b.run_id = %s
         """,
         (run_id,),
     ).fetchone()
     return row
+
+
+# --- confirmations ----------------------------------------------------------------------------
+def confirmation_candidates(conn: Conn, run_id: int, limit: int) -> list[Row]:
+    """The ``limit`` best done search trials of the run, ranked as ``best_per_run`` ranks
+    them (confirmed figure where one exists, failed re-measurements last), with what a
+    confirmation of each needs: ``trial_id``, ``config``, ``config_hash``, the worker that
+    measured it (``worker_id``), its input seed (``input_seed``, from the protocol it was
+    measured with) and its confirmation so far (``confirm_trial_id``, ``confirm_state``;
+    NULL when none). Locks: none."""
+    return conn.execute(
+        """
+        SELECT t.id AS trial_id, t.config, t.config_hash, m.worker_id, m.median_s,
+               (m.protocol->>'seed')::bigint AS input_seed,
+               c.id AS confirm_trial_id, c.state AS confirm_state
+          FROM tunefleet.trial t
+          JOIN tunefleet.measurement m ON m.trial_id = t.id
+          LEFT JOIN tunefleet.trial c ON c.confirms_trial_id = t.id AND c.purpose = 'confirm'
+          LEFT JOIN tunefleet.measurement mc ON mc.trial_id = c.id
+         WHERE t.run_id = %(run)s AND t.state = 'done' AND t.purpose = 'search'
+         ORDER BY coalesce(c.state IN ('invalid', 'failed', 'timed_out'), false),
+                  coalesce(mc.median_s, m.median_s), t.id
+         LIMIT %(limit)s
+        """,
+        {"run": run_id, "limit": limit},
+    ).fetchall()
+
+
+def insert_confirmations(
+    conn: Conn,
+    run_id: int,
+    device_class: str,
+    confirmations: Sequence[Mapping[str, Any]],
+    *,
+    avoid_s: float,
+    timeout_s: float | None = None,
+    max_attempts: int = 3,
+) -> list[Row]:
+    """Enqueue re-measurements of search trials (purpose ``confirm``, ahead of search trials:
+    priority -1), then one ``NOTIFY`` for the batch. They bypass the cache: each is a
+    pending trial for a worker, never answered from a measurement.
+
+    ``confirmations`` items: ``trial_id`` (the search trial), ``config``, ``config_hash``,
+    ``avoid_worker`` (the worker that measured it; the claim leaves the confirmation to
+    another live worker for ``avoid_s`` seconds) and ``input_seed`` (the fresh inputs).
+    A search trial that has a confirmation keeps it, except a ``cancelled`` one (a stop
+    during confirmation), which is queued again. Returns ``id``, ``confirms_trial_id`` of
+    the rows now pending. Locks: the inserted/revived rows, for this statement."""
+    if not confirmations:
+        return []
+    payload = [
+        {
+            "trial_id": int(c["trial_id"]),
+            "config": c["config"],
+            "config_hash": c["config_hash"],
+            "avoid_worker": None if c.get("avoid_worker") is None else str(c["avoid_worker"]),
+            "input_seed": int(c["input_seed"]),
+        }
+        for c in confirmations
+    ]
+    return conn.execute(
+        """
+        WITH ins AS (
+            INSERT INTO tunefleet.trial AS t
+                   (run_id, device_class, config, config_hash, source, priority, timeout_s,
+                    max_attempts, purpose, confirms_trial_id, avoid_worker, avoid_until,
+                    input_seed)
+            SELECT %(run)s, %(class)s, c.config, c.config_hash, 'search', -1, %(timeout)s,
+                   %(attempts)s, 'confirm', c.trial_id, c.avoid_worker,
+                   now() + make_interval(secs => %(avoid_s)s), c.input_seed
+              FROM jsonb_to_recordset(%(items)s) AS c(trial_id bigint, config jsonb,
+                                                      config_hash text, avoid_worker uuid,
+                                                      input_seed integer)
+            ON CONFLICT (confirms_trial_id) WHERE purpose = 'confirm' DO UPDATE
+               SET state = 'pending', timeout_s = excluded.timeout_s, finished_at = NULL,
+                   reported = false, error = NULL, avoid_until = excluded.avoid_until,
+                   max_attempts = greatest(t.max_attempts, t.attempt + 1)
+             WHERE t.state = 'cancelled'
+            RETURNING t.id, t.confirms_trial_id
+        ), wake AS (
+            SELECT pg_notify(%(channel)s, %(class)s) FROM (SELECT 1 FROM ins LIMIT 1) AS one
+        )
+        SELECT ins.id, ins.confirms_trial_id FROM ins LEFT JOIN wake ON true
+        """,
+        {
+            "run": run_id,
+            "class": device_class,
+            "timeout": timeout_s,
+            "attempts": max_attempts,
+            "avoid_s": float(avoid_s),
+            "items": Jsonb(payload),
+            "channel": NOTIFY_CHANNEL,
+        },
+    ).fetchall()
 
 
 # --- seeds ------------------------------------------------------------------------------------
