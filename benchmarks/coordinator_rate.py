@@ -96,7 +96,7 @@ def client_main(url: str, batch: int, delay: float, stop: Any, ready: Any) -> No
     protocol = Protocol(warmup=0, min_launches=1, min_seconds=0.0, max_launches=1).to_json()
     worker_id = uuid.uuid4()
     conn = connect(url)
-    queue.register_worker(
+    secret = queue.register_worker(
         conn,
         worker_id=worker_id,
         host=socket.gethostname(),
@@ -110,7 +110,12 @@ def client_main(url: str, batch: int, delay: float, stop: Any, ready: Any) -> No
     last_beat = time.monotonic()
     while not stop.is_set():
         claims = queue.claim_trials(
-            conn, worker_id=worker_id, device_classes=["any"], limit=batch, lease_s=60.0
+            conn,
+            worker_id=worker_id,
+            secret=secret,
+            device_classes=["any"],
+            limit=batch,
+            lease_s=60.0,
         )
         if not claims:
             for _ in conn.notifies(timeout=0.05, stop_after=1):
@@ -123,10 +128,10 @@ def client_main(url: str, batch: int, delay: float, stop: Any, ready: Any) -> No
                 conn,
                 trial_id=c.trial_id,
                 attempt=c.attempt,
+                token=c.lease_token,
                 worker_id=worker_id,
                 state="done",
                 measurement=MeasurementRow(
-                    device_id=None,
                     median_s=t,
                     min_s=t,
                     samples_s=[t],
@@ -136,9 +141,9 @@ def client_main(url: str, batch: int, delay: float, stop: Any, ready: Any) -> No
                 ),
             )
         if time.monotonic() - last_beat > 5.0:
-            queue.heartbeat_worker(conn, worker_id)
+            queue.heartbeat_worker(conn, worker_id, secret)
             last_beat = time.monotonic()
-    queue.stop_worker(conn, worker_id)
+    queue.stop_worker(conn, worker_id, secret)
     conn.close()
 
 

@@ -1,12 +1,21 @@
 """Raw queue throughput: claim + complete cycles per second through tunefleet's own queue
 functions (``tunefleet.queries.queue.claim_trials`` / ``complete_trial``, dict rows, dataclasses,
-a measurement row per trial) against a minimal psycopg loop that runs the very same SQL.
+a measurement row per trial) against a minimal psycopg loop that runs the very same SQL, and
+against the direct statements the worker ran before it wrote only through database functions.
 
-The minimal loop does not copy the SQL: each client runs one real claim and completion through
-tunefleet's functions on a recording connection, then replays the recorded statements with
-plain tuple rows and explicitly prepared statements, changing only the trial id and attempt.
-Both loops run in the same session against the same database, alternating (ABBA) so that table
-growth and machine noise hit both alike.
+Three loops, in the same session against the same database, alternating (ABBA: each pair of
+rounds runs them in one order, then the reverse) so that table growth and machine noise hit
+all alike:
+
+``tunefleet``  the wrappers in ``tunefleet.queries.queue``, which call the SECURITY DEFINER
+               functions ``tunefleet.claim_trials`` / ``tunefleet.complete_trial``.
+``raw``        a minimal psycopg loop replaying those calls: each client runs one real claim
+               and completion through tunefleet's functions on a recording connection, then
+               replays the recorded statements with plain tuple rows and explicitly prepared
+               statements, changing only the trial id, attempt and lease token.
+``direct``     the same minimal loop running the claim and completion statements the worker
+               sent itself before migration 0003 (kept below, verbatim, as the baseline): what
+               the function path costs is ``raw / direct``.
 
 A cycle = one trial claimed and completed as ``done`` (with its measurement row). Clients are
 separate processes, each with its own connection and worker row; ``--batch k`` claims up to k
@@ -38,6 +47,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _harness as h
+from psycopg.types.json import Jsonb
 
 from tunefleet.db.engine import connect, normalise_url
 from tunefleet.db.schema import ANY_DEVICE_CLASS
@@ -50,7 +60,90 @@ DEVICE_CLASS = "bench-raw-queue"
 #: What a worker claims: its own class and runs of class ``any``.
 CLASSES = [DEVICE_CLASS, ANY_DEVICE_CLASS]
 LEASE_S = 30.0
-MODES = ("tunefleet", "raw")
+MODES = ("tunefleet", "raw", "direct")
+
+# The worker's claim and completion before it wrote only through database functions (the
+# parent commit of migration 0003), verbatim: the baseline of the function path. They need
+# the table privileges the worker role no longer has, so run this as an owner or superuser.
+DIRECT_CLAIM_SQL = """
+        WITH picked AS (
+            SELECT p.id
+              FROM (SELECT DISTINCT unnest(%(classes)s::text[])) AS c(device_class)
+             CROSS JOIN LATERAL (
+                   SELECT t.id, t.priority FROM tunefleet.trial t
+                    WHERE t.state = 'pending' AND t.device_class = c.device_class
+                    ORDER BY t.priority, t.id
+                    LIMIT %(limit)s
+                    FOR UPDATE SKIP LOCKED
+                   ) p
+             ORDER BY p.priority, p.id
+             LIMIT %(limit)s
+        ), claimed AS (
+            UPDATE tunefleet.trial t
+               SET state = 'running',
+                   attempt = t.attempt + 1,
+                   lease_owner = %(worker_id)s,
+                   lease_expires_at = now() + make_interval(secs => %(lease_s)s),
+                   started_at = now(),
+                   finished_at = NULL
+              FROM picked
+             WHERE t.id = picked.id
+         RETURNING t.id, t.run_id, t.attempt, t.max_attempts, t.config, t.config_hash,
+                   t.timeout_s, t.device_class, t.priority
+        ), recorded AS (
+            INSERT INTO tunefleet.attempt (trial_id, attempt, worker_id)
+            SELECT id, attempt, %(worker_id)s FROM claimed
+        )
+        SELECT c.id, c.run_id, c.attempt, c.max_attempts, c.config, c.config_hash,
+               c.timeout_s, c.device_class, r.problem, r.problem_args, r.protocol, r.cache_key
+          FROM claimed c
+          JOIN tunefleet.run r ON r.id = c.run_id
+         ORDER BY c.priority, c.id
+"""
+DIRECT_COMPLETE_SQL = """
+        WITH ended AS (
+            UPDATE tunefleet.trial t
+               SET state = CASE WHEN %(state)s::text <> 'failed' OR t.attempt >= t.max_attempts
+                                THEN %(state)s::text
+                                WHEN r.state = 'running' THEN 'pending'
+                                ELSE 'cancelled' END,
+                   lease_owner = CASE WHEN %(state)s = 'failed' AND t.attempt < t.max_attempts
+                                      THEN NULL ELSE t.lease_owner END,
+                   finished_at = CASE WHEN %(state)s = 'failed' AND t.attempt < t.max_attempts
+                                       AND r.state = 'running'
+                                      THEN NULL ELSE now() END,
+                   lease_expires_at = NULL,
+                   error = %(error)s
+              FROM tunefleet.run r
+             WHERE t.id = %(trial_id)s AND t.attempt = %(attempt)s AND r.id = t.run_id
+               AND t.lease_owner = %(worker_id)s AND t.state = 'running'
+         RETURNING t.id, t.run_id, t.attempt, t.state, t.config, t.config_hash
+        ), recorded AS (
+            UPDATE tunefleet.attempt a
+               SET ended_at = now(), outcome = %(state)s, error = %(error)s
+              FROM ended
+             WHERE a.trial_id = ended.id AND a.attempt = ended.attempt
+               AND a.worker_id = %(worker_id)s AND a.ended_at IS NULL
+        ), measured AS (
+            INSERT INTO tunefleet.measurement
+                   (trial_id, run_id, attempt, cache_key, config_hash, problem, problem_args,
+                    config, device_id, worker_id, median_s, min_s, samples_s, gflops, gbps,
+                    flop_count, byte_count, protocol, compile_s, validation, versions, code)
+            SELECT ended.id, ended.run_id, ended.attempt, r.cache_key, ended.config_hash,
+                   r.problem, r.problem_args, ended.config, %(device_id)s::bigint,
+                   %(worker_id)s::uuid, %(median_s)s::double precision,
+                   %(min_s)s::double precision, %(samples_s)s::double precision[],
+                   %(gflops)s::double precision, %(gbps)s::double precision,
+                   %(flop_count)s::double precision, %(byte_count)s::double precision,
+                   %(protocol)s::jsonb, %(compile_s)s::double precision,
+                   coalesce(%(validation)s::jsonb, '{}'::jsonb),
+                   coalesce(%(versions)s::jsonb, '{}'::jsonb), %(code)s::text
+              FROM ended
+              JOIN tunefleet.run r ON r.id = ended.run_id
+             WHERE %(with_measurement)s
+        )
+        SELECT state FROM ended
+"""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -98,7 +191,6 @@ def _measurement() -> Any:
     from tunefleet.queries.queue import MeasurementRow
 
     return MeasurementRow(
-        device_id=None,
         median_s=1e-3,
         min_s=0.9e-3,
         samples_s=[1e-3, 0.9e-3, 1.1e-3],
@@ -120,7 +212,9 @@ def client_main(url: str, pipe: multiprocessing.connection.Connection) -> None:
     worker_id = uuid.uuid4()
     tf = connect(url)
     raw = psycopg.connect(normalise_url(url), autocommit=True)
-    queue.register_worker(
+    backends = {"tunefleet": tf.info.backend_pid, "raw": raw.info.backend_pid}
+    backends["direct"] = backends["ping"] = backends["raw"]
+    secret = queue.register_worker(
         tf,
         worker_id=worker_id,
         host=socket.gethostname(),
@@ -136,7 +230,12 @@ def client_main(url: str, pipe: multiprocessing.connection.Connection) -> None:
         """One real cycle through tunefleet's functions, recording both statements."""
         rec: Any = _Recorder(tf)  # stands in for the connection
         claims = queue.claim_trials(
-            rec, worker_id=worker_id, device_classes=CLASSES, limit=k, lease_s=LEASE_S
+            rec,
+            worker_id=worker_id,
+            secret=secret,
+            device_classes=CLASSES,
+            limit=k,
+            lease_s=LEASE_S,
         )
         claim = (rec.query, rec.params)
         if not claims:
@@ -146,11 +245,41 @@ def client_main(url: str, pipe: multiprocessing.connection.Connection) -> None:
                 rec,
                 trial_id=c.trial_id,
                 attempt=c.attempt,
+                token=c.lease_token,
                 worker_id=worker_id,
                 state="done",
                 measurement=measurement,
             )
-        return (*claim, rec.query, rec.params)
+        return (*claim, rec.query, list(rec.params))
+
+    direct_claim = {
+        "classes": CLASSES,
+        "limit": 0,
+        "worker_id": worker_id,
+        "lease_s": LEASE_S,
+    }
+    m = measurement
+    direct_complete: dict[str, Any] = {
+        "trial_id": 0,
+        "attempt": 0,
+        "worker_id": worker_id,
+        "state": "done",
+        "error": None,
+        "with_measurement": True,
+        "device_id": None,
+        "median_s": m.median_s,
+        "min_s": m.min_s,
+        "samples_s": list(m.samples_s),
+        "gflops": m.gflops,
+        "gbps": m.gbps,
+        "flop_count": m.flop_count,
+        "byte_count": m.byte_count,
+        "protocol": Jsonb(m.protocol),
+        "compile_s": m.compile_s,
+        "validation": Jsonb(m.validation),
+        "versions": Jsonb(m.versions),
+        "code": m.code,
+    }
 
     while True:
         try:
@@ -168,6 +297,8 @@ def client_main(url: str, pipe: multiprocessing.connection.Connection) -> None:
         cycles = empty = 0
         while time.time() < start_at:
             time.sleep(min(0.01, max(start_at - time.time(), 0)))
+        server_cpu = _process_cpu_s(backends[mode])
+        client_cpu = time.process_time()
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
             t0 = time.perf_counter()
@@ -175,6 +306,7 @@ def client_main(url: str, pipe: multiprocessing.connection.Connection) -> None:
                 claims = queue.claim_trials(
                     tf,
                     worker_id=worker_id,
+                    secret=secret,
                     device_classes=CLASSES,
                     limit=k,
                     lease_s=LEASE_S,
@@ -186,6 +318,7 @@ def client_main(url: str, pipe: multiprocessing.connection.Connection) -> None:
                         tf,
                         trial_id=c.trial_id,
                         attempt=c.attempt,
+                        token=c.lease_token,
                         worker_id=worker_id,
                         state="done",
                         measurement=measurement,
@@ -199,13 +332,26 @@ def client_main(url: str, pipe: multiprocessing.connection.Connection) -> None:
                 claim_ms.append((time.perf_counter() - t0) * 1e3)
                 cycles += 1
                 continue
+            elif mode == "direct":
+                direct_claim["limit"] = k
+                rows = raw.execute(DIRECT_CLAIM_SQL, direct_claim, prepare=True).fetchall()
+                t1 = time.perf_counter()
+                claim_ms.append((t1 - t0) * 1e3)
+                for row in rows:
+                    direct_complete["trial_id"] = row[0]
+                    direct_complete["attempt"] = row[2]
+                    raw.execute(DIRECT_COMPLETE_SQL, direct_complete, prepare=True).fetchone()
+                    t2 = time.perf_counter()
+                    complete_ms.append((t2 - t1) * 1e3)
+                    t1 = t2
+                got = len(rows)
             else:
                 rows = raw.execute(claim_sql, claim_params, prepare=True).fetchall()
                 t1 = time.perf_counter()
                 claim_ms.append((t1 - t0) * 1e3)
                 for row in rows:
-                    complete_params["trial_id"] = row[0]
-                    complete_params["attempt"] = row[2]
+                    # worker, trial, attempt, lease token, then what was measured
+                    complete_params[1:4] = [row[0], row[2], row[12]]
                     raw.execute(complete_sql, complete_params, prepare=True).fetchone()
                     t2 = time.perf_counter()
                     complete_ms.append((t2 - t1) * 1e3)
@@ -215,11 +361,31 @@ def client_main(url: str, pipe: multiprocessing.connection.Connection) -> None:
             if not got:
                 empty += 1
                 time.sleep(0.001)
+        server_end = _process_cpu_s(backends[mode])
         pipe.send(
-            {"cycles": cycles, "empty": empty, "claim_ms": claim_ms, "complete_ms": complete_ms}
+            {
+                "cycles": cycles,
+                "empty": empty,
+                "claim_ms": claim_ms,
+                "complete_ms": complete_ms,
+                "client_cpu_s": time.process_time() - client_cpu,
+                "server_cpu_s": None
+                if server_cpu is None or server_end is None
+                else server_end - server_cpu,
+            }
         )
     tf.close()
     raw.close()
+
+
+def _process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a local process (a database backend), or None when it
+    is not readable here (a remote server)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # --- the driver -------------------------------------------------------------------------------
@@ -332,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
                     latency: dict[str, dict[str, list[float]]] = {
                         m: {"claim_ms": [], "complete_ms": []} for m in MODES
                     }
-                    order = [  # ABBA...: tunefleet, raw, raw, tunefleet, ...
+                    order = [  # ABBA...: tunefleet, raw, direct, direct, raw, tunefleet, ...
                         mode
                         for pair in range(args.repeat)
                         for mode in (MODES if pair % 2 == 0 else MODES[::-1])
@@ -346,12 +512,15 @@ def main(argv: list[str] | None = None) -> int:
                         rate = cycles / args.seconds
                         for key in ("claim_ms", "complete_ms"):
                             latency[mode][key] += [x for r in replies for x in r[key]]
+                        server = [r["server_cpu_s"] for r in replies]
                         samples[mode].append(
                             {
                                 "rate": rate,
                                 "cycles": cycles,
                                 "empty_claims": sum(r["empty"] for r in replies),
                                 "cpu_busy": busy,
+                                "client_cpu_s": sum(r["client_cpu_s"] for r in replies),
+                                "server_cpu_s": None if None in server else sum(server),
                             }
                         )
                         print(
@@ -361,14 +530,34 @@ def main(argv: list[str] | None = None) -> int:
                         )
                     for mode in MODES:
                         rates = [s["rate"] for s in samples[mode]]
+                        done = sum(s["cycles"] for s in samples[mode])
+                        server_s = [s["server_cpu_s"] for s in samples[mode]]
                         cell[mode] = {
                             "rate": sum(rates) / len(rates),
+                            # CPU of the database backends per cycle: what the statements cost
+                            # the server, much less disturbed by other load than the rates.
+                            "server_cpu_ms_per_cycle": None
+                            if None in server_s or not done
+                            else 1e3 * sum(server_s) / done,
+                            "client_cpu_ms_per_cycle": 1e3
+                            * sum(s["client_cpu_s"] for s in samples[mode])
+                            / max(done, 1),
                             "rates": rates,
                             "runs": samples[mode],
                             "claim_ms": h.summary(latency[mode]["claim_ms"]),
                             "complete_ms": h.summary(latency[mode]["complete_ms"]),
                         }
                     cell["ratio"] = cell["tunefleet"]["rate"] / max(cell["raw"]["rate"], 1e-9)
+                    # The cost of writing through the database functions: same minimal loop,
+                    # function calls against the direct statements they replaced.
+                    direct = max(cell["direct"]["rate"], 1e-9)
+                    cell["functions_vs_direct"] = cell["raw"]["rate"] / direct
+                    cell["tunefleet_vs_direct"] = cell["tunefleet"]["rate"] / direct
+                    fn_cpu = cell["raw"]["server_cpu_ms_per_cycle"]
+                    direct_cpu = cell["direct"]["server_cpu_ms_per_cycle"]
+                    cell["server_cpu_functions_vs_direct"] = (
+                        fn_cpu / direct_cpu if fn_cpu and direct_cpu else None
+                    )
                     out["cells"].append(cell)
             for n in counts:
                 replies = clients.run(n, "ping", 1, args.seconds)
@@ -407,11 +596,16 @@ def main(argv: list[str] | None = None) -> int:
             c["clients"],
             h.fmt(c["tunefleet"]["rate"], 0),
             h.fmt(c["raw"]["rate"], 0),
-            h.fmt(c["ratio"], 2),
-            h.fmt(c["tunefleet"]["claim_ms"].get("median"), 2),
-            h.fmt(c["tunefleet"]["complete_ms"].get("median"), 2),
+            h.fmt(c["direct"]["rate"], 0),
+            h.fmt(c["functions_vs_direct"], 2),
+            h.fmt(c["tunefleet_vs_direct"], 2),
+            h.fmt(c["raw"]["server_cpu_ms_per_cycle"], 3),
+            h.fmt(c["direct"]["server_cpu_ms_per_cycle"], 3),
+            h.fmt(c["server_cpu_functions_vs_direct"], 2),
             h.fmt(c["raw"]["claim_ms"].get("median"), 2),
             h.fmt(c["raw"]["complete_ms"].get("median"), 2),
+            h.fmt(c["direct"]["claim_ms"].get("median"), 2),
+            h.fmt(c["direct"]["complete_ms"].get("median"), 2),
             h.fmt(floor.get(c["clients"]), 2),
         ]
         for c in out["cells"]
@@ -423,12 +617,17 @@ def main(argv: list[str] | None = None) -> int:
                 "batch k",
                 "clients",
                 "tunefleet cycles/s",
-                "raw psycopg cycles/s",
-                "ratio",
-                "tf claim ms",
-                "tf complete ms",
-                "raw claim ms",
-                "raw complete ms",
+                "functions (raw) cycles/s",
+                "direct cycles/s",
+                "functions / direct",
+                "tunefleet / direct",
+                "fn server CPU ms/cycle",
+                "direct server CPU ms/cycle",
+                "server CPU fn / direct",
+                "fn claim ms",
+                "fn complete ms",
+                "direct claim ms",
+                "direct complete ms",
                 "SELECT 1 ms",
             ],
             rows,

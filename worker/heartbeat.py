@@ -15,11 +15,12 @@ from collections.abc import Callable
 from uuid import UUID
 
 from tunefleet.queries import queue
+from tunefleet.queries.queue import Lease
 from worker.link import DatabaseDown, Link
 
 log = logging.getLogger("tunefleet.worker")
 
-Key = tuple[int, int]  # (trial id, attempt): with the worker id, the claim's fencing token
+Key = Lease  # trial id, attempt and lease token: with the worker id, the claim's fence
 
 
 class HeldLeases:
@@ -66,6 +67,7 @@ class Heartbeat(threading.Thread):
         link: Link,
         *,
         worker_id: UUID,
+        worker_secret: str,
         lease_s: float,
         interval_s: float,
         held: HeldLeases,
@@ -74,6 +76,7 @@ class Heartbeat(threading.Thread):
         super().__init__(name="tunefleet-heartbeat", daemon=True)
         self.link = link
         self.worker_id = worker_id
+        self.worker_secret = worker_secret
         self.lease_s = lease_s
         self.interval_s = interval_s
         self.held = held
@@ -98,16 +101,16 @@ class Heartbeat(threading.Thread):
                     held=held,
                     lease_s=self.lease_s,
                 )
-                lost = self.held.mark_lost([k for k in held if k[0] not in kept])
-                for trial_id, attempt in lost:
+                lost = self.held.mark_lost([k for k in held if k.trial_id not in kept])
+                for key in lost:
                     log.warning(
                         "heartbeat rejected: lease of trial %s (attempt %s) lost; abandoning it",
-                        trial_id,
-                        attempt,
+                        key.trial_id,
+                        key.attempt,
                     )
                 if lost:
                     self.on_lost()
-            self.link.run(queue.heartbeat_worker, self.worker_id)
+            self.link.run(queue.heartbeat_worker, self.worker_id, self.worker_secret)
             self.beats += 1
         except DatabaseDown:
             pass  # the link logs the outage and reconnects on a later beat

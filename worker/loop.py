@@ -71,7 +71,13 @@ import psycopg
 from tunefleet import __version__
 from tunefleet.db.schema import ANY_DEVICE_CLASS
 from tunefleet.devices import HOST_DEVICE, DeviceInfo
-from tunefleet.errors import DatabaseUnavailable, DeviceError, StandingAside, TunefleetError
+from tunefleet.errors import (
+    DatabaseError,
+    DatabaseUnavailable,
+    DeviceError,
+    StandingAside,
+    TunefleetError,
+)
 from tunefleet.problems.base import Outcome, Protocol
 from tunefleet.queries import queue
 from tunefleet.queries.queue import ClaimedTrial, MeasurementRow
@@ -156,6 +162,8 @@ class Worker:
         self.settings = settings
         self.url = url
         self.worker_id: UUID = uuid4()
+        #: Returned by registration; claims, the worker heartbeat and the stop present it.
+        self.worker_secret = ""
         self.host = socket.gethostname()
         self.pid = os.getpid()
         self.device: DeviceInfo = HOST_DEVICE
@@ -260,22 +268,33 @@ class Worker:
             self.device = reply.value
         self.classes = sorted({self.device.device_class, ANY_DEVICE_CLASS})
         conn = self.link.connect_now()  # takes the device lock (on_connect)
-        self.device_id = queue.register_device(conn, self.device)
-        queue.register_worker(
-            conn,
-            worker_id=self.worker_id,
-            host=self.host,
-            pid=self.pid,
-            device_id=self.device_id,
-            device_class=self.device.device_class,
-            version=__version__,
-            capacity=self.capacity,
-        )
+        try:
+            self.device_id = queue.register_device(conn, self.device)
+            self.worker_secret = queue.register_worker(
+                conn,
+                worker_id=self.worker_id,
+                host=self.host,
+                pid=self.pid,
+                device_id=self.device_id,
+                device_class=self.device.device_class,
+                version=__version__,
+                capacity=self.capacity,
+            )
+        except psycopg.errors.InsufficientPrivilege as exc:
+            # A role without EXECUTE on the queue's functions, or a session whose timeouts
+            # are above the role's: nothing was written.
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise DatabaseError(
+                f"the database refused to register this worker ({reason}); connect as the "
+                "worker role that `tunefleet db roles` sets up (run it again after every "
+                "`tunefleet db upgrade`)"
+            ) from None
         self._report(conn, initial=True)
         self._open_device()
         self.heartbeat = Heartbeat(
             Link(self.url, self.settings.db, "heartbeat", max_backoff_s=MAX_BACKOFF_S),
             worker_id=self.worker_id,
+            worker_secret=self.worker_secret,
             lease_s=self.settings.lease_s,
             interval_s=self.settings.heartbeat_s,
             held=self.leases,
@@ -347,9 +366,9 @@ class Worker:
 
     def step_abandon_lost(self) -> None:
         """Drop trials whose lease the heartbeat could not extend (someone else's now)."""
-        for trial_id, attempt in self.leases.take_lost():
-            held = self.held.get(trial_id)
-            if held is None or held.claim.attempt != attempt or held.stage == "finished":
+        for lost in self.leases.take_lost():
+            held = self.held.get(lost.trial_id)
+            if held is None or held.key != lost or held.stage == "finished":
                 continue  # a finished result is still sent: the fence decides
             if held.child is not None:
                 held.child.kill()  # the evaluation is someone else's business now
@@ -401,6 +420,7 @@ class Worker:
             claims = self.link.run(
                 queue.claim_trials,
                 worker_id=self.worker_id,
+                secret=self.worker_secret,
                 device_classes=self.classes,
                 limit=limit,
                 lease_s=self.settings.lease_s,
@@ -526,6 +546,7 @@ class Worker:
                     queue.complete_trial,
                     trial_id=c.trial_id,
                     attempt=c.attempt,
+                    token=c.lease_token,
                     worker_id=self.worker_id,
                     state=held.state,
                     error=held.error,
@@ -614,7 +635,7 @@ class Worker:
             self.heartbeat.stop()
         try:
             self.link.run(self._report, force=True)  # the final busy fraction, for status
-            self.link.run(queue.stop_worker, self.worker_id)
+            self.link.run(queue.stop_worker, self.worker_id, self.worker_secret)
         except DatabaseDown:
             log.warning("could not mark worker %s stopped: database unreachable", self.worker_id)
         summary = ", ".join(f"{k} {v}" for k, v in sorted(self.outcomes.items())) or "nothing"
@@ -739,6 +760,7 @@ class Worker:
         peers = queue.report_worker_sizing(
             conn,
             self.worker_id,
+            self.worker_secret,
             capacity=self.capacity,
             prepare_workers=self.sizing.prepare_workers,
             prefetch=self.sizing.prefetch,
@@ -926,7 +948,11 @@ class Worker:
         for run, reason in list(self.unrecorded.items()):
             try:
                 self.link.run(
-                    queue.stand_aside, worker_id=self.worker_id, run_id=run, reason=reason
+                    queue.stand_aside,
+                    worker_id=self.worker_id,
+                    secret=self.worker_secret,
+                    run_id=run,
+                    reason=reason,
                 )
             except DatabaseDown:
                 return False
@@ -994,7 +1020,6 @@ class Worker:
     def _measurement(self, claim: ClaimedTrial, outcome: Outcome) -> MeasurementRow:
         protocol = outcome.protocol or Protocol.from_json(claim.protocol).to_json()
         return MeasurementRow(
-            device_id=self.device_id,
             median_s=_number(outcome.median_s),  # type: ignore[arg-type]
             min_s=_number(outcome.min_s),  # type: ignore[arg-type]
             samples_s=[float(x) for x in outcome.samples_s],
@@ -1067,7 +1092,7 @@ class Worker:
                     reason="released by the worker after a fatal error",
                 )
             self.step_complete()
-            self.link.run(queue.stop_worker, self.worker_id)
+            self.link.run(queue.stop_worker, self.worker_id, self.worker_secret)
         except (DatabaseDown, TunefleetError, psycopg.Error):
             pass
 

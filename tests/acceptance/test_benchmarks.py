@@ -66,10 +66,13 @@ def test_raw_queue_smoke(db_url: str, tmp_path: Path) -> None:
     cells = {(c["batch"], c["clients"]): c for c in data["cells"]}
     assert set(cells) == {(1, 1), (1, 2), (3, 1), (3, 2)}
     for cell in cells.values():
-        for mode in ("tunefleet", "raw"):
+        for mode in ("tunefleet", "raw", "direct"):
             assert cell[mode]["rate"] > 0
             assert cell[mode]["runs"][0]["empty_claims"] == 0
         assert cell["ratio"] == pytest.approx(cell["tunefleet"]["rate"] / cell["raw"]["rate"])
+        assert cell["functions_vs_direct"] == pytest.approx(
+            cell["raw"]["rate"] / cell["direct"]["rate"]
+        )
 
 
 def test_worker_memory_smoke(db_url: str, tmp_path: Path) -> None:

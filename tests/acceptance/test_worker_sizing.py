@@ -108,14 +108,21 @@ def test_sizing_report_counts_the_live_workers_of_the_same_host(db):
         )
         return wid
 
-    me = worker_row("node-a")
+    def registered(host: str) -> tuple[uuid.UUID, str]:
+        wid = uuid.uuid4()
+        secret = queue.register_worker(
+            db, worker_id=wid, host=host, pid=1, device_id=None, device_class="x", version="t"
+        )
+        return wid, secret
+
+    me, secret = registered("node-a")
     worker_row("node-a")
     worker_row("node-a")
     worker_row("node-a", age_s=600)  # killed long ago without a goodbye
     worker_row("node-a", state="stopped")
     worker_row("node-b")
     peers = queue.report_worker_sizing(
-        db, me, capacity=9, prepare_workers=8, prefetch=8, sizing="auto", device_busy=0.75,
+        db, me, secret, capacity=9, prepare_workers=8, prefetch=8, sizing="auto", device_busy=0.75,
         peer_alive_s=60,
     )  # fmt: skip
     assert peers == 3
@@ -132,9 +139,10 @@ def test_sizing_report_counts_the_live_workers_of_the_same_host(db):
         "device_busy": 0.75,
     }
     # A stopped worker reports nothing and counts only itself.
-    gone = worker_row("node-a", state="stopped")
+    gone, gone_secret = registered("node-a")
+    assert queue.stop_worker(db, gone, gone_secret)
     alone = queue.report_worker_sizing(
-        db, gone, capacity=2, prepare_workers=1, prefetch=1, sizing="auto", device_busy=None,
+        db, gone, gone_secret, capacity=2, prepare_workers=1, prefetch=1, sizing="auto", device_busy=None,
         peer_alive_s=60,
     )  # fmt: skip
     assert alone == 1

@@ -22,9 +22,9 @@ from worker.link import Link
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def register(db: Any) -> uuid.UUID:
+def register(db: Any) -> tuple[uuid.UUID, str]:
     worker_id = uuid.uuid4()
-    queue.register_worker(
+    secret = queue.register_worker(
         db,
         worker_id=worker_id,
         host="h",
@@ -33,22 +33,23 @@ def register(db: Any) -> uuid.UUID:
         device_class="any",
         version="0",
     )
-    return worker_id
+    return worker_id, secret
 
 
-def finish(db: Any, worker_id: uuid.UUID, limit: int, state: str = "done") -> list[int]:
+def finish(db: Any, worker: tuple[uuid.UUID, str], limit: int, state: str = "done") -> list[int]:
+    worker_id, secret = worker
     claims = queue.claim_trials(
-        db, worker_id=worker_id, device_classes=["any"], limit=limit, lease_s=30
+        db, worker_id=worker_id, secret=secret, device_classes=["any"], limit=limit, lease_s=30
     )
     for c in claims:
         queue.complete_trial(
             db,
             trial_id=c.trial_id,
             attempt=c.attempt,
+            token=c.lease_token,
             worker_id=worker_id,
             state=state,
             measurement=MeasurementRow(
-                device_id=None,
                 median_s=1e-3 * c.trial_id,
                 min_s=1e-3,
                 samples_s=[1e-3],
@@ -84,7 +85,7 @@ def test_batch_reads_follow_trials_through_the_queue(db: Any) -> None:
     assert (timing["trials"], timing["done"], timing["not_done"]) == (6, 4, 2)
     assert timing["wall_s"] >= 0 and timing["first_claim_s"] >= 0
     per_worker = {r["worker_id"]: r["trials"] for r in bench.trials_per_worker(db, [run])}
-    assert per_worker == {a: 3, b: 1}
+    assert per_worker == {a[0]: 3, b[0]: 1}
     rows = bench.measurements(db, [run])
     assert [r["trial_id"] for r in rows] == sorted(done_a + done_b)  # fastest first
     assert rows[0]["compile_s"] == 0.5 and rows[0]["byte_count"] == 8.0

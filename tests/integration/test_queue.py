@@ -7,6 +7,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -25,12 +26,14 @@ from tunefleet.queries import queue
 from tunefleet.queries.queue import MeasurementRow
 
 ANY = ["any"]
+#: The secret each test worker got back from registration, by worker id.
+SECRETS: dict[uuid.UUID, str] = {}
 
 
 def make_worker(db: Any, device_class: str = "host-cpu") -> uuid.UUID:
     worker_id = uuid.uuid4()
     device_id = queue.register_device(db, HOST_DEVICE)
-    queue.register_worker(
+    SECRETS[worker_id] = queue.register_worker(
         db,
         worker_id=worker_id,
         host="testhost",
@@ -44,7 +47,6 @@ def make_worker(db: Any, device_class: str = "host-cpu") -> uuid.UUID:
 
 def row(median: float = 0.002) -> MeasurementRow:
     return MeasurementRow(
-        device_id=None,
         median_s=median,
         min_s=median / 2,
         samples_s=[median / 2, median, median * 2],
@@ -57,7 +59,12 @@ def row(median: float = 0.002) -> MeasurementRow:
 
 def claim(db: Any, worker: uuid.UUID, limit: int = 1, lease_s: float = 30.0, classes=ANY):
     return queue.claim_trials(
-        db, worker_id=worker, device_classes=classes, limit=limit, lease_s=lease_s
+        db,
+        worker_id=worker,
+        secret=SECRETS[worker],
+        device_classes=classes,
+        limit=limit,
+        lease_s=lease_s,
     )
 
 
@@ -161,8 +168,17 @@ def test_heartbeat_extends_only_our_running_claim(db):
     ).fetchone()["left"]
     assert left.total_seconds() > 50
     assert queue.heartbeat_trials(db, worker_id=other, held=[c.key], lease_s=60) == set()
-    assert queue.heartbeat_trials(db, worker_id=me, held=[(tid, 2)], lease_s=60) == set()
-    assert queue.heartbeat_worker(db, me)
+    assert (
+        queue.heartbeat_trials(db, worker_id=me, held=[replace(c.key, attempt=2)], lease_s=60)
+        == set()
+    )
+    # Knowing the trial id and attempt is not enough: the lease token must match.
+    assert (
+        queue.heartbeat_trials(db, worker_id=me, held=[replace(c.key, token="guess")], lease_s=60)
+        == set()
+    )
+    assert queue.heartbeat_worker(db, me, SECRETS[me])
+    assert not queue.heartbeat_worker(db, me, SECRETS[other])
 
 
 def test_fenced_completion_writes_state_attempt_and_measurement_once(db):
@@ -171,7 +187,13 @@ def test_fenced_completion_writes_state_attempt_and_measurement_once(db):
     w = make_worker(db)
     [c] = claim(db, w)
     state = queue.complete_trial(
-        db, trial_id=tid, attempt=1, worker_id=w, state="done", measurement=row()
+        db,
+        trial_id=tid,
+        attempt=1,
+        token=c.lease_token,
+        worker_id=w,
+        state="done",
+        measurement=row(),
     )
     assert state == "done"
     m = db.execute("SELECT * FROM tunefleet.measurement WHERE trial_id = %s", (tid,)).fetchall()
@@ -184,7 +206,13 @@ def test_fenced_completion_writes_state_attempt_and_measurement_once(db):
     assert a["outcome"] == "done" and a["ended_at"] is not None
     # The same completion again (a retry after an unacknowledged commit) changes nothing.
     again = queue.complete_trial(
-        db, trial_id=tid, attempt=1, worker_id=w, state="done", measurement=row()
+        db,
+        trial_id=tid,
+        attempt=1,
+        token=c.lease_token,
+        worker_id=w,
+        state="done",
+        measurement=row(),
     )
     assert again is None
     assert queue.attempt_outcome(db, trial_id=tid, attempt=1, worker_id=w) == "done"
@@ -205,13 +233,25 @@ def test_zombie_heartbeat_and_completion_are_rejected_after_reap_and_reclaim(db)
     assert queue.heartbeat_trials(db, worker_id=zombie, held=[cz.key], lease_s=30) == set()
     assert (
         queue.complete_trial(
-            db, trial_id=tid, attempt=1, worker_id=zombie, state="done", measurement=row(9.0)
+            db,
+            trial_id=tid,
+            attempt=1,
+            token=cz.lease_token,
+            worker_id=zombie,
+            state="done",
+            measurement=row(9.0),
         )
         is None
     )
     assert (
         queue.complete_trial(
-            db, trial_id=tid, attempt=2, worker_id=rescuer, state="done", measurement=row()
+            db,
+            trial_id=tid,
+            attempt=2,
+            token=cr.lease_token,
+            worker_id=rescuer,
+            state="done",
+            measurement=row(),
         )
         == "done"
     )
@@ -227,14 +267,26 @@ def test_failed_attempt_requeues_until_max_attempts_then_quarantines(db):
     w = make_worker(db)
     [c1] = claim(db, w)
     s1 = queue.complete_trial(
-        db, trial_id=tid, attempt=c1.attempt, worker_id=w, state="failed", error="died: SIGSEGV"
+        db,
+        trial_id=tid,
+        attempt=c1.attempt,
+        token=c1.lease_token,
+        worker_id=w,
+        state="failed",
+        error="died: SIGSEGV",
     )
     assert s1 == "pending"
     t = db.execute("SELECT * FROM tunefleet.trial WHERE id = %s", (tid,)).fetchone()
     assert t["lease_owner"] is None and t["lease_expires_at"] is None and t["attempt"] == 1
     [c2] = claim(db, w)
     s2 = queue.complete_trial(
-        db, trial_id=tid, attempt=c2.attempt, worker_id=w, state="failed", error="died again"
+        db,
+        trial_id=tid,
+        attempt=c2.attempt,
+        token=c2.lease_token,
+        worker_id=w,
+        state="failed",
+        error="died again",
     )
     assert s2 == "failed"
     t = db.execute("SELECT state, error, finished_at FROM tunefleet.trial WHERE id = %s", (tid,))
@@ -252,9 +304,11 @@ def test_invalid_and_timed_out_are_terminal_at_once(db, state):
     run = insert_run(db)
     [tid] = insert_trials(db, run, synthetic_configs(1), max_attempts=3)
     w = make_worker(db)
-    claim(db, w)
+    [c] = claim(db, w)
     assert (
-        queue.complete_trial(db, trial_id=tid, attempt=1, worker_id=w, state=state, error="why")
+        queue.complete_trial(
+            db, trial_id=tid, attempt=1, token=c.lease_token, worker_id=w, state=state, error="why"
+        )
         == state
     )
     assert trial_states(db, [tid]) == {tid: state}
@@ -264,9 +318,9 @@ def test_invalid_and_timed_out_are_terminal_at_once(db, state):
 def test_completion_rejects_inconsistent_arguments(db):
     w = uuid.uuid4()
     with pytest.raises(ValueError, match="measurement"):
-        queue.complete_trial(db, trial_id=1, attempt=1, worker_id=w, state="done")
+        queue.complete_trial(db, trial_id=1, attempt=1, token="t", worker_id=w, state="done")
     with pytest.raises(ValueError, match="state"):
-        queue.complete_trial(db, trial_id=1, attempt=1, worker_id=w, state="pending")
+        queue.complete_trial(db, trial_id=1, attempt=1, token="t", worker_id=w, state="pending")
     assert row(float("nan")).problems() and not row().problems()
 
 
@@ -345,12 +399,18 @@ def test_trials_of_a_run_no_longer_running_are_cancelled_not_requeued(db, run_st
     w = make_worker(db)
     [released] = claim(db, w, limit=1, lease_s=30)
     claim(db, w, limit=2, lease_s=0.2)
-    claim(db, w, limit=1, lease_s=30)
+    [crashed] = claim(db, w, limit=1, lease_s=30)
     db.execute("UPDATE tunefleet.run SET state = %s WHERE id = %s", (run_state, run))
     time.sleep(0.3)
     assert queue.release_trials(db, worker_id=w, held=[released.key]) == {released_id}
     ended = queue.complete_trial(
-        db, trial_id=crashed_id, attempt=1, worker_id=w, state="failed", error="segfault"
+        db,
+        trial_id=crashed_id,
+        attempt=1,
+        token=crashed.lease_token,
+        worker_id=w,
+        state="failed",
+        error="segfault",
     )
     assert ended == "cancelled"
     reaped = queue.reap_expired_leases(db)
@@ -390,21 +450,25 @@ def test_device_lock_is_exclusive_per_host_fingerprint_and_index(db_url, db):
     )
 
 
-def test_register_device_is_an_upsert_and_worker_lifecycle(db):
+def test_register_device_keeps_known_details_and_worker_lifecycle(db):
     dev = DeviceInfo(platform="P", vendor="V", name="GPU X", driver_version="1", index=3)
     first = queue.register_device(db, dev)
     assert queue.register_device(db, dev) == first
     assert queue.register_device(db, DeviceInfo("P", "V", "GPU X", "2")) != first
     w = uuid.uuid4()
-    queue.register_worker(
+    secret = queue.register_worker(
         db, worker_id=w, host="h", pid=42, device_id=first, device_class="gpu-x", version="t"
     )
-    assert queue.heartbeat_worker(db, w)
-    queue.stop_worker(db, w)
+    assert len(secret) >= 32
+    stored = db.execute("SELECT secret_hash FROM tunefleet.worker WHERE id = %s", (w,))
+    assert secret.encode() not in bytes(stored.fetchone()["secret_hash"])  # only a hash
+    assert queue.heartbeat_worker(db, w, secret)
+    assert not queue.stop_worker(db, w, "not-the-secret")
+    assert queue.stop_worker(db, w, secret)
     r = db.execute("SELECT state, stopped_at FROM tunefleet.worker WHERE id = %s", (w,))
     r = r.fetchone()
     assert r["state"] == "stopped" and r["stopped_at"] is not None
-    assert not queue.heartbeat_worker(db, w)
+    assert not queue.heartbeat_worker(db, w, secret)
 
 
 def test_has_open_trials_counts_pending_and_running_only(db):
@@ -413,9 +477,11 @@ def test_has_open_trials_counts_pending_and_running_only(db):
     w = make_worker(db)
     assert queue.has_open_trials(db, ANY)
     assert not queue.has_open_trials(db, ["nvidia-h200"])
-    claim(db, w)
+    [c] = claim(db, w)
     assert queue.has_open_trials(db, ANY)
-    queue.complete_trial(db, trial_id=tid, attempt=1, worker_id=w, state="invalid", error="x")
+    queue.complete_trial(
+        db, trial_id=tid, attempt=1, token=c.lease_token, worker_id=w, state="invalid", error="x"
+    )
     assert not queue.has_open_trials(db, ANY)
 
 
@@ -439,6 +505,7 @@ def test_claim_skips_the_runs_and_trials_a_worker_stands_aside_from(db):
     got = queue.claim_trials(
         db,
         worker_id=w,
+        secret=SECRETS[w],
         device_classes=ANY,
         limit=5,
         lease_s=30,
@@ -450,8 +517,10 @@ def test_claim_skips_the_runs_and_trials_a_worker_stands_aside_from(db):
     assert queue.next_pending(db, device_classes=ANY, excluded_runs=[aside]) == served_ids[0]
     work = queue.open_work(db, ANY, [aside])
     assert (work.servable, work.excluded) == (True, True)
-    queue.complete_trial(db, trial_id=got[0].trial_id, attempt=1, worker_id=w, state="invalid")
-    queue.complete_trial(db, trial_id=got[1].trial_id, attempt=1, worker_id=w, state="invalid")
+    for c in got:
+        queue.complete_trial(
+            db, trial_id=c.trial_id, attempt=1, token=c.lease_token, worker_id=w, state="invalid"
+        )
     db.execute("UPDATE tunefleet.trial SET state = 'cancelled' WHERE id = %s", (served_ids[0],))
     work = queue.open_work(db, ANY, [aside])
     assert (work.servable, work.excluded) == (False, True)
@@ -460,8 +529,8 @@ def test_claim_skips_the_runs_and_trials_a_worker_stands_aside_from(db):
 def test_stand_aside_is_one_row_per_worker_and_run_keeping_the_first_reason(db):
     w = make_worker(db)
     run = insert_run(db)
-    queue.stand_aside(db, worker_id=w, run_id=run, reason="needs feinsum")
-    queue.stand_aside(db, worker_id=w, run_id=run, reason="something else")
+    queue.stand_aside(db, worker_id=w, secret=SECRETS[w], run_id=run, reason="needs feinsum")
+    queue.stand_aside(db, worker_id=w, secret=SECRETS[w], run_id=run, reason="something else")
     rows = db.execute("SELECT worker_id, run_id, reason, host FROM tunefleet.standing_aside")
     assert [tuple(r.values()) for r in rows] == [(w, run, "needs feinsum", "testhost")]
 
@@ -471,7 +540,9 @@ def test_claim_numbers_the_attempt_past_its_history_after_a_reset_by_hand(db):
     run = insert_run(db)
     [tid] = insert_trials(db, run, synthetic_configs(1))
     [c] = claim(db, w)
-    queue.complete_trial(db, trial_id=tid, attempt=c.attempt, worker_id=w, state="failed")
+    queue.complete_trial(
+        db, trial_id=tid, attempt=c.attempt, token=c.lease_token, worker_id=w, state="failed"
+    )
     db.execute("UPDATE tunefleet.trial SET state = 'pending', attempt = 0 WHERE id = %s", (tid,))
     [again] = claim(db, w)
     assert again.attempt == 2

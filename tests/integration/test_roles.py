@@ -1,76 +1,34 @@
 """`tunefleet db roles`: four roles with least privilege, proved on a real database.
 
-Roles are cluster-global, so each test uses its own prefix and drops its roles afterwards.
-Role sessions connect over the test server's private socket (trust authentication); password
-logins are proved over TCP in test_remote_access.py.
+Roles are cluster-global, so each test uses its own prefix and drops its roles afterwards
+(tests/helpers/roles.py). Role sessions connect over the test server's private socket (trust
+authentication); password logins are proved over TCP in test_remote_access.py. What a hostile
+worker tries, and how each attempt is refused, is in test_worker_trust.py.
 """
 
 from __future__ import annotations
 
-import itertools
-import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
-from psycopg.rows import dict_row
 
+from tests.helpers.roles import drop_roles, unique_prefix
 from tunefleet.db.roles import (
     POLICY,
     ROLE_NAMES,
-    WORKER_TRIAL_COLUMNS,
+    WORKER_FUNCTIONS,
     RolesSettings,
     setup_roles,
 )
 from tunefleet.errors import DatabaseError, SchemaOutOfDate
 from tunefleet.queries import roles as q
 
-_counter = itertools.count()
 Denied = psycopg.errors.InsufficientPrivilege
-
-
-def unique_prefix() -> str:
-    return f"tft{os.getpid()}x{next(_counter)}_"
-
-
-def drop_roles(admin_url: str, prefix: str) -> None:
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        for name in ROLE_NAMES:
-            q.drop_owned_and_role(conn, prefix + name)
-
-
-class Roles:
-    """The roles of one test: names, settings and a way to connect as each."""
-
-    def __init__(self, db_url: str, settings: RolesSettings) -> None:
-        self.db_url = db_url
-        self.settings = settings
-
-    def name(self, role: str) -> str:
-        return self.settings.role(role)
-
-    def connect(self, role: str) -> psycopg.Connection[Any]:
-        return psycopg.connect(
-            make_conninfo(self.db_url, user=self.name(role)),
-            autocommit=True,
-            row_factory=dict_row,  # type: ignore[arg-type]
-        )
-
-
-@pytest.fixture
-def roles(db_url: str, tmp_path: Path) -> Iterator[Roles]:
-    settings = RolesSettings(prefix=unique_prefix(), pgpass=tmp_path / "roles.pgpass")
-    setup_roles(db_url, settings)
-    try:
-        yield Roles(db_url, settings)
-    finally:
-        drop_roles(db_url, settings.prefix)
 
 
 def seed_run_and_trials(db: psycopg.Connection[Any], n: int = 2) -> tuple[int, list[int]]:
@@ -148,15 +106,41 @@ def test_migrator_owns_everything_and_others_get_timeouts(roles, db):
 
 
 def test_worker_privileges_match_the_policy(roles, db):
+    """The worker reads tables and executes exactly WORKER_FUNCTIONS; it writes no table."""
     privs = q.table_privileges(db, "tunefleet", roles.name("worker"))
+    assert {p["privilege"] for p in privs} == {"SELECT"}
     table_level = {(p["table"], p["privilege"]) for p in privs if p["column"] is None}
-    assert ("trial", "UPDATE") not in table_level  # column-level only
-    assert not {p for p in table_level if p[1] in {"DELETE", "TRUNCATE"}}
-    updatable = {p["column"] for p in privs if p["table"] == "trial" and p["privilege"] == "UPDATE"}
-    assert updatable == set(WORKER_TRIAL_COLUMNS)
-    assert {"config", "run_id", "priority", "max_attempts", "reported"}.isdisjoint(updatable)
-    granted_tables = {g.table for g in POLICY["worker"]}
-    assert {t for t, _ in table_level} == granted_tables
+    assert {t for t, _ in table_level} == {g.table for g in POLICY["worker"]}
+    executable = q.executable_functions(db, "tunefleet", roles.name("worker"))
+    assert executable == sorted(f.signature for f in WORKER_FUNCTIONS)
+    # Nobody else may call them, PUBLIC included.
+    for name in ("coordinator", "reader"):
+        assert q.executable_functions(db, "tunefleet", roles.name(name)) == []
+
+
+def test_every_function_is_pinned_and_owned_by_the_migrator(roles, db):
+    """The pattern later migrations follow: every function of the schema belongs to the
+    migrator; the worker-callable ones are SECURITY DEFINER with search_path fixed, the
+    internal helpers (names starting with _) are neither (they run inside the definer
+    functions, under their path) and nobody may call them."""
+    functions = q.schema_functions(db, "tunefleet")
+    assert functions
+    for fn in functions:
+        internal = fn["name"].startswith("_")
+        assert fn["owner"] == roles.name("migrator"), fn
+        assert fn["definer"] == (not internal), fn
+        assert fn["config"] == ([] if internal else ["search_path=pg_catalog, pg_temp"]), fn
+    acl = db.execute(
+        "SELECT count(*) AS n FROM pg_proc p, aclexplode(p.proacl) a"
+        " WHERE p.pronamespace = 'tunefleet'::regnamespace AND a.grantee = 0"
+    ).fetchone()
+    assert acl["n"] == 0  # PUBLIC (grantee 0) holds no EXECUTE
+    temp = db.execute(
+        "SELECT has_database_privilege(%s, current_database(), 'TEMPORARY') AS worker,"
+        " has_database_privilege(%s, current_database(), 'TEMPORARY') AS migrator",
+        (roles.name("worker"), roles.name("migrator")),
+    ).fetchone()
+    assert temp == {"worker": False, "migrator": True}
 
 
 # --- the worker ---------------------------------------------------------------------------
@@ -206,115 +190,6 @@ def test_worker_role_cannot(roles, db, statement):
     assert counts == {"trials": 2, "runs": 1, "max_trials": 10}
 
 
-def test_worker_role_can_register_claim_heartbeat_complete_release_and_reap(roles, db):
-    """The queue's statement shapes, run as the worker role, change what they should."""
-    run_id, (t1, t2) = seed_run_and_trials(db)
-    me = uuid.uuid4()
-    with roles.connect("worker") as w:
-        # Registration: a device (the same fingerprint again refreshes it) and a worker row.
-        dev = w.execute(
-            "INSERT INTO tunefleet.device (fingerprint, device_class, platform, vendor, name,"
-            " driver_version) VALUES ('fp', 'cpu', 'p', 'v', 'n', 'd')"
-            " ON CONFLICT (fingerprint) DO UPDATE SET details = excluded.details RETURNING id"
-        ).fetchone()["id"]
-        w.execute(
-            "INSERT INTO tunefleet.device (fingerprint, device_class, platform, vendor, name,"
-            " driver_version) VALUES ('fp', 'cpu', 'p', 'v', 'n', 'd')"
-            " ON CONFLICT (fingerprint) DO UPDATE SET details = excluded.details"
-        )
-        w.execute(
-            "INSERT INTO tunefleet.worker (id, host, pid, device_id, device_class, version)"
-            " VALUES (%s, 'h', 1, %s, 'any', '0')",
-            (me, dev),
-        )
-        # Claim: one statement, SKIP LOCKED, lease on the database clock.
-        claimed = w.execute(
-            """
-            WITH next AS (
-              SELECT id FROM tunefleet.trial
-               WHERE state = 'pending' AND device_class = ANY(%s)
-               ORDER BY priority, id
-               FOR UPDATE SKIP LOCKED LIMIT 2)
-            UPDATE tunefleet.trial t
-               SET state = 'running', attempt = t.attempt + 1, lease_owner = %s,
-                   lease_expires_at = now() + interval '30 seconds', started_at = now()
-              FROM next WHERE t.id = next.id
-            RETURNING t.id, t.attempt, t.config, t.run_id
-            """,
-            (["any"], me),
-        ).fetchall()
-        assert sorted(r["id"] for r in claimed) == [t1, t2]
-        for r in claimed:
-            w.execute(
-                "INSERT INTO tunefleet.attempt (trial_id, attempt, worker_id) VALUES (%s, %s, %s)",
-                (r["id"], r["attempt"], me),
-            )
-        w.execute(
-            "SELECT problem, problem_args, space, protocol, search FROM tunefleet.run"
-            " WHERE id = %s",
-            (run_id,),
-        ).fetchone()
-        # Heartbeat: trials and the worker row.
-        beat = w.execute(
-            "UPDATE tunefleet.trial SET lease_expires_at = now() + interval '30 seconds'"
-            " WHERE id = ANY(%s) AND lease_owner = %s AND state = 'running' RETURNING id",
-            ([t1, t2], me),
-        ).fetchall()
-        assert len(beat) == 2
-        w.execute("UPDATE tunefleet.worker SET heartbeat_at = now() WHERE id = %s", (me,))
-        # Fenced completion of t1: measurement + state change in one transaction.
-        with w.transaction():
-            done = w.execute(
-                "UPDATE tunefleet.trial SET state = 'done', finished_at = now(),"
-                " lease_expires_at = NULL"
-                " WHERE id = %s AND attempt = 1 AND lease_owner = %s AND state = 'running'"
-                " RETURNING id",
-                (t1, me),
-            ).fetchall()
-            assert len(done) == 1
-            w.execute(
-                "INSERT INTO tunefleet.measurement (trial_id, run_id, attempt, cache_key,"
-                " config_hash, problem, problem_args, config, device_id, worker_id, median_s,"
-                " min_s, samples_s, protocol) VALUES (%s, %s, 1, 'k', 'h0', 'synthetic', '{}',"
-                " '{}', %s, %s, 0.5, 0.4, ARRAY[0.4, 0.5, 0.6], '{}')",
-                (t1, run_id, dev, me),
-            )
-            w.execute(
-                "UPDATE tunefleet.attempt SET ended_at = now(), outcome = 'done'"
-                " WHERE trial_id = %s AND attempt = 1",
-                (t1,),
-            )
-        # Release t2 on shutdown: back to pending, the attempt not counted.
-        w.execute(
-            "UPDATE tunefleet.trial SET state = 'pending', attempt = attempt - 1,"
-            " lease_owner = NULL, lease_expires_at = NULL, started_at = NULL"
-            " WHERE id = %s AND lease_owner = %s AND state = 'running'",
-            (t2, me),
-        )
-        # Reaper step: serialised by an advisory transaction lock (public by default).
-        with w.transaction():
-            got = w.execute(
-                "SELECT pg_try_advisory_xact_lock(hashtext('tunefleet.reaper')) AS ok"
-            ).fetchone()
-            assert got["ok"]
-            w.execute(
-                "UPDATE tunefleet.trial SET state = 'pending', lease_owner = NULL,"
-                " lease_expires_at = NULL, error = 'lease expired'"
-                " WHERE state = 'running' AND lease_expires_at < now()"
-            )
-        w.execute("LISTEN tunefleet_trials")
-        w.execute(
-            "UPDATE tunefleet.worker SET state = 'stopped', stopped_at = now() WHERE id = %s", (me,)
-        )
-    rows = db.execute(
-        "SELECT id, state, attempt, lease_owner FROM tunefleet.trial ORDER BY id"
-    ).fetchall()
-    assert [(r["state"], r["attempt"]) for r in rows] == [("done", 1), ("pending", 0)]
-    m = db.execute("SELECT trial_id, worker_id, median_s FROM tunefleet.measurement").fetchall()
-    assert m == [{"trial_id": t1, "worker_id": me, "median_s": 0.5}]
-    assert db.execute("SELECT state FROM tunefleet.worker").fetchone()["state"] == "stopped"
-
-
 def test_worker_role_runs_the_real_queue_statements(roles, db):
     """The worker's own queue functions, every one of them, as the worker role."""
     queue = pytest.importorskip("tunefleet.queries.queue")
@@ -326,32 +201,36 @@ def test_worker_role_runs_the_real_queue_statements(roles, db):
     with roles.connect("worker") as w:
         dev = queue.register_device(w, info)
         assert queue.register_device(w, info) == dev  # the upsert path
-        queue.register_worker(
+        secret = queue.register_worker(
             w, worker_id=me, host="node", pid=1, device_id=dev, device_class="any", version="t"
         )
         queue.listen(w)
         assert queue.try_lock_device(w, host="node", fingerprint=info.fingerprint, index=0)
         assert queue.has_open_trials(w, ["any"])
-        claimed = queue.claim_trials(w, worker_id=me, device_classes=["any"], limit=4, lease_s=30)
+        claimed = queue.claim_trials(
+            w, worker_id=me, secret=secret, device_classes=["any"], limit=4, lease_s=30
+        )
         assert sorted(c.trial_id for c in claimed) == ids
         held = [c.key for c in claimed]
         assert queue.heartbeat_trials(w, worker_id=me, held=held, lease_s=30) == set(ids)
-        assert queue.heartbeat_worker(w, me)
+        assert queue.heartbeat_worker(w, me, secret)
         first, second, third, fourth = sorted(claimed, key=lambda c: c.trial_id)
         queue.complete_trial(
             w,
             trial_id=first.trial_id,
             attempt=first.attempt,
+            token=first.lease_token,
             worker_id=me,
             state="done",
             measurement=queue.MeasurementRow(
-                device_id=dev, median_s=0.5, min_s=0.4, samples_s=[0.4, 0.5, 0.6], protocol={}
+                median_s=0.5, min_s=0.4, samples_s=[0.4, 0.5, 0.6], protocol={}
             ),
         )
         queue.complete_trial(
             w,
             trial_id=second.trial_id,
             attempt=second.attempt,
+            token=second.lease_token,
             worker_id=me,
             state="invalid",
             error="illegal tile size",
@@ -371,10 +250,11 @@ def test_worker_role_runs_the_real_queue_statements(roles, db):
         assert reaped is not None and [r.trial_id for r in reaped] == [fourth.trial_id]
         queue.notify_new_trials(w, "any")
         queue.unlock_device(w, host="node", fingerprint=info.fingerprint, index=0)
-        queue.stop_worker(w, me)
+        assert queue.stop_worker(w, me, secret)
     states = db.execute("SELECT id, state FROM tunefleet.trial ORDER BY id").fetchall()
     assert [r["state"] for r in states] == ["done", "invalid", "pending", "pending"]
-    assert db.execute("SELECT count(*) AS n FROM tunefleet.measurement").fetchone()["n"] == 1
+    m = db.execute("SELECT device_id, worker_id, source FROM tunefleet.measurement").fetchall()
+    assert m == [{"device_id": dev, "worker_id": me, "source": "measured"}]
     assert db.execute("SELECT state FROM tunefleet.worker").fetchone()["state"] == "stopped"
 
 

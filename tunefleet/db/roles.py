@@ -6,10 +6,11 @@ Four roles, each named ``<prefix><name>`` (prefix ``tunefleet_`` by default):
                  DDL (``tunefleet db upgrade --db postgresql://tunefleet_migrator@...``).
 ``coordinator``  creates runs and enqueues trials; reads everything; updates run and trial
                  state; cannot delete or truncate anything, nor change the schema.
-``worker``       claims, heartbeats and completes trials and registers itself: it reads what it
-                 needs, inserts measurements, attempts, worker, device and stand-aside rows,
-                 and may UPDATE only the queue columns of ``trial`` (never ``config``,
-                 ``run_id``, ...).
+``worker``       untrusted: reads the tables, and writes nothing itself. It registers,
+                 claims, heartbeats, completes and releases through the queue's database
+                 functions (SECURITY DEFINER, owned by the migrator), EXECUTE on exactly
+                 :data:`WORKER_FUNCTIONS`; they check its worker secret and lease tokens and
+                 copy every identity column from the database's own rows.
 ``reader``       SELECT on the views only. Views run with their owner's (the migrator's)
                  rights -- PostgreSQL's default, ``security_invoker`` is off -- so the reader
                  needs no privilege on the tables behind them and cannot write anything.
@@ -25,7 +26,9 @@ existing role without a variable keeps its password (``--rotate`` generates a ne
 
 Re-running is safe and exact: in one transaction every privilege of the four roles on the
 schema is revoked and the policy granted again, so a re-run after ``tunefleet db upgrade``
-covers new tables and undoes anything granted by hand.
+covers new tables and functions and undoes anything granted by hand. ``PUBLIC`` (every role)
+loses ``TEMPORARY`` on the database, ``CREATE`` on the ``public`` schema and ``EXECUTE`` on the
+schema's functions; only the migrator keeps ``TEMPORARY``.
 """
 
 from __future__ import annotations
@@ -52,36 +55,60 @@ _PREFIX_RE = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
 
 # --- the policy ---------------------------------------------------------------------------
 
-#: Columns of ``trial`` the worker's queue statements change: claim (state, attempt,
-#: lease_owner, lease_expires_at, started_at), heartbeat (lease_expires_at), fenced
-#: completion (state, finished_at, error, lease_expires_at), release (back to pending: state,
-#: attempt, lease_owner, lease_expires_at, started_at) and the reaper step any worker may run
-#: (state, lease_owner, lease_expires_at, finished_at, error).
-WORKER_TRIAL_COLUMNS = (
-    "state",
-    "attempt",
-    "lease_owner",
-    "lease_expires_at",
-    "started_at",
-    "finished_at",
-    "error",
+#: Columns of ``attempt`` the coordinator's reaper step closes.
+COORDINATOR_ATTEMPT_COLUMNS = ("ended_at", "outcome", "error")
+
+
+@dataclass(frozen=True)
+class FunctionGrant:
+    """EXECUTE on one function of the schema, named by its argument types (as
+    ``pg_get_function_identity_arguments`` spells them, without argument names)."""
+
+    name: str
+    arg_types: tuple[str, ...]
+
+    @property
+    def signature(self) -> str:
+        return f"{self.name}({', '.join(self.arg_types)})"
+
+
+_UUID, _TEXT, _INT, _BIGINT, _FLOAT, _JSONB = (
+    "uuid",
+    "text",
+    "integer",
+    "bigint",
+    "double precision",
+    "jsonb",
 )
-#: Columns of ``attempt`` a worker closes (its own attempt, or an expired one in the reaper).
-WORKER_ATTEMPT_COLUMNS = ("ended_at", "outcome", "error")
-#: Columns of ``worker`` a worker process changes on its own row (heartbeat, shutdown, the
-#: sizing it reports).
-WORKER_WORKER_COLUMNS = (
-    "heartbeat_at",
-    "state",
-    "stopped_at",
-    "capacity",
-    "prepare_workers",
-    "prefetch",
-    "sizing",
-    "device_busy",
+
+#: Every function the worker role may execute: the queue's operations, installed by
+#: ``migrations/versions/0003_worker_functions.py`` (SECURITY DEFINER). The worker has no
+#: other way to write. A new worker-callable function is added here, in the migration that
+#: creates it, and as a wrapper in ``tunefleet/queries/queue.py``.
+WORKER_FUNCTIONS: tuple[FunctionGrant, ...] = (
+    FunctionGrant(
+        "register_device", (_TEXT, _TEXT, _TEXT, _TEXT, _TEXT, _TEXT, _INT, _BIGINT, _JSONB)
+    ),
+    FunctionGrant("register_worker", (_UUID, _TEXT, _INT, _BIGINT, _TEXT, _TEXT, _INT)),
+    FunctionGrant("heartbeat_worker", (_UUID, _TEXT)),
+    FunctionGrant("stop_worker", (_UUID, _TEXT)),
+    FunctionGrant("report_worker_sizing", (_UUID, _TEXT, _INT, _INT, _INT, _TEXT, _FLOAT, _FLOAT)),
+    FunctionGrant(
+        "claim_trials", (_UUID, _TEXT, "text[]", _INT, _FLOAT, "bigint[]", "bigint[]", _FLOAT)
+    ),
+    FunctionGrant("heartbeat_trials", (_UUID, "bigint[]", "integer[]", "text[]", _FLOAT)),
+    FunctionGrant(
+        "complete_trial",
+        (
+            *(_UUID, _BIGINT, _INT, _TEXT, _TEXT, _TEXT),  # who, which claim, how it ended
+            *(_FLOAT, _FLOAT, "double precision[]", _FLOAT, _FLOAT, _FLOAT, _FLOAT),
+            *(_JSONB, _FLOAT, _JSONB, _JSONB, _TEXT),
+        ),
+    ),
+    FunctionGrant("release_trials", (_UUID, "bigint[]", "integer[]", "text[]", _TEXT)),
+    FunctionGrant("stand_aside", (_UUID, _TEXT, _BIGINT, _TEXT)),
+    FunctionGrant("reap_expired_leases", (_INT,)),
 )
-#: Columns of ``device`` refreshed when a known fingerprint registers again.
-WORKER_DEVICE_COLUMNS = ("details",)
 
 _ALL_TABLES = ("run", "trial", "attempt", "measurement", "worker", "device", "stand_aside")
 
@@ -107,27 +134,25 @@ POLICY: dict[str, tuple[TableGrant, ...]] = {
         TableGrant("trial", ("INSERT", "UPDATE")),
         # Cache answers copy a measurement; the reaper step closes expired attempts.
         TableGrant("measurement", ("INSERT",)),
-        TableGrant("attempt", ("UPDATE",), WORKER_ATTEMPT_COLUMNS),
+        TableGrant("attempt", ("UPDATE",), COORDINATOR_ATTEMPT_COLUMNS),
     ),
-    "worker": (
-        *_select(*_ALL_TABLES, ALEMBIC_TABLE),
-        TableGrant("trial", ("UPDATE",), WORKER_TRIAL_COLUMNS),
-        TableGrant("attempt", ("INSERT",)),
-        TableGrant("attempt", ("UPDATE",), WORKER_ATTEMPT_COLUMNS),
-        TableGrant("measurement", ("INSERT",)),
-        TableGrant("worker", ("INSERT",)),
-        TableGrant("worker", ("UPDATE",), WORKER_WORKER_COLUMNS),
-        TableGrant("device", ("INSERT",)),
-        TableGrant("device", ("UPDATE",), WORKER_DEVICE_COLUMNS),
-        # A worker records that it stands aside from a run (its own row; never updated).
-        TableGrant("stand_aside", ("INSERT",)),
-    ),
+    # Reads only: every write goes through WORKER_FUNCTIONS.
+    "worker": _select(*_ALL_TABLES, ALEMBIC_TABLE),
     "reader": _select(ALEMBIC_TABLE, *VIEWS),
 }
 
-#: Database-level privileges (the migrator may create the schema on a fresh database).
+#: Functions each role may execute (nobody else may: PUBLIC loses EXECUTE on all of them).
+FUNCTION_POLICY: dict[str, tuple[FunctionGrant, ...]] = {
+    "migrator": (),  # owner
+    "coordinator": (),
+    "worker": WORKER_FUNCTIONS,
+    "reader": (),
+}
+
+#: Database-level privileges (the migrator may create the schema on a fresh database). Nobody
+#: else may create temporary tables: PUBLIC's default TEMPORARY is revoked.
 DATABASE_PRIVILEGES: dict[str, tuple[str, ...]] = {
-    "migrator": ("CONNECT", "CREATE"),
+    "migrator": ("CONNECT", "CREATE", "TEMPORARY"),
     "coordinator": ("CONNECT",),
     "worker": ("CONNECT",),
     "reader": ("CONNECT",),
@@ -214,6 +239,7 @@ def setup_roles(admin_url: str, settings: RolesSettings) -> list[RoleReport]:
         try:
             with conn.transaction():
                 q.lock_roles_setup(conn)
+                q.revoke_public_defaults(conn, database, SCHEMA)
                 for name in ROLE_NAMES:
                     reports.append(_apply_role(conn, name, database, settings, generated))
         except psycopg.errors.InsufficientPrivilege as exc:
@@ -271,11 +297,17 @@ def _apply_role(
         for rel in q.schema_relations(conn, SCHEMA):
             if rel["owner"] != role:
                 q.set_relation_owner(conn, SCHEMA, rel["name"], rel["kind"], role)
+        # SECURITY DEFINER functions run as their owner: the migrator, never a superuser.
+        for found in q.schema_functions(conn, SCHEMA):
+            if found["owner"] != role:
+                q.set_function_owner(conn, SCHEMA, found["name"], found["arg_types"], role)
     else:
         q.revoke_schema(conn, SCHEMA, role)
         q.grant_schema_usage(conn, SCHEMA, role)
         for grant in POLICY[name]:
             q.grant_table(conn, SCHEMA, grant.table, role, grant.privileges, grant.columns)
+        for fn in FUNCTION_POLICY[name]:
+            q.grant_function(conn, SCHEMA, fn.name, fn.arg_types, role)
     return RoleReport(name, role, created, password_source, _role_url(conn, role, database))
 
 

@@ -36,7 +36,7 @@ from sqlalchemy import (
     Text,
     text,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, DOUBLE_PRECISION, JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, BYTEA, DOUBLE_PRECISION, JSONB, UUID
 
 SCHEMA = "tunefleet"
 
@@ -62,6 +62,9 @@ ATTEMPT_OUTCOMES = (
     "released",
     "lost",
 )
+#: Where a measurement row came from; :data:`CACHE_SOURCES` are the ones the cache serves.
+MEASUREMENT_SOURCES = ("measured", "imported", "unverified")
+CACHE_SOURCES = ("measured", "imported")
 #: ``device_class`` value of a run that any worker may serve (the synthetic problem uses it).
 ANY_DEVICE_CLASS = "any"
 #: NOTIFY channel: one notification per inserted batch, payload = device class.
@@ -149,6 +152,9 @@ worker = Table(
     Column("prefetch", Integer, nullable=True),
     Column("sizing", Text, nullable=True),
     Column("device_busy", DOUBLE_PRECISION, nullable=True),
+    # SHA-256 of the secret ``tunefleet.register_worker`` returned to the process (never the
+    # secret itself): claims, the worker heartbeat and its stop need the secret.
+    Column("secret_hash", BYTEA, nullable=True),
     CheckConstraint("state IN ('active', 'stopped')", name="worker_state_valid"),
     CheckConstraint("capacity > 0", name="worker_capacity_positive"),
     CheckConstraint(
@@ -190,6 +196,9 @@ trial = Table(
     Column("source", Text, nullable=False, server_default=text("'search'")),
     Column("lease_owner", UUID(as_uuid=True), ForeignKey("worker.id"), nullable=True),
     Column("lease_expires_at", DateTime(timezone=True), nullable=True),
+    # SHA-256 of the lease token the claim returned (never the token): heartbeat, completion
+    # and release of this claim need the token. NULL when nobody holds the trial.
+    Column("lease_token_hash", BYTEA, nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=_now),
     Column("started_at", DateTime(timezone=True), nullable=True),
     Column("finished_at", DateTime(timezone=True), nullable=True),
@@ -347,10 +356,14 @@ measurement = Table(
     Column("versions", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     # The generated OpenCL source, so a result can be inspected and reproduced years later.
     Column("code", Text, nullable=True),
+    # ``measured``: written by a completion of the trial's lease holder (or a cache copy of
+    # such a row); ``imported``: by an import the coordinator or migrator ran; ``unverified``:
+    # written before workers lost direct table access and not provably one of those. Only the
+    # first two ever answer the cache.
     Column("source", Text, nullable=False, server_default=text("'measured'")),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=_now),
     CheckConstraint("median_s > 0 AND min_s > 0", name="measurement_times_positive"),
-    CheckConstraint("source IN ('measured', 'imported')", name="measurement_source_valid"),
+    CheckConstraint(_in("source", MEASUREMENT_SOURCES), name="measurement_source_valid"),
 )
 Index("measurement_cache_idx", measurement.c.cache_key, measurement.c.config_hash)
 Index("measurement_run_idx", measurement.c.run_id)
@@ -463,7 +476,7 @@ SELECT DISTINCT ON (t.run_id)
           t.id
 """,
     # The fastest configuration ever measured per problem, arguments and device class,
-    # across runs and imported archives.
+    # across runs and imported archives (never an unverified row).
     "best_per_problem_device": """
 SELECT DISTINCT ON (m.problem, m.problem_args, d.device_class)
        m.problem,
@@ -480,6 +493,7 @@ SELECT DISTINCT ON (m.problem, m.problem_args, d.device_class)
        m.created_at
   FROM tunefleet.measurement m
   JOIN tunefleet.device d ON d.id = m.device_id
+ WHERE m.source <> 'unverified'
  ORDER BY m.problem, m.problem_args, d.device_class, m.median_s, m.id
 """,
     # Progress of each run: counts per state, best so far, throughput.

@@ -2,16 +2,27 @@
 fenced completion, release, standing aside from a run, the lease reaper, the device lock and
 wake-ups.
 
+A worker is untrusted, so it writes nothing itself: every write below calls one of the
+queue's database functions (``tunefleet.claim_trials``, ``tunefleet.complete_trial``, ...,
+installed by migration ``0003_worker_functions``; SECURITY DEFINER, owned by the migrator).
+The worker role may execute exactly those (``WORKER_FUNCTIONS`` in
+:mod:`tunefleet.db.roles`) and has no INSERT, UPDATE or DELETE on any table. Reads (the drain
+check, the outcome of an unacknowledged completion) are plain SELECTs.
+
 All functions take an open psycopg connection in autocommit mode (``tunefleet.db.engine
 .connect``), whose session carries ``statement_timeout`` and
-``idle_in_transaction_session_timeout``. Each docstring states what the statement locks and for
-how long. Every statement here is short: no row lock outlives the statement (or, for the
-reaper, its one small transaction), so nothing is held while a kernel compiles or runs.
+``idle_in_transaction_session_timeout`` (the database functions refuse a session that raised
+them above its role's defaults). Each docstring states what the statement locks and for how
+long. Every statement here is one short statement: no row lock outlives it, so nothing is
+held while a kernel compiles or runs.
 
-Fencing: a claim hands out ``(trial id, attempt, lease_owner)``. Every later write about that
-claim (heartbeat, completion, release) is guarded by all three plus ``state = 'running'``; a
-write that matches no row means the claim is gone (the lease expired and somebody else may own
-the trial now) and the caller must drop its work.
+Secrets: registration returns a **worker secret** and each claim a **lease token** per trial;
+the database keeps only their SHA-256. Claims, the worker heartbeat and the worker's stop need
+the secret; every later write about a claim (heartbeat, completion, release) is fenced on
+``(trial id, attempt, lease_owner, lease token)`` plus ``state = 'running'``. A write that
+matches no row means the claim is gone (the lease expired and somebody else may own the trial
+now) and the caller must drop its work. Knowing a trial id or worker id, both readable by
+every worker, is not enough to write anything about it.
 """
 
 from __future__ import annotations
@@ -29,7 +40,8 @@ from psycopg.types.json import Jsonb
 from tunefleet.db.schema import NOTIFY_CHANNEL
 from tunefleet.devices import DeviceInfo
 
-#: Key of the transaction-level advisory lock that serialises the reaper across the fleet.
+#: Key of the transaction-level advisory lock that serialises the reaper across the fleet
+#: (taken inside ``tunefleet.reap_expired_leases``; the migration spells the same text).
 REAPER_LOCK_NAME = "tunefleet:reaper"
 #: Prefix of the session-level advisory lock a worker holds on its device for its lifetime.
 DEVICE_LOCK_PREFIX = "tunefleet:device"
@@ -40,6 +52,16 @@ WORKER_ALIVE_S = 60.0
 
 #: Outcomes a worker may report for its own claim.
 COMPLETION_STATES = ("done", "invalid", "failed", "timed_out")
+
+
+@dataclass(frozen=True, order=True)
+class Lease:
+    """One claim as its holder proves it: trial id, attempt and the secret lease token the
+    claim returned (kept out of ``repr`` so it never reaches a log)."""
+
+    trial_id: int
+    attempt: int
+    token: str = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -58,19 +80,20 @@ class ClaimedTrial:
     problem_args: dict[str, Any]
     protocol: dict[str, Any]
     cache_key: str
+    lease_token: str = field(repr=False)
 
     @property
-    def key(self) -> tuple[int, int]:
+    def key(self) -> Lease:
         """The fencing token of this claim (with the worker id)."""
-        return (self.trial_id, self.attempt)
+        return Lease(self.trial_id, self.attempt, self.lease_token)
 
 
 @dataclass(frozen=True)
 class MeasurementRow:
-    """The measured numbers of a ``done`` trial; the identity columns (cache key, config,
-    problem, arguments) are copied from the trial and its run inside the completion."""
+    """The measured numbers of a ``done`` trial. Everything else of the measurement row
+    (trial, run, cache key, config, problem, arguments, attempt, worker, device) is copied from
+    the database's own rows inside the completion."""
 
-    device_id: int | None
     median_s: float
     min_s: float
     samples_s: Sequence[float]
@@ -85,7 +108,8 @@ class MeasurementRow:
     code: str | None = None
 
     def problems(self) -> list[str]:
-        """Why this row would violate the table's checks (empty when fine)."""
+        """Why the completion would refuse this row (empty when fine); the database function
+        checks the same and more, this only names the problem before a round trip."""
         bad = []
         for name in ("median_s", "min_s"):
             value = getattr(self, name)
@@ -101,29 +125,25 @@ class ReapedTrial:
     trial_id: int
     attempt: int
     previous_owner: UUID
-    state: str  # 'pending' (requeued) or 'failed' (attempts used up)
+    state: str  # 'pending' (requeued), 'failed' (attempts used up) or 'cancelled'
 
 
 # --- registration ----------------------------------------------------------------------------
 
 
 def register_device(conn: psycopg.Connection[Any], info: DeviceInfo) -> int:
-    """Upsert the device by fingerprint; return its id.
+    """Register the device by fingerprint (``tunefleet.register_device``); return its id. A
+    fingerprint already known keeps the details it was first registered with.
 
     Locking: the unique index on ``fingerprint`` serialises two concurrent first
-    registrations (one inserts, the other updates the same row); the row lock lasts the
-    statement only.
+    registrations (one inserts, the other finds its row); no row lock outlives the statement.
     """
     row = conn.execute(
         """
-        INSERT INTO tunefleet.device AS d
-               (fingerprint, device_class, platform, vendor, name, driver_version,
-                compute_units, global_mem_bytes, details)
-        VALUES (%(fingerprint)s, %(device_class)s, %(platform)s, %(vendor)s, %(name)s,
-                %(driver_version)s, %(compute_units)s, %(global_mem_bytes)s, %(details)s)
-        ON CONFLICT (fingerprint) DO UPDATE
-           SET details = EXCLUDED.details
-        RETURNING d.id
+        SELECT tunefleet.register_device(
+                 %(fingerprint)s, %(device_class)s, %(platform)s, %(vendor)s, %(name)s,
+                 %(driver_version)s, %(compute_units)s::integer, %(global_mem_bytes)s::bigint,
+                 %(details)s) AS id
         """,
         {
             "fingerprint": info.fingerprint,
@@ -151,41 +171,46 @@ def register_worker(
     device_class: str,
     version: str,
     capacity: int = 2,
-) -> None:
+) -> str:
     """Insert this worker process's row (state ``active``, heartbeat now) with the number of
-    trials it holds at once (``capacity``, 1 + prefetch).
+    trials it holds at once (``capacity``, 1 + prefetch); return the worker secret that its
+    claims, heartbeats and stop must present (only its hash is stored; keep it in memory).
 
-    Locking: a plain insert of a fresh UUID; no contention.
-    """
-    conn.execute(
-        """
-        INSERT INTO tunefleet.worker (id, host, pid, device_id, device_class, version, capacity)
-        VALUES (%s, %s, %s, %s, %s, %s, %s)
-        """,
-        (worker_id, host, pid, device_id, device_class, version, int(capacity)),
-    )
-
-
-def heartbeat_worker(conn: psycopg.Connection[Any], worker_id: UUID) -> bool:
-    """Record that the worker is alive (``heartbeat_at = now()``, database clock).
-
-    Returns False when the row is gone or stopped. Locking: the worker's own row, for the
-    statement; only this worker writes it.
+    Locking: a plain insert of a fresh UUID (an id already taken fails); no contention.
     """
     row = conn.execute(
-        """
-        UPDATE tunefleet.worker SET heartbeat_at = now()
-         WHERE id = %s AND state = 'active'
-        RETURNING id
-        """,
-        (worker_id,),
+        "SELECT tunefleet.register_worker(%s, %s, %s, %s::bigint, %s, %s, %s) AS secret",
+        (worker_id, host, int(pid), device_id, device_class, version, int(capacity)),
     ).fetchone()
-    return row is not None
+    assert row is not None
+    return str(row["secret"])
+
+
+def heartbeat_worker(conn: psycopg.Connection[Any], worker_id: UUID, secret: str) -> bool:
+    """Record that the worker is alive (``heartbeat_at = now()``, database clock).
+
+    Returns False when the row is gone or stopped (or the secret is not this worker's).
+    Locking: the worker's own row, for the statement; only this worker writes it.
+    """
+    row = conn.execute(
+        "SELECT tunefleet.heartbeat_worker(%s, %s) AS alive", (worker_id, secret)
+    ).fetchone()
+    return bool(row is not None and row["alive"])
+
+
+def stop_worker(conn: psycopg.Connection[Any], worker_id: UUID, secret: str) -> bool:
+    """Mark the worker ``stopped`` (graceful exit); False when the secret does not match.
+    Locking: its own row, for the statement."""
+    row = conn.execute(
+        "SELECT tunefleet.stop_worker(%s, %s) AS stopped", (worker_id, secret)
+    ).fetchone()
+    return bool(row is not None and row["stopped"])
 
 
 def report_worker_sizing(
     conn: psycopg.Connection[Any],
     worker_id: UUID,
+    secret: str,
     *,
     capacity: int,
     prepare_workers: int,
@@ -194,7 +219,8 @@ def report_worker_sizing(
     device_busy: float | None,
     peer_alive_s: float,
 ) -> int:
-    """Record the worker's current sizing (its ``capacity``, 1 + prefetch, is what the
+    """Record the worker's current sizing (``tunefleet.report_worker_sizing``, which needs
+    the worker secret; its ``capacity``, 1 + prefetch, at most 1,001, is what the
     coordinator's queue depth follows) and how much of the time its device was busy; return
     how many live workers its host runs, itself included (they share the host's cores).
 
@@ -202,39 +228,20 @@ def report_worker_sizing(
     without locking them.
     """
     row = conn.execute(
-        """
-        UPDATE tunefleet.worker w
-           SET capacity = %(capacity)s, prepare_workers = %(prepare_workers)s,
-               prefetch = %(prefetch)s, sizing = %(sizing)s, device_busy = %(device_busy)s
-         WHERE w.id = %(worker_id)s AND w.state = 'active'
-        RETURNING (SELECT count(*) FROM tunefleet.worker o
-                    WHERE o.host = w.host AND o.state = 'active'
-                      AND (o.id = w.id
-                           OR o.heartbeat_at > now() - make_interval(secs => %(alive_s)s)))
-                  AS peers
-        """,
-        {
-            "worker_id": worker_id,
-            "capacity": int(capacity),
-            "prepare_workers": int(prepare_workers),
-            "prefetch": int(prefetch),
-            "sizing": sizing,
-            "device_busy": None if device_busy is None else float(device_busy),
-            "alive_s": float(peer_alive_s),
-        },
+        "SELECT tunefleet.report_worker_sizing(%s, %s, %s, %s, %s, %s, %s::double precision,"
+        " %s) AS peers",
+        (
+            worker_id,
+            secret,
+            int(capacity),
+            int(prepare_workers),
+            int(prefetch),
+            sizing,
+            None if device_busy is None else float(device_busy),
+            float(peer_alive_s),
+        ),
     ).fetchone()
-    return 1 if row is None else max(int(row["peers"]), 1)
-
-
-def stop_worker(conn: psycopg.Connection[Any], worker_id: UUID) -> None:
-    """Mark the worker ``stopped`` (graceful exit). Locking: its own row, for the statement."""
-    conn.execute(
-        """
-        UPDATE tunefleet.worker SET state = 'stopped', stopped_at = now(), heartbeat_at = now()
-         WHERE id = %s
-        """,
-        (worker_id,),
-    )
+    return 1 if row is None or row["peers"] is None else max(int(row["peers"]), 1)
 
 
 # --- the device lock ---------------------------------------------------------------------------
@@ -298,6 +305,7 @@ def claim_trials(
     conn: psycopg.Connection[Any],
     *,
     worker_id: UUID,
+    secret: str,
     device_classes: Sequence[str],
     limit: int,
     lease_s: float,
@@ -305,26 +313,25 @@ def claim_trials(
     skipped_trials: Sequence[int] = (),
     alive_s: float = WORKER_ALIVE_S,
 ) -> list[ClaimedTrial]:
-    """Claim up to ``limit`` pending trials of the given device classes, in
+    """Claim up to ``limit`` (1-1000) pending trials of the given device classes, in
     ``priority, id`` order, skipping the runs in ``excluded_runs`` (those this worker stands
-    aside from) and the trials in ``skipped_trials`` (those whose claim the database refused):
-    one autocommit statement.
+    aside from) and the trials in ``skipped_trials`` (those whose claim the database
+    refused): one autocommit statement (``tunefleet.claim_trials``), which returns a fresh
+    lease token per trial.
 
     For each class, a LATERAL subquery walks the partial index on pending trials
     ``(device_class, priority, id)`` in order and takes the first ``limit`` rows with ``FOR
     UPDATE SKIP LOCKED`` (concurrent claimers skip each other's rows instead of waiting); the
-    best ``limit`` of those, over all classes, are set ``running`` with the next attempt
-    number, our lease (``now() + lease``, database clock) and ``started_at``, and one
-    ``attempt`` row is recorded per claim. One index walk per class rather than
-    ``device_class = ANY(...)``, which made PostgreSQL sort every pending row of the classes
-    on each claim. The excluded runs are a filter of that walk (``run_id <> ALL(array)``),
-    not a join: it steps over their pending rows, of which a coordinator keeps only a queue's
-    depth.
-
-    The next attempt number is one past both the trial's own counter and the last counted
-    attempt in its history (one index probe per claimed row, ``attempt_counted_unique``): a
-    row put back to ``pending`` by hand with its counter reset would otherwise collide with
-    its own history, and every worker claiming it would die of the unique key.
+    best ``limit`` of those, over all classes, are set ``running`` with the next attempt, our
+    lease (``now() + lease``, database clock, at most a day), the token's hash and
+    ``started_at``, and one ``attempt`` row is recorded per claim. One index walk per class
+    rather than ``device_class = ANY(...)``, which made PostgreSQL sort every pending row of
+    the classes on each claim. The excluded runs are a filter of that walk (``run_id <>
+    ALL(array)``), not a join: it steps over their pending rows, of which a coordinator keeps
+    only a queue's depth. The next attempt number is one past both the trial's own counter and
+    the last counted attempt in its history (one index probe per claimed row): a row put back
+    to ``pending`` by hand with its counter reset would otherwise collide with its own
+    history. Raises ``InsufficientPrivilege`` when ``secret`` is not this worker's.
 
     A confirmation (a re-measurement of a search trial) names the worker that measured the
     original in ``avoid_worker``: that worker skips it while another worker able to serve
@@ -339,74 +346,22 @@ def claim_trials(
     if limit <= 0:
         return []
     rows = conn.execute(
-        """
-        WITH picked AS (
-            SELECT p.id
-              FROM (SELECT DISTINCT unnest(%(classes)s::text[])) AS c(device_class)
-             CROSS JOIN LATERAL (
-                   SELECT t.id, t.priority FROM tunefleet.trial t
-                    WHERE t.state = 'pending' AND t.device_class = c.device_class
-                      AND t.run_id <> ALL(%(excluded)s::bigint[])
-                      AND t.id <> ALL(%(skipped)s::bigint[])
-                      AND (t.avoid_worker IS DISTINCT FROM %(worker_id)s
-                           OR t.avoid_until <= now()
-                           OR NOT EXISTS (
-                                SELECT 1 FROM tunefleet.worker w
-                                 WHERE w.state = 'active' AND w.id <> %(worker_id)s
-                                   AND w.heartbeat_at
-                                       > now() - make_interval(secs => %(alive_s)s)
-                                   AND (w.device_class = t.device_class
-                                        OR t.device_class = 'any')
-                                   AND NOT EXISTS (
-                                        SELECT 1 FROM tunefleet.stand_aside s
-                                         WHERE s.worker_id = w.id AND s.run_id = t.run_id)))
-                    ORDER BY t.priority, t.id
-                    LIMIT %(limit)s
-                    FOR UPDATE SKIP LOCKED
-                   ) p
-             ORDER BY p.priority, p.id
-             LIMIT %(limit)s
-        ), claimed AS (
-            UPDATE tunefleet.trial t
-               SET state = 'running',
-                   attempt = 1 + greatest(
-                       t.attempt,
-                       (SELECT max(a.attempt) FROM tunefleet.attempt a
-                         WHERE a.trial_id = t.id AND a.outcome IS DISTINCT FROM 'released')),
-                   lease_owner = %(worker_id)s,
-                   lease_expires_at = now() + make_interval(secs => %(lease_s)s),
-                   started_at = now(),
-                   finished_at = NULL
-              FROM picked
-             WHERE t.id = picked.id
-         RETURNING t.id, t.run_id, t.attempt, t.max_attempts, t.config, t.config_hash,
-                   t.timeout_s, t.device_class, t.priority, t.input_seed
-        ), recorded AS (
-            INSERT INTO tunefleet.attempt (trial_id, attempt, worker_id)
-            SELECT id, attempt, %(worker_id)s FROM claimed
-        )
-        SELECT c.id, c.run_id, c.attempt, c.max_attempts, c.config, c.config_hash,
-               c.timeout_s, c.device_class, r.problem, r.problem_args, r.cache_key,
-               CASE WHEN c.input_seed IS NULL THEN r.protocol
-                    ELSE jsonb_set(r.protocol, '{seed}', to_jsonb(c.input_seed)) END
-                 AS protocol
-          FROM claimed c
-          JOIN tunefleet.run r ON r.id = c.run_id
-         ORDER BY c.priority, c.id
-        """,
-        {
-            "classes": list(device_classes),
-            "limit": int(limit),
-            "worker_id": worker_id,
-            "lease_s": float(lease_s),
-            "excluded": [int(r) for r in excluded_runs],
-            "skipped": [int(t) for t in skipped_trials],
-            "alive_s": float(alive_s),
-        },
+        "SELECT * FROM tunefleet.claim_trials("
+        "%s, %s, %s::text[], %s, %s, %s::bigint[], %s::bigint[], %s::double precision)",
+        (
+            worker_id,
+            secret,
+            list(device_classes),
+            int(limit),
+            float(lease_s),
+            [int(r) for r in excluded_runs],
+            [int(t) for t in skipped_trials],
+            float(alive_s),
+        ),
     ).fetchall()
     return [
         ClaimedTrial(
-            trial_id=int(r["id"]),
+            trial_id=int(r["trial_id"]),
             run_id=int(r["run_id"]),
             attempt=int(r["attempt"]),
             max_attempts=int(r["max_attempts"]),
@@ -418,6 +373,7 @@ def claim_trials(
             problem_args=dict(r["problem_args"] or {}),
             protocol=dict(r["protocol"] or {}),
             cache_key=str(r["cache_key"]),
+            lease_token=str(r["lease_token"]),
         )
         for r in rows
     ]
@@ -455,37 +411,35 @@ def next_pending(
     return None if row is None else int(row["id"])
 
 
-def _unnest_params(held: Sequence[tuple[int, int]]) -> tuple[list[int], list[int]]:
-    return [int(t) for t, _ in held], [int(a) for _, a in held]
+def _lease_arrays(held: Sequence[Lease]) -> tuple[list[int], list[int], list[str]]:
+    return (
+        [int(h.trial_id) for h in held],
+        [int(h.attempt) for h in held],
+        [str(h.token) for h in held],
+    )
 
 
 def heartbeat_trials(
     conn: psycopg.Connection[Any],
     *,
     worker_id: UUID,
-    held: Sequence[tuple[int, int]],
+    held: Sequence[Lease],
     lease_s: float,
 ) -> set[int]:
-    """Extend the lease of every held ``(trial id, attempt)`` to ``now() + lease`` (database
-    clock); return the ids whose lease was extended. A held id missing from the result has
-    lost its lease: abandon it.
+    """Extend the lease of every held claim to ``now() + lease`` (database clock;
+    ``tunefleet.heartbeat_trials``); return the ids whose lease was extended. A held id
+    missing from the result has lost its lease: abandon it.
 
-    Fenced on id, attempt, lease_owner and ``state = 'running'``. Locking: the held rows, for
-    the statement.
+    Fenced on id, attempt, lease_owner, lease token and ``state = 'running'``. Locking: the
+    held rows, for the statement.
     """
     if not held:
         return set()
-    ids, attempts = _unnest_params(held)
+    ids, attempts, tokens = _lease_arrays(held)
     rows = conn.execute(
-        """
-        UPDATE tunefleet.trial t
-           SET lease_expires_at = now() + make_interval(secs => %(lease_s)s)
-          FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS h(id, attempt)
-         WHERE t.id = h.id AND t.attempt = h.attempt
-           AND t.lease_owner = %(worker_id)s AND t.state = 'running'
-        RETURNING t.id
-        """,
-        {"ids": ids, "attempts": attempts, "worker_id": worker_id, "lease_s": float(lease_s)},
+        "SELECT t AS id FROM tunefleet.heartbeat_trials(%s, %s::bigint[], %s::integer[],"
+        " %s::text[], %s) AS t",
+        (worker_id, ids, attempts, tokens, float(lease_s)),
     ).fetchall()
     return {int(r["id"]) for r in rows}
 
@@ -498,21 +452,25 @@ def complete_trial(
     *,
     trial_id: int,
     attempt: int,
+    token: str,
     worker_id: UUID,
     state: str,
     error: str | None = None,
     measurement: MeasurementRow | None = None,
 ) -> str | None:
-    """Fenced completion of our claim: the trial's state change, the attempt row's outcome and
-    (for ``done``) the measurement row, all in ONE statement, hence one transaction.
+    """Fenced completion of our claim (``tunefleet.complete_trial``): the trial's state
+    change, the attempt row's outcome and (for ``done``) the measurement row, all in ONE
+    statement, hence one transaction. The function copies the measurement's identity columns
+    from the trial, its run and our worker row; we send only what we measured, and it refuses
+    numbers that are not positive finite seconds (``InvalidParameterValue``).
 
     ``state`` is how the attempt ended: ``done`` (needs ``measurement``), ``invalid`` or
     ``timed_out`` (terminal), or ``failed`` (the evaluator died or raised): a failed attempt
     sends the trial back to ``pending`` while ``attempt < max_attempts`` (``cancelled`` if its
     run is no longer ``running``) and makes it ``failed`` (quarantined) after that. Returns
-    the trial's new state, or ``None`` when the guard ``id, attempt, lease_owner,
-    state = 'running'`` matched nothing: a zombie's result, which the caller drops (nothing
-    was written).
+    the trial's new state, or ``None`` when the guard ``id, attempt, lease_owner, lease
+    token, state = 'running'`` matched nothing: a zombie's result, which the caller drops
+    (nothing was written).
 
     Locking: the trial row and its attempt row, for the statement; the run row is only read.
     """
@@ -521,75 +479,36 @@ def complete_trial(
     if (state == "done") != (measurement is not None):
         raise ValueError("a measurement goes with state 'done' and only with it")
     m = measurement
-    params: dict[str, Any] = {
-        "trial_id": int(trial_id),
-        "attempt": int(attempt),
-        "worker_id": worker_id,
-        "state": state,
-        "error": error,
-        "with_measurement": m is not None,
-        "device_id": m.device_id if m else None,
-        "median_s": m.median_s if m else None,
-        "min_s": m.min_s if m else None,
-        "samples_s": [float(s) for s in m.samples_s] if m else None,
-        "gflops": m.gflops if m else None,
-        "gbps": m.gbps if m else None,
-        "flop_count": m.flop_count if m else None,
-        "byte_count": m.byte_count if m else None,
-        "protocol": Jsonb(m.protocol) if m else None,
-        "compile_s": m.compile_s if m else None,
-        "validation": Jsonb(m.validation) if m else None,
-        "versions": Jsonb(m.versions) if m else None,
-        "code": m.code if m else None,
-    }
     row = conn.execute(
         """
-        WITH ended AS (
-            UPDATE tunefleet.trial t
-               SET state = CASE WHEN %(state)s::text <> 'failed' OR t.attempt >= t.max_attempts
-                                THEN %(state)s::text
-                                WHEN r.state = 'running' THEN 'pending'
-                                ELSE 'cancelled' END,
-                   lease_owner = CASE WHEN %(state)s = 'failed' AND t.attempt < t.max_attempts
-                                      THEN NULL ELSE t.lease_owner END,
-                   finished_at = CASE WHEN %(state)s = 'failed' AND t.attempt < t.max_attempts
-                                       AND r.state = 'running'
-                                      THEN NULL ELSE now() END,
-                   lease_expires_at = NULL,
-                   error = %(error)s
-              FROM tunefleet.run r
-             WHERE t.id = %(trial_id)s AND t.attempt = %(attempt)s AND r.id = t.run_id
-               AND t.lease_owner = %(worker_id)s AND t.state = 'running'
-         RETURNING t.id, t.run_id, t.attempt, t.state, t.config, t.config_hash
-        ), recorded AS (
-            UPDATE tunefleet.attempt a
-               SET ended_at = now(), outcome = %(state)s, error = %(error)s
-              FROM ended
-             WHERE a.trial_id = ended.id AND a.attempt = ended.attempt
-               AND a.worker_id = %(worker_id)s AND a.ended_at IS NULL
-        ), measured AS (
-            INSERT INTO tunefleet.measurement
-                   (trial_id, run_id, attempt, cache_key, config_hash, problem, problem_args,
-                    config, device_id, worker_id, median_s, min_s, samples_s, gflops, gbps,
-                    flop_count, byte_count, protocol, compile_s, validation, versions, code)
-            SELECT ended.id, ended.run_id, ended.attempt, r.cache_key, ended.config_hash,
-                   r.problem, r.problem_args, ended.config, %(device_id)s::bigint,
-                   %(worker_id)s::uuid, %(median_s)s::double precision,
-                   %(min_s)s::double precision, %(samples_s)s::double precision[],
-                   %(gflops)s::double precision, %(gbps)s::double precision,
-                   %(flop_count)s::double precision, %(byte_count)s::double precision,
-                   %(protocol)s::jsonb, %(compile_s)s::double precision,
-                   coalesce(%(validation)s::jsonb, '{}'::jsonb),
-                   coalesce(%(versions)s::jsonb, '{}'::jsonb), %(code)s::text
-              FROM ended
-              JOIN tunefleet.run r ON r.id = ended.run_id
-             WHERE %(with_measurement)s
-        )
-        SELECT state FROM ended
+        SELECT tunefleet.complete_trial(
+                 %s, %s, %s, %s, %s, %s, %s::double precision, %s::double precision,
+                 %s::double precision[], %s::double precision, %s::double precision,
+                 %s::double precision, %s::double precision, %s::jsonb, %s::double precision,
+                 %s::jsonb, %s::jsonb, %s::text) AS state
         """,
-        params,
+        (
+            worker_id,
+            int(trial_id),
+            int(attempt),
+            token,
+            state,
+            error,
+            m.median_s if m else None,
+            m.min_s if m else None,
+            [float(s) for s in m.samples_s] if m else None,
+            m.gflops if m else None,
+            m.gbps if m else None,
+            m.flop_count if m else None,
+            m.byte_count if m else None,
+            Jsonb(m.protocol) if m else None,
+            m.compile_s if m else None,
+            Jsonb(m.validation) if m else None,
+            Jsonb(m.versions) if m else None,
+            m.code if m else None,
+        ),
     ).fetchone()
-    return None if row is None else str(row["state"])
+    return None if row is None or row["state"] is None else str(row["state"])
 
 
 def attempt_outcome(
@@ -615,50 +534,26 @@ def release_trials(
     conn: psycopg.Connection[Any],
     *,
     worker_id: UUID,
-    held: Sequence[tuple[int, int]],
+    held: Sequence[Lease],
     reason: str = "released by the worker at shutdown",
 ) -> set[int]:
-    """Give held claims back (graceful shutdown, or an environment fault of this worker):
-    ``pending`` again with the attempt not counted (``attempt - 1``), lease cleared, the
-    attempt row marked ``released`` with ``reason``. A trial of a run that is no longer
-    ``running`` (stopped or finished meanwhile) becomes ``cancelled`` instead, so nobody
-    measures it for nothing; resuming the run enqueues it again. Returns the ids released;
-    claims no longer ours are left alone.
+    """Give held claims back (graceful shutdown; ``tunefleet.release_trials``): ``pending``
+    again with the attempt not counted (``attempt - 1``), lease and token cleared, the attempt
+    row marked ``released``. A trial of a run that is no longer ``running`` (stopped or
+    finished meanwhile) becomes ``cancelled`` instead, so nobody measures it for nothing;
+    resuming the run enqueues it again. Returns the ids released; claims no longer ours are
+    left alone.
 
     Fenced like a completion. Locking: the held rows and their attempt rows, for the
     statement; the run rows are only read.
     """
     if not held:
         return set()
-    ids, attempts = _unnest_params(held)
+    ids, attempts, tokens = _lease_arrays(held)
     rows = conn.execute(
-        """
-        WITH given AS (
-            UPDATE tunefleet.trial t
-               SET state = CASE WHEN r.state = 'running' THEN 'pending' ELSE 'cancelled' END,
-                   finished_at = CASE WHEN r.state = 'running' THEN NULL ELSE now() END,
-                   attempt = t.attempt - 1, lease_owner = NULL,
-                   lease_expires_at = NULL, started_at = NULL
-              FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS h(id, attempt),
-                   tunefleet.run r
-             WHERE t.id = h.id AND t.attempt = h.attempt AND r.id = t.run_id
-               AND t.lease_owner = %(worker_id)s AND t.state = 'running'
-         RETURNING t.id, h.attempt
-        ), recorded AS (
-            UPDATE tunefleet.attempt a
-               SET ended_at = now(), outcome = 'released', error = %(reason)s
-              FROM given
-             WHERE a.trial_id = given.id AND a.attempt = given.attempt
-               AND a.worker_id = %(worker_id)s AND a.ended_at IS NULL
-        )
-        SELECT id FROM given
-        """,
-        {
-            "ids": ids,
-            "attempts": attempts,
-            "worker_id": worker_id,
-            "reason": reason,
-        },
+        "SELECT t AS id FROM tunefleet.release_trials(%s, %s::bigint[], %s::integer[],"
+        " %s::text[], %s) AS t",
+        (worker_id, ids, attempts, tokens, reason),
     ).fetchall()
     return {int(r["id"]) for r in rows}
 
@@ -701,23 +596,19 @@ def handed_back_elsewhere(
 
 
 def stand_aside(
-    conn: psycopg.Connection[Any], *, worker_id: UUID, run_id: int, reason: str
+    conn: psycopg.Connection[Any], *, worker_id: UUID, secret: str, run_id: int, reason: str
 ) -> None:
     """Record that this worker cannot run run ``run_id``'s problem, and why (one row per
     worker and run: a second call keeps the first reason). The coordinator then no longer
     counts this worker as able to serve the run; ``status`` and the ``standing_aside`` view
     show the reason.
 
-    Locking: the new row, for the statement (its key is this worker's own id, so no other
-    session ever contends for it).
+    Through ``tunefleet.stand_aside``, which needs the worker secret. Locking: the new row,
+    for the statement (its key is this worker's own id, so no other session ever contends
+    for it).
     """
     conn.execute(
-        """
-        INSERT INTO tunefleet.stand_aside (worker_id, run_id, reason)
-        VALUES (%s, %s, %s)
-        ON CONFLICT (worker_id, run_id) DO NOTHING
-        """,
-        (worker_id, int(run_id), reason),
+        "SELECT tunefleet.stand_aside(%s, %s, %s, %s)", (worker_id, secret, int(run_id), reason)
     )
 
 
@@ -727,72 +618,26 @@ def stand_aside(
 def reap_expired_leases(
     conn: psycopg.Connection[Any], *, limit: int = 1000
 ) -> list[ReapedTrial] | None:
-    """Requeue running trials whose lease expired (database clock): back to ``pending`` while
-    attempts remain, else ``failed`` with ``lease expired N times``; the attempt row of the
-    expired claim ends ``lease_expired``. A trial whose run is no longer ``running`` becomes
-    ``cancelled`` rather than ``pending`` (resuming the run enqueues it again). Returns what was
-    reaped, or ``None`` when another session is reaping right now (nothing to do here then).
+    """Requeue running trials whose lease expired (database clock;
+    ``tunefleet.reap_expired_leases``): back to ``pending`` while attempts remain, else
+    ``failed`` with ``lease expired N times``; the attempt row of the expired claim ends
+    ``lease_expired``. A trial whose run is no longer ``running`` becomes ``cancelled`` rather
+    than ``pending`` (resuming the run enqueues it again). Returns what was reaped, or
+    ``None`` when another session is reaping right now (nothing to do here then).
 
-    Serialised across the fleet by ``pg_try_advisory_xact_lock`` (a second reaper does not
-    wait, it skips). Locking: one short transaction holding that advisory lock and the expired
-    rows (``FOR UPDATE SKIP LOCKED``, so a claim or heartbeat in flight is never waited on);
-    released at commit.
+    Serialised across the fleet by ``pg_try_advisory_xact_lock`` inside the function (a
+    second reaper does not wait, it skips). Locking: one statement holding that advisory lock
+    and the expired rows (``FOR UPDATE SKIP LOCKED``, so a claim or heartbeat in flight is
+    never waited on); released when it commits.
     """
-    with conn.transaction():
-        got = conn.execute(
-            "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0)) AS got",
-            (REAPER_LOCK_NAME,),
-        ).fetchone()
-        if got is None or not got["got"]:
-            return None
-        rows = conn.execute(
-            """
-            WITH expired AS (
-                SELECT id, run_id, attempt, max_attempts, lease_owner FROM tunefleet.trial
-                 WHERE state = 'running' AND lease_expires_at < now()
-                 ORDER BY lease_expires_at
-                 LIMIT %(limit)s
-                 FOR UPDATE SKIP LOCKED
-            ), counted AS (
-                SELECT e.id, e.attempt, e.lease_owner,
-                       1 + (SELECT count(*) FROM tunefleet.attempt a
-                             WHERE a.trial_id = e.id AND a.outcome = 'lease_expired')
-                         AS expiries,
-                       CASE WHEN e.attempt >= e.max_attempts THEN 'failed'
-                            WHEN r.state = 'running' THEN 'pending'
-                            ELSE 'cancelled' END AS next_state
-                  FROM expired e
-                  JOIN tunefleet.run r ON r.id = e.run_id
-            ), requeued AS (
-                UPDATE tunefleet.trial t
-                   SET state = c.next_state,
-                       lease_owner = CASE WHEN c.next_state = 'failed'
-                                          THEN t.lease_owner END,
-                       finished_at = CASE WHEN c.next_state <> 'pending' THEN now() END,
-                       lease_expires_at = NULL,
-                       error = CASE WHEN c.next_state = 'failed'
-                                    THEN format('lease expired %%s times', c.expiries)
-                                    ELSE format('lease expired on attempt %%s', t.attempt) END
-                  FROM counted c
-                 WHERE t.id = c.id
-             RETURNING t.id, t.state, c.attempt, c.lease_owner
-            ), recorded AS (
-                UPDATE tunefleet.attempt a
-                   SET ended_at = now(), outcome = 'lease_expired',
-                       error = 'lease expired (worker stopped heartbeating)'
-                  FROM requeued q
-                 WHERE a.trial_id = q.id AND a.attempt = q.attempt
-                   AND a.worker_id = q.lease_owner AND a.ended_at IS NULL
-            )
-            SELECT id, attempt, lease_owner, state FROM requeued ORDER BY id
-            """,
-            {"limit": int(limit)},
-        ).fetchall()
+    rows = conn.execute("SELECT * FROM tunefleet.reap_expired_leases(%s)", (int(limit),)).fetchall()
+    if any(r["busy"] for r in rows):
+        return None
     return [
         ReapedTrial(
-            trial_id=int(r["id"]),
+            trial_id=int(r["trial_id"]),
             attempt=int(r["attempt"]),
-            previous_owner=r["lease_owner"],
+            previous_owner=r["previous_owner"],
             state=str(r["state"]),
         )
         for r in rows

@@ -15,6 +15,7 @@ lock on it, so the whole set-up runs in one transaction (a worker never sees a t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +26,8 @@ Conn = psycopg.Connection[Any]
 
 #: Privilege keywords a policy may use (anything else is a programming error).
 PRIVILEGES = frozenset({"SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES"})
+#: An argument type of a function signature, as ``format_type`` spells built-in types.
+_ARG_TYPE_RE = re.compile(r"^[a-z][a-z ]*(\[\])?$")
 
 
 def _privilege_list(privileges: Sequence[str]) -> sql.Composable:
@@ -207,14 +210,105 @@ def set_relation_owner(conn: Conn, schema: str, name: str, kind: str, owner: str
 
 
 def revoke_schema(conn: Conn, schema: str, role: str) -> None:
-    """Take every privilege on the schema and on all its tables, views and sequences from the
-    role (table-level REVOKE ALL also removes column grants). Brief locks on each relation."""
+    """Take every privilege on the schema and on all its tables, views, sequences and
+    functions from the role (table-level REVOKE ALL also removes column grants). Brief locks
+    on each relation."""
     for stmt in (
         "REVOKE ALL ON ALL TABLES IN SCHEMA {schema} FROM {role}",
         "REVOKE ALL ON ALL SEQUENCES IN SCHEMA {schema} FROM {role}",
+        "REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {schema} FROM {role}",
         "REVOKE ALL ON SCHEMA {schema} FROM {role}",
     ):
         conn.execute(sql.SQL(stmt).format(schema=sql.Identifier(schema), role=sql.Identifier(role)))
+
+
+def revoke_public_defaults(conn: Conn, database: str, schema: str) -> None:
+    """What PostgreSQL grants every role (``PUBLIC``) by default and our roles must not have:
+    ``TEMPORARY`` on the database, ``CREATE`` on the ``public`` schema (granted before
+    PostgreSQL 15) and ``EXECUTE`` on the functions of our schema. This changes the database
+    for every role in it; one that needs temporary tables gets TEMPORARY granted by name.
+    Catalog row locks on the database, the schemas and the functions."""
+    conn.execute(
+        sql.SQL("REVOKE TEMPORARY ON DATABASE {} FROM PUBLIC").format(sql.Identifier(database))
+    )
+    if schema_exists(conn, "public"):
+        conn.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+    conn.execute(
+        sql.SQL("REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {} FROM PUBLIC").format(
+            sql.Identifier(schema)
+        )
+    )
+
+
+def schema_functions(conn: Conn, schema: str) -> list[dict[str, Any]]:
+    """Functions of the schema: ``name``, ``arg_types`` (the identity argument types, e.g.
+    ``['uuid', 'text']``), ``owner``, ``definer`` (SECURITY DEFINER) and ``config`` (its
+    SET clauses). Catalog read."""
+    rows = conn.execute(
+        """
+        SELECT p.proname AS name,
+               coalesce((SELECT array_agg(format_type(a.t, NULL) ORDER BY a.n)
+                           FROM unnest(p.proargtypes) WITH ORDINALITY AS a(t, n)),
+                        '{}') AS arg_types,
+               pg_get_userbyid(p.proowner) AS owner,
+               p.prosecdef AS definer,
+               coalesce(p.proconfig, '{}') AS config
+          FROM pg_proc p
+         WHERE p.pronamespace = (SELECT oid FROM pg_namespace WHERE nspname = %s)
+         ORDER BY p.proname, 2
+        """,
+        (schema,),
+    ).fetchall()
+    return [dict(r) for r in rows]
+
+
+def _function(schema: str, name: str, arg_types: Sequence[str]) -> sql.Composable:
+    bad = [t for t in arg_types if not _ARG_TYPE_RE.match(t)]
+    if bad:
+        raise ValueError(f"bad argument types {bad!r} of function {name!r}")
+    return sql.SQL("{}({})").format(
+        sql.Identifier(schema, name), sql.SQL(", ").join(sql.SQL(t) for t in arg_types)
+    )
+
+
+def set_function_owner(
+    conn: Conn, schema: str, name: str, arg_types: Sequence[str], owner: str
+) -> None:
+    """``ALTER FUNCTION ... OWNER TO``: a SECURITY DEFINER function then runs with the new
+    owner's rights. Catalog row lock on the function."""
+    conn.execute(
+        sql.SQL("ALTER FUNCTION {} OWNER TO {}").format(
+            _function(schema, name, arg_types), sql.Identifier(owner)
+        )
+    )
+
+
+def grant_function(conn: Conn, schema: str, name: str, arg_types: Sequence[str], role: str) -> None:
+    """``GRANT EXECUTE ON FUNCTION schema.name(types) TO role``; fails when no such function
+    exists (a policy naming a function the migrations did not install). Catalog row lock."""
+    conn.execute(
+        sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(
+            _function(schema, name, arg_types), sql.Identifier(role)
+        )
+    )
+
+
+def executable_functions(conn: Conn, schema: str, role: str) -> list[str]:
+    """Signatures (``name(type, ...)``) of the schema's functions the role may execute,
+    directly or through PUBLIC. Catalog read."""
+    rows = conn.execute(
+        """
+        SELECT p.proname || '(' || coalesce((
+                 SELECT string_agg(format_type(a.t, NULL), ', ' ORDER BY a.n)
+                   FROM unnest(p.proargtypes) WITH ORDINALITY AS a(t, n)), '') || ')' AS sig
+          FROM pg_proc p
+         WHERE p.pronamespace = (SELECT oid FROM pg_namespace WHERE nspname = %s)
+           AND has_function_privilege(%s, p.oid, 'EXECUTE')
+         ORDER BY 1
+        """,
+        (schema, role),
+    ).fetchall()
+    return [str(r["sig"] if isinstance(r, dict) else r[0]) for r in rows]
 
 
 def grant_schema_usage(conn: Conn, schema: str, role: str) -> None:

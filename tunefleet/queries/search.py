@@ -323,10 +323,13 @@ def insert_cached_trials(
     config_hashes: Sequence[str],
 ) -> list[Row]:
     """The cache: for each hash already measured under ``cache_key`` (same problem,
-    arguments, device class and protocol) in any run, insert the run's trial directly as
+    arguments, device class and protocol) in any run, or imported, insert the run's trial
+    directly as
     ``done`` / source ``cache`` / reported, with a copy of the earliest such measurement
     linked to it so every view shows its numbers. Such trials never reach the queue.
-    A ``cancelled`` trial of the run is answered the same way.
+    A ``cancelled`` trial of the run is answered the same way. Only rows the queue produced
+    answer (``source`` ``measured``: a lease holder's completion, or a copy of one) or that
+    an import made (``imported``); an ``unverified`` row never does.
 
     Returns one row per cache hit: ``id`` (trial), ``config_hash``, ``config``, ``median_s``,
     ``gflops``, ``compile_s``. Locks: the inserted rows, for this statement; measurements
@@ -339,6 +342,7 @@ def insert_cached_trials(
             SELECT DISTINCT ON (m.config_hash) m.*
               FROM tunefleet.measurement m
              WHERE m.cache_key = %(key)s AND m.config_hash = ANY(%(hashes)s)
+               AND m.source IN ('measured', 'imported')
              ORDER BY m.config_hash, m.id
         ), ins AS (
             INSERT INTO tunefleet.trial AS t
@@ -636,7 +640,7 @@ def warm_start_configs(
 ) -> list[Row]:
     """The fastest distinct configurations measured for the same problem and arguments on
     another device class (the class of the measuring device or of its run), best first:
-    ``config``, ``config_hash``, ``median_s``. Locks: none."""
+    ``config``, ``config_hash``, ``median_s``; never an ``unverified`` row. Locks: none."""
     return conn.execute(
         """
         SELECT config, config_hash, median_s FROM (
@@ -645,6 +649,7 @@ def warm_start_configs(
               LEFT JOIN tunefleet.device d ON d.id = m.device_id
               LEFT JOIN tunefleet.run r ON r.id = m.run_id
              WHERE m.problem = %(problem)s AND m.problem_args = %(args)s
+               AND m.source IN ('measured', 'imported')
                AND (d.device_class = %(class)s OR r.device_class = %(class)s)
              ORDER BY m.config_hash, m.median_s
         ) best
@@ -672,6 +677,7 @@ def measured_device_classes(conn: Conn, problem: str, problem_args: Mapping[str,
           LEFT JOIN tunefleet.run r ON r.id = m.run_id
          CROSS JOIN LATERAL (VALUES (d.device_class), (r.device_class)) AS c(device_class)
          WHERE m.problem = %s AND m.problem_args = %s AND c.device_class IS NOT NULL
+           AND m.source IN ('measured', 'imported')
          ORDER BY 1
         """,
         (problem, Jsonb(dict(problem_args))),
