@@ -142,8 +142,8 @@ def test_sizing_report_counts_the_live_workers_of_the_same_host(db):
     gone, gone_secret = registered("node-a")
     assert queue.stop_worker(db, gone, gone_secret)
     alone = queue.report_worker_sizing(
-        db, gone, gone_secret, capacity=2, prepare_workers=1, prefetch=1, sizing="auto", device_busy=None,
-        peer_alive_s=60,
+        db, gone, gone_secret, capacity=2, prepare_workers=1, prefetch=1, sizing="auto",
+        device_busy=None, peer_alive_s=60,
     )  # fmt: skip
     assert alone == 1
     assert sizing_row_by_id(db, gone) == {"prepare_workers": None, "capacity": 2}
