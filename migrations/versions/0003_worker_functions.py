@@ -541,7 +541,7 @@ BEGIN
   RETURNING (SELECT count(*) FROM tunefleet.worker o
               WHERE o.host = w.host AND o.state = 'active'
                 AND (o.id = w.id
-                     OR o.heartbeat_at > now() - make_interval(secs => p_peer_alive_s))))
+                     OR o.heartbeat_at > now() - make_interval(secs => p_peer_alive_s)))
     INTO v_peers;
   RETURN v_peers;
 END
