@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from coordinator.engine import Coordinator, Progress, RunResult
-from tests.helpers.coordinator import fleet, logs, register_worker, settings, trial_counts
+from tests.helpers.coordinator import fleet, logs, settings, trial_counts
 from tests.helpers.queue_data import insert_run, insert_trials
 from tunefleet.problems.synthetic import OPTIMUM, OPTIMUM_SECONDS, Synthetic, is_lucky, objective
 from tunefleet.queries import queue
@@ -255,8 +255,23 @@ def test_no_live_worker_ends_the_run_unconfirmed(db_url, db):
 # --- the claim's one predicate: who may take a confirmation -----------------------------------
 
 
+_SECRETS: dict[uuid.UUID, str] = {}
+
+
 def _worker(db: Any, age_s: float = 0.0) -> uuid.UUID:
-    return register_worker(db, device_class="host-cpu", age_s=age_s)
+    """A registered worker (its secret kept for its claims) that never claims by itself,
+    last heard of ``age_s`` ago."""
+    worker = uuid.uuid4()
+    _SECRETS[worker] = queue.register_worker(
+        db, worker_id=worker, host="test", pid=1, device_id=None, device_class="host-cpu",
+        version="test",
+    )  # fmt: skip
+    db.execute(
+        "UPDATE tunefleet.worker SET heartbeat_at = now() - make_interval(secs => %s)"
+        " WHERE id = %s",
+        (age_s, worker),
+    )
+    return worker
 
 
 def _confirmation(db: Any, avoid: uuid.UUID, avoid_s: float = 60.0) -> int:
@@ -282,7 +297,10 @@ def _confirmation(db: Any, avoid: uuid.UUID, avoid_s: float = 60.0) -> int:
 
 
 def _claim(db: Any, worker: uuid.UUID) -> list[queue.ClaimedTrial]:
-    return queue.claim_trials(db, worker_id=worker, device_classes=["any"], limit=5, lease_s=30)
+    return queue.claim_trials(
+        db, worker_id=worker, secret=_SECRETS[worker], device_classes=["any"], limit=5,
+        lease_s=30,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
