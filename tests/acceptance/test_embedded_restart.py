@@ -57,6 +57,15 @@ def postmaster_gone(pid: int) -> bool:
 
 
 @pytest.mark.timeout(600)
+def _alive(proc: subprocess.Popen[str]) -> bool:
+    """True while ``proc`` runs; a coordinator that exited fails the test at once with its
+    output instead of leaving the next wait to run out."""
+    if proc.poll() is None:
+        return True
+    out, err = proc.communicate()
+    raise AssertionError(f"the coordinator exited {proc.returncode}: {err or out}")
+
+
 def test_killed_postmaster_restarted_with_db_start_strands_no_coordinator_or_worker(
     cli_env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -76,7 +85,7 @@ def test_killed_postmaster_restarted_with_db_start_strands_no_coordinator_or_wor
     )  # fmt: skip
     coordinator = subprocess.Popen(
         [sys.executable, "-m", "tunefleet", "coordinator", "synthetic",
-         "--size", "duration=0.3", "--max-trials", str(MAX_TRIALS)],
+         "--arg", "duration=0.3", "--max-trials", str(MAX_TRIALS)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -96,7 +105,10 @@ def test_killed_postmaster_restarted_with_db_start_strands_no_coordinator_or_wor
                 what="both workers to register",
             )
             run_id = wait_until(
-                lambda: db.execute("SELECT max(id) AS id FROM tunefleet.run").fetchone()["id"],
+                lambda: (
+                    _alive(coordinator)
+                    and db.execute("SELECT max(id) AS id FROM tunefleet.run").fetchone()["id"]
+                ),
                 timeout=120,
                 what="the coordinator's run",
             )
@@ -153,8 +165,11 @@ def test_killed_postmaster_restarted_with_db_start_strands_no_coordinator_or_wor
             assert sum(counts.get(s, 0) for s in FINISHED) == MAX_TRIALS, counts
             assert counts.get("pending", 0) == counts.get("running", 0) == 0, counts
             twice = db.execute(
-                "SELECT config_hash, count(*) AS n FROM tunefleet.measurement"
-                " WHERE run_id = %s GROUP BY config_hash HAVING count(*) > 1",
+                # Confirmations re-measure the best configurations by design.
+                "SELECT m.config_hash, count(*) AS n FROM tunefleet.measurement m"
+                "  JOIN tunefleet.trial t ON t.id = m.trial_id"
+                " WHERE m.run_id = %s AND t.purpose = 'search'"
+                " GROUP BY m.config_hash HAVING count(*) > 1",
                 (run_id,),
             ).fetchall()
             assert twice == [], "a configuration was measured twice"
