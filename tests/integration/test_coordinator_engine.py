@@ -213,7 +213,9 @@ def test_cache_answers_configurations_a_worker_found_invalid(db_url, db, tmp_pat
     ("budget", "reason"),
     [
         ({"max_trials": 12}, "max_trials"),
-        ({"max_seconds": 1.0}, "max_seconds"),
+        # Since the run was created: the search's start-up and its first fill of the queue
+        # count, and take seconds on a loaded machine.
+        ({"max_seconds": 5.0}, "max_seconds"),
         ({"target_gflops": OPTIMUM_GFLOPS / 1.6}, "target_gflops"),
         ({"patience": 4}, "patience"),
     ],
@@ -239,26 +241,34 @@ def test_each_stop_rule_ends_the_run_and_cancels_pending_trials(
     if reason == "max_trials":
         # The budget is never overshot, so nothing was left to cancel.
         assert finished == 12 and result.trials == 12 and result.cancelled == 0
-    else:
-        assert result.cancelled > 0
+    # Whether a target or patience stop still finds trials pending depends on how many the
+    # worker had claimed by then; the stop with nobody claiming cancels all of them.
     if reason == "max_seconds":
         assert finished == 0 and result.cancelled == 12
     if reason == "target_gflops":
         assert result.best_gflops >= OPTIMUM_GFLOPS / 1.6
     if reason == "patience":
-        # Among the outcomes the coordinator read (a trial still running at the stop may
-        # land later), the last four did not beat the best before them.
+        # The search's outcomes in the order they finished (confirmations re-measure the
+        # best after the stop and are no part of the search). A trial still running when
+        # the rule fired lands after it and may improve, so the rule is checked where it
+        # fired: some window of four, after at least one earlier outcome, beat nothing
+        # before it, and only the trials in flight at that point came after it.
         seen = db.execute(
             """
             SELECT m.median_s FROM tunefleet.trial t
               LEFT JOIN tunefleet.measurement m ON m.trial_id = t.id
-             WHERE t.run_id = %s AND t.reported ORDER BY t.finished_at, t.id
+             WHERE t.run_id = %s AND t.reported AND t.purpose = 'search'
+             ORDER BY t.finished_at, t.id
             """,
             (result.run_id,),
         ).fetchall()
         times = [r["median_s"] if r["median_s"] is not None else float("inf") for r in seen]
-        assert len(times) >= 5
-        assert min(times[-4:]) >= min(times[:-4])
+        fired = [
+            k for k in range(5, len(times) + 1) if min(times[k - 4 : k]) >= min(times[: k - 4])
+        ]
+        assert fired, times
+        # One worker holds at most its running trial and its prefetched claims.
+        assert len(times) - fired[0] <= 8, times
 
 
 def test_a_second_coordinator_on_a_driven_run_is_refused(db_url, db):
