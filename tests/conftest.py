@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -49,6 +50,21 @@ def pytest_configure(config: pytest.Config) -> None:
     base = tempfile.mkdtemp(prefix="tunefleet-pytest-")
     config.option.basetemp = base
     config.add_cleanup(lambda: shutil.rmtree(base, ignore_errors=True))
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """How many parallel sessions ``-n auto`` (the default, see pyproject.toml) starts: one
+    more than the usable cores, at most 8; none for the GPU tests.
+
+    The process tests spend much of their time waiting on other processes (a lease to
+    expire, a worker to start, a deadline), so one session per core leaves cores idle; more
+    than a few only adds embedded servers, one per session. GPU tests time kernels on one
+    device, which parallel sessions would share, so they run in this process.
+    """
+    if re.search(r"(?<!not )\bgpu\b", config.option.markexpr or ""):
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return min((cores or 1) + 1, 8)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
