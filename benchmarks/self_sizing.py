@@ -20,6 +20,8 @@ Suites (``--suite``):
 
 ``--quick`` shrinks every case (tiny budgets and sizes) to check that the script itself runs,
 e.g. on PoCL: ``python benchmarks/self_sizing.py --suite gpu --quick``.
+``--max-trials N`` ends every arm after N trials instead of a wall budget (the suite's smoke
+test: it finishes however loaded the machine is).
 
 Prints one table (evaluations per minute, ratio defaults / other arm, best GFLOP/s, the
 sizing each worker ended with and its device busy fraction) and writes
@@ -219,8 +221,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", default=None, help="comma list of case names (default: all)")
     p.add_argument("--device", default=None, help="tune --device (default: tune's choice)")
     p.add_argument("--quick", action="store_true", help="tiny budgets and sizes: a smoke run")
+    p.add_argument(
+        "--max-trials",
+        type=int,
+        default=None,
+        help="end every arm after this many trials instead of a wall budget (a smoke run "
+        "that finishes on a loaded machine too)",
+    )
     p.add_argument("--out", default=None, help="JSON file or folder")
     args = p.parse_args(argv)
+    if args.max_trials is not None and args.max_trials < 1:
+        p.error(f"--max-trials {args.max_trials}: use a positive number of trials")
     budget = args.budget or (20.0 if args.quick else 40.0 if args.suite == "cpu" else 60.0)
     cases = [c for c in SUITES[args.suite] if not args.cases or c.name in args.cases.split(",")]
     info = h.machine()
@@ -239,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
         problem = list(case.quick_argv if args.quick and case.quick_argv else case.problem_argv)
         max_trials = (3 if args.quick else case.max_trials) if case.max_trials else None
+        if args.max_trials is not None:
+            max_trials = args.max_trials
         arms = [
             Arm(case.name, "defaults", problem),
             Arm(case.name, case.other_label, [*problem, *case.other]),
@@ -297,7 +310,13 @@ def main(argv: list[str] | None = None) -> int:
             rows,
         )
     )
-    data = {"suite": args.suite, "budget_s": budget, "quick": args.quick, "machine": info}
+    data = {
+        "suite": args.suite,
+        "budget_s": budget,
+        "max_trials": args.max_trials,
+        "quick": args.quick,
+        "machine": info,
+    }
     data["cases"] = results
     data["load_average_after"] = os.getloadavg()
     h.write_json(f"self_sizing_{args.suite}", data, args.out or os.environ.get("OUT"))

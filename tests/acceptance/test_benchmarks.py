@@ -138,7 +138,7 @@ def test_gpu_tuning_runs_its_gemm_part_on_any_opencl_device(tmp_path: Path) -> N
 
 
 def test_self_sizing_runs_both_arms_through_tune(tmp_path: Path) -> None:
-    """The self-sizing script's code-generation-bound synthetic case, tiny budget: both arms
+    """The self-sizing script's code-generation-bound synthetic case, four trials: both arms
     are real ``tunefleet tune`` runs on their own embedded servers, and the second one's
     sizing flags reached its worker (its row says ``flags``)."""
     env = dict(os.environ)
@@ -146,7 +146,7 @@ def test_self_sizing_runs_both_arms_through_tune(tmp_path: Path) -> None:
     out = tmp_path / "sizing.json"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "self_sizing.py"), "--suite", "cpu",
-         "--cases", "synthetic-codegen", "--budget", "12", "--out", str(out)],
+         "--cases", "synthetic-codegen", "--max-trials", "4", "--out", str(out)],
         env=env, capture_output=True, text=True, timeout=400, stdin=subprocess.DEVNULL,
         check=False,
     )  # fmt: skip
