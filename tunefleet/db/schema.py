@@ -546,4 +546,101 @@ SELECT s.run_id,
   JOIN tunefleet.worker w ON w.id = s.worker_id
   LEFT JOIN tunefleet.device d ON d.id = w.device_id
 """,
+    # Each run's own settings (problem, arguments, protocol, budget, coordinator heartbeat)
+    # without its serialised space: the reader's way to the run row.
+    "run_settings": """
+SELECT r.id AS run_id,
+       r.name,
+       r.problem,
+       r.problem_args,
+       r.device_class,
+       r.protocol,
+       r.search,
+       r.max_trials,
+       r.max_seconds,
+       r.target_gflops,
+       r.patience,
+       r.state,
+       r.stop_reason,
+       r.coordinator_heartbeat_at,
+       r.created_at,
+       r.finished_at
+  FROM tunefleet.run r
+""",
+    # Every worker process with its device and the trials it holds now (never its secret).
+    "workers": """
+SELECT w.id AS worker_id,
+       w.host,
+       w.pid,
+       w.state,
+       w.device_class,
+       w.version,
+       d.name AS device_name,
+       d.platform,
+       d.vendor,
+       d.driver_version,
+       d.compute_units,
+       w.started_at,
+       w.heartbeat_at,
+       w.stopped_at,
+       w.capacity,
+       w.prepare_workers,
+       w.prefetch,
+       w.sizing,
+       w.device_busy,
+       coalesce(h.holding, 0) AS holding,
+       h.current_trial,
+       h.holding_runs
+  FROM tunefleet.worker w
+  LEFT JOIN tunefleet.device d ON d.id = w.device_id
+  LEFT JOIN (SELECT t.lease_owner,
+                    count(*) AS holding,
+                    min(t.id) AS current_trial,
+                    array_agg(DISTINCT t.run_id ORDER BY t.run_id) AS holding_runs
+               FROM tunefleet.trial t
+              WHERE t.state = 'running'
+              GROUP BY t.lease_owner) h ON h.lease_owner = w.id
+""",
+    # One row per trial in any state and of either purpose, with its measurement (samples,
+    # protocol, validation, versions, the generated code), device and worker.
+    "trial_details": """
+SELECT t.run_id,
+       t.id AS trial_id,
+       t.purpose,
+       t.confirms_trial_id,
+       t.device_class,
+       t.config,
+       t.config_hash,
+       t.state,
+       t.source,
+       t.attempt,
+       t.max_attempts,
+       t.error,
+       t.input_seed,
+       t.created_at,
+       t.started_at,
+       t.finished_at,
+       m.median_s,
+       m.min_s,
+       m.samples_s,
+       m.gflops,
+       m.gbps,
+       m.flop_count,
+       m.byte_count,
+       m.compile_s,
+       m.protocol,
+       m.validation,
+       m.versions,
+       m.code,
+       m.source AS measurement_source,
+       d.name AS device_name,
+       d.platform,
+       d.driver_version,
+       coalesce(m.worker_id, t.lease_owner) AS worker_id,
+       w.host AS worker_host
+  FROM tunefleet.trial t
+  LEFT JOIN tunefleet.measurement m ON m.trial_id = t.id
+  LEFT JOIN tunefleet.device d ON d.id = m.device_id
+  LEFT JOIN tunefleet.worker w ON w.id = coalesce(m.worker_id, t.lease_owner)
+""",
 }
