@@ -22,6 +22,7 @@ _COMMAND_MODULES = (
     "tunefleet.cli.front",
     "tunefleet.cli.db",
     "tunefleet.cli.feinsum",
+    "tunefleet.cli.dashboard",
     "worker.cli",
     "coordinator.cli",
 )

@@ -1,0 +1,471 @@
+// tunefleet dashboard: draws the three pages from the JSON API and keeps them live by polling.
+// No libraries: charts are hand-written SVG. Every value from the database goes into the page
+// as text (textContent / SVG attributes), never as HTML.
+"use strict";
+
+const REFRESH_MS =
+  1000 * (parseFloat(document.querySelector('meta[name="tunefleet-refresh"]').content) || 2);
+const STATES = ["done", "running", "pending", "invalid", "failed", "timed_out", "cancelled"];
+const SVGNS = "http://www.w3.org/2000/svg";
+const main = document.getElementById("main");
+const statusEl = document.getElementById("status");
+let updates = 0;
+
+// --- small helpers ------------------------------------------------------------------------
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === "class") node.className = v;
+    else if (k === "text") node.textContent = v;
+    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else node.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return node;
+}
+
+function svg(tag, attrs, ...children) {
+  const node = document.createElementNS(SVGNS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "text") node.textContent = v;
+    else node.setAttribute(k, String(v));
+  }
+  for (const c of children.flat()) if (c) node.append(c);
+  return node;
+}
+
+function gflops(v) {
+  if (v === null || v === undefined) return "-";
+  const a = Math.abs(v);
+  return a >= 100 ? v.toFixed(0) : a >= 10 ? v.toFixed(1) : v.toFixed(2);
+}
+
+function secs(v) {
+  if (v === null || v === undefined) return "-";
+  if (v < 1e-3) return (v * 1e6).toFixed(1) + " µs";
+  if (v < 1) return (v * 1e3).toFixed(2) + " ms";
+  return v.toFixed(2) + " s";
+}
+
+function duration(s) {
+  if (s === null || s === undefined) return "-";
+  s = Math.max(0, Math.round(s));
+  const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), r = s % 60;
+  if (h) return `${h}h ${String(m).padStart(2, "0")}m`;
+  if (m) return `${m}m ${String(r).padStart(2, "0")}s`;
+  return `${r}s`;
+}
+
+function num(v) { return v === null || v === undefined ? "-" : String(v); }
+function pct(v) { return v === null || v === undefined ? "-" : `${Math.round(100 * v)}%`; }
+function argsText(a) {
+  return Object.entries(a || {}).map(([k, v]) => `${k}=${typeof v === "string" ? v : JSON.stringify(v)}`).join(" ");
+}
+function configText(c) {
+  return Object.entries(c || {}).map(([k, v]) => `${k}=${JSON.stringify(v)}`).join(", ");
+}
+function failedAll(r) { return (r.invalid || 0) + (r.failed || 0) + (r.timed_out || 0); }
+function finished(r) { return (r.done || 0) + failedAll(r); }
+
+class ApiError extends Error {
+  constructor(status, message) { super(message); this.status = status; }
+}
+
+async function api(path) {
+  const r = await fetch(path, { credentials: "same-origin", cache: "no-store" });
+  let data = null;
+  try { data = await r.json(); } catch (e) { data = null; }
+  if (!r.ok) throw new ApiError(r.status, (data && data.error) || `${r.status} ${r.statusText}`);
+  return data;
+}
+
+function setStatus(text, error) {
+  statusEl.textContent = text;
+  statusEl.classList.toggle("error", !!error);
+}
+
+// Calls fn now and then every REFRESH_MS (skipped while the tab is hidden); one call at a time.
+function poll(fn) {
+  const tick = async () => {
+    if (!document.hidden) {
+      try {
+        await fn();
+        updates += 1;
+        document.body.dataset.updates = String(updates);
+        setStatus(`live · updated ${new Date().toLocaleTimeString()}`, false);
+      } catch (e) {
+        setStatus(e.status === 404 ? e.message : `not updated: ${e.message}`, true);
+        if (e.status === 404 || e.status === 401) return;  // waiting will not fix these
+      }
+    }
+    setTimeout(tick, REFRESH_MS);
+  };
+  tick();
+}
+
+function ready() { document.body.dataset.ready = "1"; }
+
+function stateBar(r, big) {
+  const total = STATES.reduce((s, k) => s + (r[k] || 0), 0);
+  const bar = el("div", { class: big ? "bar big" : "bar", title: STATES.map((k) => `${k} ${r[k] || 0}`).join(", ") });
+  if (total > 0) {
+    for (const k of STATES) {
+      if (!r[k]) continue;
+      const part = el("span", { class: `s-${k}` });
+      part.style.width = `${(100 * r[k]) / total}%`;
+      bar.append(part);
+    }
+  }
+  return bar;
+}
+
+function legend() {
+  return el("div", { class: "legend" }, STATES.map((k) => el("span", {}, el("i", { class: `s-${k}` }), k.replace("_", " "))));
+}
+
+function table(columns, rows, opts) {
+  opts = opts || {};
+  const head = el("tr", {}, columns.map((c) => {
+    const th = el("th", { class: [c.num ? "num" : "", c.sort ? "sortable" : "", opts.sort && c.sort === opts.sort ? `sorted ${opts.order}` : ""].join(" ").trim() || null, text: c.title });
+    if (c.sort && opts.onSort) th.addEventListener("click", () => opts.onSort(c.sort));
+    if (c.sort) th.dataset.sort = c.sort;
+    return th;
+  }));
+  const body = el("tbody", {}, rows.map((row) => {
+    const tr = el("tr", { class: opts.onRow ? "clickable" : null }, columns.map((c) => {
+      const v = c.value(row);
+      return el("td", { class: [c.num ? "num" : "", c.cls || ""].join(" ").trim() || null }, v instanceof Node ? v : String(v));
+    }));
+    if (opts.rowId) tr.dataset.id = String(opts.rowId(row));
+    if (opts.onRow) tr.addEventListener("click", () => opts.onRow(row));
+    return tr;
+  }));
+  return el("table", {}, el("thead", {}, head), body);
+}
+
+// --- charts (SVG) -------------------------------------------------------------------------
+
+function ticks(lo, hi, n) {
+  if (!(hi > lo)) hi = lo + 1;
+  const raw = (hi - lo) / n, p = Math.pow(10, Math.floor(Math.log10(raw)));
+  const step = [1, 2, 5, 10].map((m) => m * p).find((s) => s >= raw) || raw;
+  const out = [];
+  for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) out.push(+v.toPrecision(12));
+  return out;
+}
+
+const W = 560, H = 240, PAD = { l: 56, r: 14, t: 12, b: 38 };
+
+function frame(xLabel, yLabel, xs, ys, xFmt, yFmt) {
+  const g = svg("g");
+  const sx = (v) => PAD.l + ((v - xs[0]) / (xs[1] - xs[0] || 1)) * (W - PAD.l - PAD.r);
+  const sy = (v) => H - PAD.b - ((v - ys[0]) / (ys[1] - ys[0] || 1)) * (H - PAD.t - PAD.b);
+  for (const t of ticks(ys[0], ys[1], 4)) {
+    g.append(svg("line", { class: "grid-line", x1: PAD.l, x2: W - PAD.r, y1: sy(t), y2: sy(t) }));
+    g.append(svg("text", { x: PAD.l - 6, y: sy(t) + 4, "text-anchor": "end", text: yFmt(t) }));
+  }
+  for (const t of ticks(xs[0], xs[1], 5)) {
+    g.append(svg("text", { x: sx(t), y: H - PAD.b + 15, "text-anchor": "middle", text: xFmt(t) }));
+  }
+  g.append(svg("line", { class: "axis", x1: PAD.l, x2: W - PAD.r, y1: H - PAD.b, y2: H - PAD.b }));
+  g.append(svg("line", { class: "axis", x1: PAD.l, x2: PAD.l, y1: PAD.t, y2: H - PAD.b }));
+  g.append(svg("text", { x: (PAD.l + W - PAD.r) / 2, y: H - 4, "text-anchor": "middle", text: xLabel }));
+  g.append(svg("text", { x: 12, y: (PAD.t + H - PAD.b) / 2, "text-anchor": "middle", transform: `rotate(-90 12 ${(PAD.t + H - PAD.b) / 2})`, text: yLabel }));
+  return { g, sx, sy };
+}
+
+// The best-so-far step curve: points are (x, best) at each improvement, held until xEnd.
+function stepChart(points, key, xEnd, xLabel, xFmt) {
+  const box = el("div", { class: "chart" });
+  if (!points.length) { box.append(el("div", { class: "empty", text: "no successful trial yet" })); return box; }
+  const xmax = Math.max(xEnd || 0, ...points.map((p) => p[key])) || 1;
+  const ymax = Math.max(...points.map((p) => p.gflops));
+  const f = frame(xLabel, "best GFLOP/s", [0, xmax], [0, ymax * 1.08], xFmt, gflops);
+  let d = "";
+  points.forEach((p, i) => {
+    const x = f.sx(p[key]), y = f.sy(p.gflops);
+    d += i === 0 ? `M${x},${y}` : `H${x}V${y}`;
+  });
+  d += `H${f.sx(xmax)}`;
+  const s = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img" }, f.g, svg("path", { class: "curve", d }));
+  for (const p of points) s.append(svg("circle", { class: "dot", cx: f.sx(p[key]), cy: f.sy(p.gflops), r: 2.5 }, svg("title", { text: `trial ${p.trial_id}: ${gflops(p.gflops)} GFLOP/s` })));
+  box.append(s);
+  return box;
+}
+
+function histogram(bins) {
+  const box = el("div", { class: "chart" });
+  if (!bins.length) { box.append(el("div", { class: "empty", text: "no measured speeds yet" })); return box; }
+  const lo = bins[0].low, hi = bins[bins.length - 1].high;
+  const top = Math.max(...bins.map((b) => b.trials), 1);
+  const f = frame("GFLOP/s", "trials", [lo, hi], [0, top * 1.1], gflops, (v) => String(Math.round(v)));
+  const s = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img" }, f.g);
+  for (const b of bins) {
+    if (!b.trials) continue;
+    const x0 = f.sx(b.low), x1 = f.sx(b.high), y = f.sy(b.trials);
+    s.append(svg("rect", { class: "hbar", x: x0 + 0.5, y, width: Math.max(x1 - x0 - 1, 1), height: H - PAD.b - y }, svg("title", { text: `${gflops(b.low)}–${gflops(b.high)} GFLOP/s: ${b.trials}` })));
+  }
+  box.append(s);
+  return box;
+}
+
+function timeline(workers, nbins) {
+  const box = el("div", { class: "chart" });
+  if (!workers.length) { box.append(el("div", { class: "empty", text: "no worker has held a trial of this run yet" })); return box; }
+  const row = 22, left = 150, right = 60, h = 20 + workers.length * row + 24;
+  const s = svg("svg", { viewBox: `0 0 ${W} ${h}`, role: "img" });
+  const span = workers[0].span_s, cw = (W - left - right) / nbins;
+  workers.forEach((w, i) => {
+    const y = 10 + i * row;
+    s.append(svg("text", { x: left - 8, y: y + 14, "text-anchor": "end", text: `${w.host} ${String(w.worker_id).slice(0, 8)}` }));
+    s.append(svg("rect", { x: left, y: y + 2, width: W - left - right, height: row - 6, fill: "#eef0f3" }));
+    w.busy.forEach((b, j) => {
+      if (b <= 0) return;
+      s.append(svg("rect", { class: "busy", x: left + j * cw, y: y + 2, width: cw + 0.3, height: row - 6, "fill-opacity": Math.max(0.12, b).toFixed(3) }));
+    });
+    s.append(svg("text", { x: W - right + 6, y: y + 14, text: pct(w.busy_share) }));
+  });
+  const yAxis = 10 + workers.length * row + 12;
+  for (const t of ticks(0, span, 5)) {
+    s.append(svg("text", { x: left + (t / span) * (W - left - right), y: yAxis, "text-anchor": "middle", text: duration(t) }));
+  }
+  box.append(s);
+  return box;
+}
+
+// --- pages --------------------------------------------------------------------------------
+
+function runsPage() {
+  document.getElementById("nav-runs").classList.add("active");
+  document.title = "Runs · tunefleet";
+  const holder = el("div", { class: "panel", id: "runs" });
+  main.replaceChildren(el("h1", { text: "Runs" }), el("div", { class: "sub", text: "every tuning run of this database, newest first" }), holder);
+  poll(async () => {
+    const data = await api("/api/runs");
+    if (!data.runs.length) {
+      holder.replaceChildren(el("div", { class: "empty", text: "no runs yet: start one with `tunefleet tune`" }));
+    } else {
+      holder.replaceChildren(table([
+        { title: "Run", value: (r) => el("a", { href: `/runs/${r.run_id}`, text: `#${r.run_id}` }) },
+        { title: "Problem", value: (r) => `${r.problem} ${argsText(r.problem_args)}`.trim() },
+        { title: "Name", value: (r) => r.name || "" },
+        { title: "Device class", value: (r) => r.device_class },
+        { title: "State", value: (r) => el("span", { class: `badge ${r.run_state}`, text: r.run_state }) },
+        { title: "Progress", value: (r) => stateBar(r, false) },
+        { title: "Finished", num: true, value: (r) => r.max_trials ? `${finished(r)} / ${r.max_trials}` : finished(r) },
+        { title: "Running", num: true, value: (r) => r.running },
+        { title: "Pending", num: true, value: (r) => r.pending },
+        { title: "Failed", num: true, value: failedAll },
+        { title: "Best GFLOP/s", num: true, value: (r) => gflops(r.best_gflops) },
+        { title: "Eval/min", num: true, value: (r) => (r.evaluations_per_minute || 0).toFixed(1) },
+        { title: "Live workers", num: true, value: (r) => r.live_workers },
+        { title: "Elapsed", num: true, value: (r) => duration(r.elapsed_s) },
+      ], data.runs, { rowId: (r) => r.run_id }));
+    }
+    ready();
+  });
+}
+
+function card(key, label, value) {
+  return el("div", { class: "card", id: `card-${key}` }, el("div", { class: "k", text: label }), el("div", { class: "v", id: `count-${key}`, text: value }));
+}
+
+function runPage(runId) {
+  document.getElementById("nav-runs").classList.add("active");
+  document.title = `Run ${runId} · tunefleet`;
+  const head = el("div", { id: "run-head" });
+  const cards = el("div", { class: "cards", id: "cards" });
+  const states = el("div", { class: "panel", id: "states" });
+  const bestBox = el("div", { class: "panel", id: "best" });
+  const chartTime = el("div", { class: "panel", id: "chart-time" });
+  const chartEvals = el("div", { class: "panel", id: "chart-evals" });
+  const chartHist = el("div", { class: "panel", id: "chart-histogram" });
+  const chartWorkers = el("div", { class: "panel", id: "chart-timeline" });
+  const failures = el("div", { class: "panel", id: "failures" });
+  const configs = el("div", { class: "panel", id: "configurations" });
+  const trialBox = el("div", { class: "panel", id: "trial", hidden: true });
+  main.replaceChildren(head, cards, states, trialBox, bestBox,
+    el("div", { class: "grid" }, chartTime, chartEvals, chartHist, chartWorkers), el("div", { class: "spacer" }),
+    failures, configs);
+
+  const tableState = { sort: "gflops", order: "desc", offset: 0, limit: 50 };
+  let lastKey = null, summary = null;
+  const params = new URLSearchParams(location.search);
+  let openTrial = params.get("trial");
+
+  async function loadTable() {
+    const q = new URLSearchParams({ sort: tableState.sort, order: tableState.order, limit: tableState.limit, offset: tableState.offset });
+    const data = await api(`/api/runs/${runId}/trials?${q}`);
+    const onSort = (key) => {
+      if (tableState.sort === key) tableState.order = tableState.order === "desc" ? "asc" : "desc";
+      else { tableState.sort = key; tableState.order = key === "gflops" || key === "gbps" ? "desc" : "asc"; }
+      tableState.offset = 0;
+      loadTable().catch((e) => setStatus(e.message, true));
+    };
+    const rows = data.trials;
+    const t = table([
+      { title: "Trial", sort: "trial_id", num: true, value: (r) => r.trial_id },
+      { title: "State", sort: "state", value: (r) => el("span", { class: `badge ${r.state}`, text: r.state }) },
+      { title: "GFLOP/s", sort: "gflops", num: true, value: (r) => gflops(r.gflops) },
+      { title: "Median", sort: "median_s", num: true, value: (r) => secs(r.median_s) },
+      { title: "Min", sort: "min_s", num: true, value: (r) => secs(r.min_s) },
+      { title: "GB/s", sort: "gbps", num: true, value: (r) => gflops(r.gbps) },
+      { title: "Compile", sort: "compile_s", num: true, value: (r) => secs(r.compile_s) },
+      { title: "Worker", value: (r) => r.worker_host || "-" },
+      { title: "Configuration", cls: "config", value: (r) => configText(r.config) },
+    ], rows, { sort: data.sort, order: data.order, onSort, rowId: (r) => r.trial_id, onRow: (r) => showTrial(r.trial_id) });
+    const last = Math.min(data.offset + rows.length, data.total);
+    const pager = el("div", { class: "pager" },
+      el("button", { text: "‹ previous", disabled: data.offset === 0, onclick: () => { tableState.offset = Math.max(0, data.offset - data.limit); loadTable(); } }),
+      el("span", { id: "pager-text", text: rows.length ? `${data.offset + 1}–${last} of ${data.total}` : `0 of ${data.total}` }),
+      el("button", { text: "next ›", disabled: last >= data.total, onclick: () => { tableState.offset = data.offset + data.limit; loadTable(); } }));
+    configs.replaceChildren(el("h2", { text: "Configurations (click a column to sort, a row for its code)" }),
+      rows.length ? t : el("div", { class: "empty", text: "no finished trial yet" }), pager);
+  }
+
+  async function showTrial(trialId) {
+    openTrial = String(trialId);
+    const url = new URL(location.href);
+    url.searchParams.set("trial", openTrial);
+    history.replaceState(null, "", url);
+    const data = await api(`/api/runs/${runId}/trials/${trialId}`);
+    const t = data.trial;
+    const rows = [
+      ["State", el("span", { class: `badge ${t.state}`, text: t.state })],
+      ["Purpose", t.purpose + (t.confirms_trial_id ? ` of trial ${t.confirms_trial_id}` : "")],
+      ["Source", t.source],
+      ["Attempt", `${t.attempt} of ${t.max_attempts}`],
+      ["GFLOP/s", gflops(t.gflops)], ["GB/s", gflops(t.gbps)],
+      ["Median / min", `${secs(t.median_s)} / ${secs(t.min_s)}`],
+      ["Samples", t.samples_s ? t.samples_s.map(secs).join(", ") : "-"],
+      ["Compile", secs(t.compile_s)],
+      ["Validation", t.validation ? JSON.stringify(t.validation) : "-"],
+      ["Device", t.device_name ? `${t.device_name} (driver ${t.driver_version || "-"})` : "-"],
+      ["Worker", t.worker_host ? `${t.worker_host} ${String(t.worker_id).slice(0, 8)}` : "-"],
+      ["Error", t.error || "-"],
+    ];
+    trialBox.hidden = false;
+    trialBox.replaceChildren(
+      el("button", { class: "close", text: "close", onclick: () => { trialBox.hidden = true; openTrial = null; const u = new URL(location.href); u.searchParams.delete("trial"); history.replaceState(null, "", u); } }),
+      el("h2", { text: `Trial ${t.trial_id}` }),
+      el("dl", { class: "kv" }, rows.map(([k, v]) => [el("dt", { text: k }), el("dd", {}, v)])),
+      el("h2", { text: "Configuration" }), el("pre", { class: "cmd", id: "trial-config", text: JSON.stringify(t.config, null, 1) }),
+      el("h2", { text: "Reproduce" }), el("pre", { class: "cmd", id: "trial-reproduce", text: data.reproduce }),
+      el("h2", { text: "Generated code" }),
+      t.code ? el("pre", { id: "trial-code", text: t.code }) : el("div", { class: "empty", id: "trial-code", text: "no code stored for this trial" }));
+    for (const tr of configs.querySelectorAll("tbody tr")) tr.classList.toggle("selected", tr.dataset.id === openTrial);
+  }
+
+  async function loadCharts(s) {
+    const c = await api(`/api/runs/${runId}/charts`);
+    chartTime.replaceChildren(el("h2", { text: "Best so far, against time" }), stepChart(c.best_so_far, "elapsed_s", s.elapsed_s, "time since the run started", duration));
+    chartEvals.replaceChildren(el("h2", { text: "Best so far, against evaluations" }), stepChart(c.best_so_far, "n", finished(s), "evaluations", (v) => String(Math.round(v))));
+    chartHist.replaceChildren(el("h2", { text: "Distribution of measured speeds" }), histogram(c.histogram));
+    chartWorkers.replaceChildren(el("h2", { text: "Workers: share of time holding a trial" }), timeline(c.timeline, c.timeline_bins));
+    failures.replaceChildren(el("h2", { text: "Failure reasons" }), c.failures.length ? table([
+      { title: "State", value: (r) => el("span", { class: `badge ${r.state}`, text: r.state }) },
+      { title: "Trials", num: true, value: (r) => r.trials },
+      { title: "Reason", cls: "reason", value: (r) => r.error },
+      { title: "First", num: true, value: (r) => r.first_trial },
+      { title: "Last", num: true, value: (r) => r.last_trial },
+    ], c.failures, { onRow: (r) => showTrial(r.first_trial) }) : el("div", { class: "empty", text: "no failed, invalid or timed-out trial" }));
+  }
+
+  function drawSummary(s, best) {
+    const title = el("h1", {}, `Run ${s.run_id}: ${s.problem} `, el("span", { class: "muted", text: argsText(s.problem_args) }), " ",
+      el("span", { class: `badge ${s.run_state}`, id: "run-state", text: s.run_state }));
+    const sub = el("div", { class: "sub" }, `device class ${s.device_class}`,
+      s.name ? ` · ${s.name}` : "", s.stop_reason ? ` · stopped: ${s.stop_reason}` : "",
+      s.max_trials ? ` · budget ${s.max_trials} trials` : "", s.max_seconds ? ` · ${duration(s.max_seconds)}` : "",
+      s.coordinator_age_s !== null && s.run_state === "running" ? ` · coordinator heartbeat ${duration(s.coordinator_age_s)} ago` : "",
+      s.standing_aside ? ` · ${s.standing_aside} worker(s) stand aside` : "");
+    head.replaceChildren(title, sub);
+    cards.replaceChildren(
+      card("finished", "finished", finished(s)), card("done", "done", s.done), card("running", "running", s.running),
+      card("pending", "pending", s.pending), card("invalid", "invalid", s.invalid), card("failed", "failed", s.failed),
+      card("timed_out", "timed out", s.timed_out), card("cached", "from cache", s.cached),
+      card("best", "best GFLOP/s", gflops(s.best_gflops)), card("rate", "eval / min", (s.evaluations_per_minute || 0).toFixed(1)),
+      card("workers", "live workers", s.live_workers), card("elapsed", "elapsed", duration(s.elapsed_s)));
+    states.replaceChildren(el("h2", { text: `Trials by state (${s.trials})` }), stateBar(s, true), legend());
+    if (!best) {
+      bestBox.replaceChildren(el("h2", { text: "Best configuration" }), el("div", { class: "empty", text: "no successful trial yet" }));
+    } else {
+      const confirmed = best.confirmed ? `confirmed at ${gflops(best.confirmed_gflops)} GFLOP/s (spread ${pct(best.spread)})` : best.confirm_trial_id ? "re-measurement did not confirm it" : "not re-measured";
+      bestBox.replaceChildren(el("h2", {}, "Best configuration: ", el("a", { href: `?trial=${best.trial_id}`, id: "best-trial", text: `trial ${best.trial_id}`, onclick: (e) => { e.preventDefault(); showTrial(best.trial_id); } })),
+        el("dl", { class: "kv" }, el("dt", { text: "GFLOP/s" }), el("dd", { id: "best-gflops", text: gflops(best.gflops) }),
+          el("dt", { text: "Median" }), el("dd", { text: `${secs(best.median_s)} (min ${secs(best.min_s)})` }),
+          el("dt", { text: "Device" }), el("dd", { text: best.device_name || "-" }),
+          el("dt", { text: "Confirmation" }), el("dd", { text: confirmed }),
+          el("dt", { text: "Configuration" }), el("dd", { class: "config", text: configText(best.config) })),
+        el("pre", { class: "cmd", id: "best-reproduce", text: best.reproduce }));
+    }
+  }
+
+  poll(async () => {
+    const data = await api(`/api/runs/${runId}`);
+    summary = data.run;
+    drawSummary(summary, data.best);
+    const key = JSON.stringify([summary.run_state, summary.trials, ...STATES.map((k) => summary[k]), summary.best_gflops, summary.confirmed]);
+    if (key !== lastKey) {
+      await Promise.all([loadCharts(summary), loadTable()]);
+      if (openTrial) await showTrial(openTrial);
+      lastKey = key;
+    }
+    ready();
+  });
+}
+
+function fleetPage() {
+  document.getElementById("nav-fleet").classList.add("active");
+  document.title = "Fleet · tunefleet";
+  const holder = el("div", { class: "panel", id: "workers" });
+  const aside = el("div", { class: "panel", id: "stand-asides" });
+  main.replaceChildren(el("h1", { text: "Fleet" }), el("div", { class: "sub", id: "fleet-sub" }), holder, aside);
+  poll(async () => {
+    const data = await api("/api/fleet");
+    const live = data.workers.filter((w) => w.alive).length;
+    document.getElementById("fleet-sub").textContent = `${live} live worker(s); a worker is lost when its heartbeat is older than ${data.alive_s} s`;
+    const liveness = (w) => w.state === "stopped" ? "stopped" : !w.alive ? "lost" : w.holding ? "busy" : "idle";
+    const runLinks = (ids) => ids.length ? ids.flatMap((id, i) => [i ? ", " : "", el("a", { href: `/runs/${id}`, text: `#${id}` })]) : "-";
+    holder.replaceChildren(el("h2", { text: "Workers" }), data.workers.length ? table([
+      { title: "Worker", value: (w) => String(w.worker_id).slice(0, 8) },
+      { title: "Host", value: (w) => w.host },
+      { title: "PID", num: true, value: (w) => w.pid },
+      { title: "Device", value: (w) => w.device_name || "-" },
+      { title: "Platform / driver", value: (w) => w.platform ? `${w.platform} ${w.driver_version || ""}` : "-" },
+      { title: "Class", value: (w) => w.device_class },
+      { title: "State", value: (w) => el("span", { class: `badge ${liveness(w)}`, text: liveness(w) }) },
+      { title: "Heartbeat", num: true, value: (w) => `${duration(w.heartbeat_age_s)} ago` },
+      { title: "Codegen", num: true, value: (w) => w.prepare_workers === null ? "-" : `${w.prepare_workers} ${w.sizing || ""}` },
+      { title: "Prefetch", num: true, value: (w) => num(w.prefetch) },
+      { title: "Device busy", num: true, value: (w) => pct(w.device_busy) },
+      { title: "Holding", num: true, value: (w) => w.holding ? `${w.holding} (trial ${w.current_trial})` : "0" },
+      { title: "Working on", value: (w) => el("span", {}, runLinks(w.holding_runs)) },
+      { title: "Serves", value: (w) => el("span", {}, runLinks(w.serves)) },
+      { title: "Stands aside from", value: (w) => el("span", {}, runLinks(w.stands_aside.map((a) => a.run_id))) },
+    ], data.workers, { rowId: (w) => w.worker_id }) : el("div", { class: "empty", text: "no worker has registered yet: start one with `tunefleet worker`" }));
+    const asides = data.workers.flatMap((w) => w.stands_aside.map((a) => ({ ...a, host: w.host, worker_id: w.worker_id })));
+    aside.replaceChildren(el("h2", { text: "Standing aside (their environment cannot run the run's problem)" }), asides.length ? table([
+      { title: "Run", value: (a) => el("a", { href: `/runs/${a.run_id}`, text: `#${a.run_id}` }) },
+      { title: "Worker", value: (a) => `${a.host} ${String(a.worker_id).slice(0, 8)}` },
+      { title: "Reason", cls: "reason", value: (a) => a.reason },
+    ], asides) : el("div", { class: "empty", text: "no worker stands aside" }));
+    ready();
+  });
+}
+
+// --- routing ------------------------------------------------------------------------------
+
+(function route() {
+  const path = location.pathname;
+  const run = path.match(/^\/runs\/([1-9][0-9]*)$/);
+  if (path === "/") runsPage();
+  else if (path === "/fleet") fleetPage();
+  else if (run) runPage(run[1]);
+  else main.replaceChildren(el("h1", { text: "No such page" }), el("a", { href: "/", text: "all runs" }));
+})();

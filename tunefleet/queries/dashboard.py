@@ -1,0 +1,342 @@
+"""Read-only statements behind ``tunefleet dashboard``: views only, so the reader role can run it.
+
+The reader role may ``SELECT`` the schema's views and nothing else (``tunefleet.db.roles``):
+every statement here reads ``run_progress``, ``run_settings``, ``results``, ``best_per_run``,
+``standing_aside``, ``workers`` or ``trial_details``, never a table. Each function runs one
+plain ``SELECT`` on an autocommit connection: it takes no row locks (only the ``ACCESS SHARE``
+lock every read takes, released at the end of the statement) and holds no transaction open
+afterwards. Two calls may see different moments of a live run, which a page that refreshes
+itself tolerates. Every value is a bound parameter; the one identifier that varies (the sort
+column of the configuration table) is chosen from :data:`SORT_COLUMNS` and composed with
+``psycopg.sql``. Times are computed with the database clock (``now()``).
+
+Charts get their data shaped by the database so that a run of tens of thousands of trials
+answers in a few kilobytes: the best-so-far series keeps only the trials that improved the
+best, the speed distribution comes as histogram bins, and the worker timeline as busy
+fractions per time bin.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+Row = dict[str, Any]
+Conn = psycopg.Connection[Any]
+
+#: A worker whose heartbeat is older than this (seconds) counts as gone (as ``status`` says).
+ALIVE_S = 60.0
+#: Columns the configuration table may be sorted by (the key is what the page sends).
+SORT_COLUMNS = {
+    "gflops": "gflops",
+    "median_s": "median_s",
+    "min_s": "min_s",
+    "gbps": "gbps",
+    "compile_s": "compile_s",
+    "trial_id": "trial_id",
+    "finished_at": "finished_at",
+    "state": "state",
+}
+#: States of a trial whose evaluation ended.
+FINISHED = ("done", "invalid", "failed", "timed_out")
+
+
+def _all(conn: Conn, query: str | sql.Composed, params: dict[str, Any]) -> list[Row]:
+    return [dict(r) for r in conn.execute(query, params).fetchall()]
+
+
+def _one(conn: Conn, query: str, params: dict[str, Any]) -> Row | None:
+    row = conn.execute(query, params).fetchone()
+    return dict(row) if row is not None else None
+
+
+def make_read_only(conn: Conn) -> None:
+    """Make every later transaction of this session read-only (a second guard besides the
+    reader role's missing privileges: even an administrator's URL cannot write through the
+    dashboard).
+
+    Locks nothing; changes only this session's setting."""
+    conn.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+
+
+def _runs(conn: Conn, *, run_id: int | None, limit: int) -> list[Row]:
+    """The one statement behind :func:`list_runs` and :func:`run_summary`. Read-only."""
+    return _all(
+        conn,
+        """
+        SELECT p.run_id, p.name, p.problem, p.device_class, p.run_state, p.stop_reason,
+               p.trials, p.pending, p.running, p.done, p.invalid, p.failed, p.timed_out,
+               p.cancelled, p.cached, p.best_gflops, p.best_median_s, p.created_at,
+               extract(epoch FROM p.elapsed)::float8 AS elapsed_s,
+               p.evaluations_per_minute::float8 AS evaluations_per_minute,
+               p.confirmed, p.confirming,
+               s.problem_args, s.protocol, s.search, s.max_trials, s.max_seconds,
+               s.target_gflops, s.patience, s.finished_at,
+               extract(epoch FROM now() - s.coordinator_heartbeat_at)::float8
+                 AS coordinator_age_s,
+               (SELECT count(*) FROM tunefleet.workers w
+                 WHERE w.state = 'active'
+                   AND w.heartbeat_at > now() - make_interval(secs => %(alive)s)
+                   AND (w.device_class = p.device_class OR p.device_class = 'any')
+                   AND NOT EXISTS (SELECT 1 FROM tunefleet.standing_aside a
+                                    WHERE a.worker_id = w.worker_id AND a.run_id = p.run_id))
+                 AS live_workers,
+               (SELECT count(*) FROM tunefleet.standing_aside a WHERE a.run_id = p.run_id)
+                 AS standing_aside
+          FROM tunefleet.run_progress p
+          JOIN tunefleet.run_settings s ON s.run_id = p.run_id
+         WHERE (%(run_id)s::bigint IS NULL OR p.run_id = %(run_id)s::bigint)
+         ORDER BY p.run_id DESC
+         LIMIT %(limit)s
+        """,
+        {"alive": ALIVE_S, "run_id": run_id, "limit": limit},
+    )
+
+
+def list_runs(conn: Conn, *, limit: int = 200) -> list[Row]:
+    """The newest ``limit`` runs with their progress (counts per state, best GFLOP/s so far,
+    evaluations per minute), arguments, protocol, budget and the live workers able to serve
+    each (active, a fresh heartbeat, the run's device class, not standing aside from it).
+
+    Read-only, no locks."""
+    return _runs(conn, run_id=None, limit=limit)
+
+
+def run_summary(conn: Conn, run_id: int) -> Row | None:
+    """One run as :func:`list_runs` shows it, or ``None`` when there is no such run. Small
+    and cheap: the page polls it to notice changes.
+
+    Read-only, no locks."""
+    rows = _runs(conn, run_id=run_id, limit=1)
+    return rows[0] if rows else None
+
+
+def run_settings(conn: Conn, run_id: int) -> Row | None:
+    """The run's settings (problem, arguments, device class, protocol), or ``None``.
+
+    Read-only, no locks."""
+    return _one(
+        conn, "SELECT * FROM tunefleet.run_settings WHERE run_id = %(run_id)s", {"run_id": run_id}
+    )
+
+
+def best(conn: Conn, run_id: int) -> Row | None:
+    """The run's best configuration as ``best_per_run`` ranks it (confirmed figure first), or
+    ``None`` before any trial succeeded.
+
+    Read-only, no locks."""
+    return _one(
+        conn, "SELECT * FROM tunefleet.best_per_run WHERE run_id = %(run_id)s", {"run_id": run_id}
+    )
+
+
+def best_so_far(conn: Conn, run_id: int) -> list[Row]:
+    """The trials that raised the run's best GFLOP/s, in completion order: ``n`` (it was the
+    n-th finished evaluation), ``elapsed_s`` (seconds since the run was created) and
+    ``gflops`` (the new best). Between two rows the best stays the same, so these points
+    draw the whole step curve against time and against evaluations.
+
+    Read-only, no locks."""
+    return _all(
+        conn,
+        """
+        SELECT n, trial_id, elapsed_s, gflops
+          FROM (SELECT row_number() OVER w AS n, res.trial_id, res.gflops,
+                       extract(epoch FROM res.finished_at - s.created_at)::float8 AS elapsed_s,
+                       max(res.gflops) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING
+                                                  AND 1 PRECEDING) AS before
+                  FROM tunefleet.results res
+                  JOIN tunefleet.run_settings s ON s.run_id = res.run_id
+                 WHERE res.run_id = %(run_id)s AND res.finished_at IS NOT NULL
+                WINDOW w AS (ORDER BY res.finished_at, res.trial_id)) x
+         WHERE gflops IS NOT NULL AND (before IS NULL OR gflops > before)
+         ORDER BY n
+        """,
+        {"run_id": run_id},
+    )
+
+
+def speed_histogram(conn: Conn, run_id: int, *, bins: int = 30) -> list[Row]:
+    """The distribution of measured GFLOP/s over the run's successful (``done``) trials:
+    ``bins`` equal-width bins from the slowest to the fastest, each with ``low``, ``high``
+    and ``trials`` (empty bins included; none when nothing succeeded).
+
+    Read-only, no locks."""
+    return _all(
+        conn,
+        """
+        WITH g AS (SELECT res.gflops FROM tunefleet.results res
+                    WHERE res.run_id = %(run_id)s AND res.state = 'done'
+                      AND res.gflops IS NOT NULL),
+             r AS (SELECT min(gflops) AS lo,
+                          CASE WHEN max(gflops) > min(gflops) THEN max(gflops)
+                               ELSE min(gflops) + 1 END AS hi
+                     FROM g HAVING count(*) > 0),
+             counted AS (SELECT least(width_bucket(g.gflops, r.lo, r.hi, %(bins)s),
+                                      %(bins)s) AS b, count(*) AS trials
+                           FROM g, r GROUP BY 1)
+        SELECT b.b AS bin,
+               r.lo + (b.b - 1) * (r.hi - r.lo) / %(bins)s AS low,
+               r.lo + b.b * (r.hi - r.lo) / %(bins)s AS high,
+               coalesce(c.trials, 0) AS trials
+          FROM r CROSS JOIN generate_series(1, %(bins)s) AS b(b)
+          LEFT JOIN counted c ON c.b = b.b
+         ORDER BY b.b
+        """,
+        {"run_id": run_id, "bins": bins},
+    )
+
+
+def configurations(
+    conn: Conn,
+    run_id: int,
+    *,
+    sort: str = "gflops",
+    descending: bool = True,
+    limit: int = 50,
+    offset: int = 0,
+) -> list[Row]:
+    """One page of the run's finished search trials (the ``results`` view): configuration,
+    state, times, GFLOP/s, worker, error; sorted by ``sort`` (a key of :data:`SORT_COLUMNS`;
+    anything else raises ``KeyError``), missing values last, ties by trial id.
+
+    Read-only, no locks."""
+    column = sql.Identifier(SORT_COLUMNS[sort])
+    query = sql.SQL(
+        """
+        SELECT res.trial_id, res.state, res.source, res.config, res.median_s, res.min_s,
+               res.gflops, res.gbps, res.compile_s, res.worker_host, res.device_name,
+               res.error, res.finished_at
+          FROM tunefleet.results res
+         WHERE res.run_id = %(run_id)s
+         ORDER BY res.{column} {direction} NULLS LAST, res.trial_id
+         LIMIT %(limit)s OFFSET %(offset)s
+        """
+    ).format(column=column, direction=sql.SQL("DESC" if descending else "ASC"))
+    return _all(conn, query, {"run_id": run_id, "limit": limit, "offset": offset})
+
+
+def failure_groups(conn: Conn, run_id: int) -> list[Row]:
+    """The run's unsuccessful search trials grouped by state and reason, most frequent first,
+    with the first and last trial of each group.
+
+    Read-only, no locks."""
+    return _all(
+        conn,
+        """
+        SELECT res.state, coalesce(res.error, '(no reason recorded)') AS error,
+               count(*) AS trials, min(res.trial_id) AS first_trial,
+               max(res.trial_id) AS last_trial
+          FROM tunefleet.results res
+         WHERE res.run_id = %(run_id)s AND res.state IN ('invalid', 'failed', 'timed_out')
+         GROUP BY res.state, res.error
+         ORDER BY count(*) DESC, res.state, min(res.trial_id)
+        """,
+        {"run_id": run_id},
+    )
+
+
+def worker_timeline(conn: Conn, run_id: int, *, bins: int = 60) -> list[Row]:
+    """How busy each worker was on the run over its life, in ``bins`` equal time bins from
+    the run's creation to its end (now while it runs): one row per worker and bin it worked
+    in, with ``busy`` the share of the bin (0-1) covered by the trials it held (claimed and
+    not yet finished; cache answers excluded, running trials up to now). A worker that
+    prefetches holds several trials at once; a bin counts as fully busy at most. Also per
+    row: the run's span ``span_s`` and the worker's total held seconds ``held_s`` (overlaps
+    counted once per trial).
+
+    Read-only, no locks."""
+    return _all(
+        conn,
+        """
+        WITH s AS (SELECT created_at AS t0,
+                          greatest(extract(epoch FROM coalesce(finished_at, now())
+                                                      - created_at), 1e-3)::float8 AS span
+                     FROM tunefleet.run_settings WHERE run_id = %(run_id)s),
+             iv AS (SELECT d.worker_id, d.worker_host,
+                           greatest(extract(epoch FROM d.started_at - s.t0), 0)::float8 AS a,
+                           least(extract(epoch FROM coalesce(d.finished_at, now()) - s.t0),
+                                 s.span)::float8 AS e,
+                           s.span
+                      FROM tunefleet.trial_details d, s
+                     WHERE d.run_id = %(run_id)s AND d.worker_id IS NOT NULL
+                       AND d.started_at IS NOT NULL AND d.source <> 'cache'
+                       AND d.state IN ('done', 'invalid', 'failed', 'timed_out', 'running')),
+             held AS (SELECT worker_id, sum(greatest(e - a, 0)) AS held_s
+                        FROM iv GROUP BY worker_id),
+             pieces AS (SELECT iv.worker_id, iv.worker_host, iv.span, b,
+                               greatest(least(iv.e, (b + 1) * iv.span / %(bins)s)
+                                        - greatest(iv.a, b * iv.span / %(bins)s), 0) AS busy
+                          FROM iv,
+                               generate_series(
+                                 least(floor(iv.a * %(bins)s / iv.span), %(bins)s - 1)::int,
+                                 least(floor(iv.e * %(bins)s / iv.span), %(bins)s - 1)::int)
+                                 AS b)
+        SELECT p.worker_id, p.worker_host, p.b AS bin, p.span AS span_s, h.held_s,
+               least(sum(p.busy) / (p.span / %(bins)s), 1.0)::float8 AS busy
+          FROM pieces p JOIN held h ON h.worker_id = p.worker_id
+         GROUP BY p.worker_id, p.worker_host, p.b, p.span, h.held_s
+         ORDER BY p.worker_host, p.worker_id, p.b
+        """,
+        {"run_id": run_id, "bins": bins},
+    )
+
+
+def trial(conn: Conn, run_id: int, trial_id: int) -> Row | None:
+    """One trial of the run (any state, either purpose) with its measurement, samples,
+    protocol, validation, versions and generated code, or ``None`` when the run has no
+    such trial.
+
+    Read-only, no locks."""
+    return _one(
+        conn,
+        """
+        SELECT * FROM tunefleet.trial_details
+         WHERE run_id = %(run_id)s AND trial_id = %(trial_id)s
+        """,
+        {"run_id": run_id, "trial_id": trial_id},
+    )
+
+
+def fleet(conn: Conn, *, stopped: int = 20) -> list[Row]:
+    """Every active worker and the ``stopped`` most recently stopped ones, with device, host,
+    heartbeat age, ``alive`` (active with a heartbeat younger than :data:`ALIVE_S`), sizing,
+    the trials and runs they hold now, the running runs they may serve (their device class,
+    not standing aside) and the runs they stand aside from with the reasons.
+
+    Read-only, no locks."""
+    return _all(
+        conn,
+        """
+        SELECT w.worker_id, w.host, w.pid, w.state, w.device_class, w.version,
+               w.device_name, w.platform, w.vendor, w.driver_version, w.compute_units,
+               w.started_at, w.heartbeat_at, w.stopped_at, w.capacity, w.prepare_workers,
+               w.prefetch, w.sizing, w.device_busy, w.holding, w.current_trial,
+               coalesce(w.holding_runs, '{}') AS holding_runs,
+               extract(epoch FROM now() - w.heartbeat_at)::float8 AS heartbeat_age_s,
+               (w.state = 'active'
+                AND w.heartbeat_at > now() - make_interval(secs => %(alive)s)) AS alive,
+               coalesce((SELECT array_agg(p.run_id ORDER BY p.run_id)
+                           FROM tunefleet.run_settings p
+                          WHERE w.state = 'active' AND p.state = 'running'
+                            AND (p.device_class = w.device_class OR p.device_class = 'any')
+                            AND NOT EXISTS (SELECT 1 FROM tunefleet.standing_aside a
+                                             WHERE a.worker_id = w.worker_id
+                                               AND a.run_id = p.run_id)), '{}') AS serves,
+               coalesce((SELECT jsonb_agg(jsonb_build_object('run_id', a.run_id,
+                                                             'reason', a.reason,
+                                                             'at', a.at)
+                                          ORDER BY a.run_id)
+                           FROM tunefleet.standing_aside a
+                          WHERE a.worker_id = w.worker_id), '[]') AS stands_aside
+          FROM tunefleet.workers w
+         WHERE w.state = 'active'
+            OR w.worker_id IN (SELECT x.worker_id FROM tunefleet.workers x
+                                WHERE x.state <> 'active'
+                                ORDER BY x.stopped_at DESC NULLS LAST LIMIT %(stopped)s)
+         ORDER BY w.state, w.host, w.started_at, w.worker_id
+        """,
+        {"alive": ALIVE_S, "stopped": stopped},
+    )
