@@ -233,6 +233,28 @@ def fill(conn: Any) -> Filled:
     return filled
 
 
+def add_done_trial(conn: Any, filled: Filled, gflops: float, n: int) -> int:
+    """One more ``done`` trial of the CPU run, measured by its second worker and finished
+    just now (what a live run does between two looks at it); returns its id."""
+    device = conn.execute(
+        "SELECT id FROM tunefleet.device WHERE fingerprint = %s", (CPU["fingerprint"],)
+    ).fetchone()
+    age = conn.execute(
+        "SELECT extract(epoch FROM now() - created_at)::float8 AS s FROM tunefleet.run "
+        "WHERE id = %s",
+        (filled.cpu_run,),
+    ).fetchone()
+    w = filled.workers[1]
+    start = float(age["s"]) - 2.0
+    tid = _trial(conn, filled.cpu_run, CPU["device_class"], n, "done", w, start, start + 1.0)
+    _measure(conn, tid, int(device["id"]), w, gflops, n)
+    filled.trials["done"].append(tid)
+    filled.finished += 1
+    if gflops > filled.best_gflops:
+        filled.best_gflops, filled.best_trial = gflops, tid
+    return tid
+
+
 @contextmanager
 def module_database(admin_url: str, template: str, label: str) -> Iterator[str]:
     """A database at head for a whole test module (cloned from the session's template),

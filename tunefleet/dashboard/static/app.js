@@ -22,7 +22,7 @@ function el(tag, attrs, ...children) {
     else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
     else node.setAttribute(k, v === true ? "" : String(v));
   }
-  for (const c of children.flat()) {
+  for (const c of children.flat(Infinity)) {
     if (c === null || c === undefined || c === false) continue;
     node.append(c instanceof Node ? c : document.createTextNode(String(c)));
   }
@@ -35,7 +35,7 @@ function svg(tag, attrs, ...children) {
     if (k === "text") node.textContent = v;
     else node.setAttribute(k, String(v));
   }
-  for (const c of children.flat()) if (c) node.append(c);
+  for (const c of children.flat(Infinity)) if (c) node.append(c);
   return node;
 }
 
@@ -150,26 +150,28 @@ function table(columns, rows, opts) {
 
 // --- charts (SVG) -------------------------------------------------------------------------
 
-function ticks(lo, hi, n) {
+// Round tick values from lo to hi, about n of them (whole numbers only when integer is set).
+function ticks(lo, hi, n, integer) {
   if (!(hi > lo)) hi = lo + 1;
   const raw = (hi - lo) / n, p = Math.pow(10, Math.floor(Math.log10(raw)));
-  const step = [1, 2, 5, 10].map((m) => m * p).find((s) => s >= raw) || raw;
+  let step = [1, 2, 5, 10].map((m) => m * p).find((s) => s >= raw) || raw;
+  if (integer) step = Math.max(1, Math.round(step));
   const out = [];
   for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) out.push(+v.toPrecision(12));
   return out;
 }
 
-const W = 560, H = 240, PAD = { l: 56, r: 14, t: 12, b: 38 };
+const W = 560, H = 240, PAD = { l: 56, r: 26, t: 12, b: 38 };
 
-function frame(xLabel, yLabel, xs, ys, xFmt, yFmt) {
+function frame(xLabel, yLabel, xs, ys, xFmt, yFmt, yInteger, xInteger) {
   const g = svg("g");
   const sx = (v) => PAD.l + ((v - xs[0]) / (xs[1] - xs[0] || 1)) * (W - PAD.l - PAD.r);
   const sy = (v) => H - PAD.b - ((v - ys[0]) / (ys[1] - ys[0] || 1)) * (H - PAD.t - PAD.b);
-  for (const t of ticks(ys[0], ys[1], 4)) {
+  for (const t of ticks(ys[0], ys[1], 4, yInteger)) {
     g.append(svg("line", { class: "grid-line", x1: PAD.l, x2: W - PAD.r, y1: sy(t), y2: sy(t) }));
     g.append(svg("text", { x: PAD.l - 6, y: sy(t) + 4, "text-anchor": "end", text: yFmt(t) }));
   }
-  for (const t of ticks(xs[0], xs[1], 5)) {
+  for (const t of ticks(xs[0], xs[1], 5, xInteger)) {
     g.append(svg("text", { x: sx(t), y: H - PAD.b + 15, "text-anchor": "middle", text: xFmt(t) }));
   }
   g.append(svg("line", { class: "axis", x1: PAD.l, x2: W - PAD.r, y1: H - PAD.b, y2: H - PAD.b }));
@@ -180,12 +182,12 @@ function frame(xLabel, yLabel, xs, ys, xFmt, yFmt) {
 }
 
 // The best-so-far step curve: points are (x, best) at each improvement, held until xEnd.
-function stepChart(points, key, xEnd, xLabel, xFmt) {
+function stepChart(points, key, xEnd, xLabel, xFmt, xInteger) {
   const box = el("div", { class: "chart" });
   if (!points.length) { box.append(el("div", { class: "empty", text: "no successful trial yet" })); return box; }
   const xmax = Math.max(xEnd || 0, ...points.map((p) => p[key])) || 1;
   const ymax = Math.max(...points.map((p) => p.gflops));
-  const f = frame(xLabel, "best GFLOP/s", [0, xmax], [0, ymax * 1.08], xFmt, gflops);
+  const f = frame(xLabel, "best GFLOP/s", [0, xmax], [0, ymax * 1.08], xFmt, gflops, false, xInteger);
   let d = "";
   points.forEach((p, i) => {
     const x = f.sx(p[key]), y = f.sy(p.gflops);
@@ -203,7 +205,7 @@ function histogram(bins) {
   if (!bins.length) { box.append(el("div", { class: "empty", text: "no measured speeds yet" })); return box; }
   const lo = bins[0].low, hi = bins[bins.length - 1].high;
   const top = Math.max(...bins.map((b) => b.trials), 1);
-  const f = frame("GFLOP/s", "trials", [lo, hi], [0, top * 1.1], gflops, (v) => String(Math.round(v)));
+  const f = frame("GFLOP/s", "trials", [lo, hi], [0, top * 1.1], gflops, (v) => String(Math.round(v)), true);
   const s = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img" }, f.g);
   for (const b of bins) {
     if (!b.trials) continue;
@@ -364,7 +366,7 @@ function runPage(runId) {
   async function loadCharts(s) {
     const c = await api(`/api/runs/${runId}/charts`);
     chartTime.replaceChildren(el("h2", { text: "Best so far, against time" }), stepChart(c.best_so_far, "elapsed_s", s.elapsed_s, "time since the run started", duration));
-    chartEvals.replaceChildren(el("h2", { text: "Best so far, against evaluations" }), stepChart(c.best_so_far, "n", finished(s), "evaluations", (v) => String(Math.round(v))));
+    chartEvals.replaceChildren(el("h2", { text: "Best so far, against evaluations" }), stepChart(c.best_so_far, "n", finished(s), "evaluations", (v) => String(Math.round(v)), true));
     chartHist.replaceChildren(el("h2", { text: "Distribution of measured speeds" }), histogram(c.histogram));
     chartWorkers.replaceChildren(el("h2", { text: "Workers: share of time holding a trial" }), timeline(c.timeline, c.timeline_bins));
     failures.replaceChildren(el("h2", { text: "Failure reasons" }), c.failures.length ? table([
@@ -436,8 +438,7 @@ function fleetPage() {
       { title: "Worker", value: (w) => String(w.worker_id).slice(0, 8) },
       { title: "Host", value: (w) => w.host },
       { title: "PID", num: true, value: (w) => w.pid },
-      { title: "Device", value: (w) => w.device_name || "-" },
-      { title: "Platform / driver", value: (w) => w.platform ? `${w.platform} ${w.driver_version || ""}` : "-" },
+      { title: "Device", value: (w) => el("span", { title: w.platform ? `${w.platform}, driver ${w.driver_version || "-"}` : null, text: w.device_name || "-" }) },
       { title: "Class", value: (w) => w.device_class },
       { title: "State", value: (w) => el("span", { class: `badge ${liveness(w)}`, text: liveness(w) }) },
       { title: "Heartbeat", num: true, value: (w) => `${duration(w.heartbeat_age_s)} ago` },
