@@ -161,3 +161,15 @@ def test_self_sizing_runs_both_arms_through_tune(tmp_path: Path) -> None:
     assert case["today"]["workers"][0]["prepare_workers"] == 1
     assert case["rate_ratio"] > 0
     assert data["machine"]["load_average"] is not None
+
+
+def test_dashboard_api_smoke(db_url: str, tmp_path: Path) -> None:
+    data = run_script(
+        "dashboard_api.py", db_url, tmp_path / "dashboard.json",
+        "--trials", "300", "--workers", "3", "--repeats", "2",
+    )  # fmt: skip
+    assert data["trials"] == 300
+    calls = {c["call"]: c for c in data["calls"]}
+    assert len(calls) == 9 and all(c["n"] == 2 and c["bytes"] > 0 for c in calls.values())
+    # The big run's charts came back shaped: histogram bins and one timeline row per worker.
+    assert calls["charts"]["bytes"] > 1000

@@ -200,27 +200,34 @@ class Dashboard:
             if not m:
                 raise NotFound(f"no API endpoint {path}")
             run_id = int(m.group(1))
-            summary = q.run_summary(conn, run_id)
-            if summary is None:
-                raise NotFound(f"run {run_id} does not exist in this database")
             part = m.group(2) or ""
             if part == "":
+                summary = q.run_summary(conn, run_id)
+                if summary is None:
+                    raise NotFound(f"run {run_id} does not exist in this database")
                 return {"run": summary, "best": self._best(conn, summary, run_id)}
+            # The other calls need only the run's settings (far cheaper than its progress).
+            run = q.run_settings(conn, run_id)
+            if run is None:
+                raise NotFound(f"run {run_id} does not exist in this database")
             if part == "/charts":
+                c = q.charts(
+                    conn, run_id, histogram_bins=HISTOGRAM_BINS, timeline_bins=TIMELINE_BINS
+                )
                 return {
-                    "best_so_far": q.best_so_far(conn, run_id),
-                    "histogram": q.speed_histogram(conn, run_id, bins=HISTOGRAM_BINS),
-                    "timeline": _timeline(q.worker_timeline(conn, run_id, bins=TIMELINE_BINS)),
+                    "best_so_far": c["best_so_far"],
+                    "histogram": c["histogram"],
+                    "timeline": _timeline(c["timeline"]),
                     "timeline_bins": TIMELINE_BINS,
                     "failures": q.failure_groups(conn, run_id),
                 }
             if m.group(3) is None:
-                return self._trials(conn, summary, run_id, params)
+                return self._trials(conn, run_id, params)
             trial_id = int(m.group(3))
             row = q.trial(conn, run_id, trial_id)
             if row is None:
                 raise NotFound(f"run {run_id} has no trial {trial_id}")
-            return {"trial": row, "reproduce": _reproduce(summary, row)}
+            return {"trial": row, "reproduce": _reproduce(run, row)}
 
     def _best(self, conn: Conn, summary: dict[str, Any], run_id: int) -> Any:
         best = q.best(conn, run_id)
@@ -228,9 +235,7 @@ class Dashboard:
             best["reproduce"] = _reproduce(summary, best)
         return best
 
-    def _trials(
-        self, conn: Conn, summary: dict[str, Any], run_id: int, params: dict[str, list[str]]
-    ) -> Any:
+    def _trials(self, conn: Conn, run_id: int, params: dict[str, list[str]]) -> Any:
         sort = (params.get("sort") or ["gflops"])[-1]
         if sort not in q.SORT_COLUMNS:
             raise BadRequest(
@@ -244,10 +249,12 @@ class Dashboard:
         rows = q.configurations(
             conn, run_id, sort=sort, descending=order == "desc", limit=limit, offset=offset
         )
-        finished = sum(int(summary[s] or 0) for s in q.FINISHED)
+        total = int(rows[0].pop("total")) if rows else q.finished_count(conn, run_id)
+        for r in rows[1:]:
+            del r["total"]
         return {
             "trials": rows,
-            "total": finished,
+            "total": total,
             "sort": sort,
             "order": order,
             "limit": limit,
@@ -307,6 +314,9 @@ def _make_handler(app: Dashboard) -> type[BaseHTTPRequestHandler]:
         server_version = "tunefleet-dashboard"
         sys_version = ""
         protocol_version = "HTTP/1.1"
+        # Headers and body go out in two writes: with Nagle's algorithm the body would wait
+        # for the client's delayed ACK of the headers (40 ms per keep-alive request).
+        disable_nagle_algorithm = True
 
         def log_message(self, format: str, *args: Any) -> None:
             _log.debug("%s %s", self.address_string(), format % args)

@@ -132,61 +132,109 @@ def best(conn: Conn, run_id: int) -> Row | None:
     )
 
 
-def best_so_far(conn: Conn, run_id: int) -> list[Row]:
-    """The trials that raised the run's best GFLOP/s, in completion order: ``n`` (it was the
-    n-th finished evaluation), ``elapsed_s`` (seconds since the run was created) and
-    ``gflops`` (the new best). Between two rows the best stays the same, so these points
-    draw the whole step curve against time and against evaluations.
+def charts(conn: Conn, run_id: int, *, histogram_bins: int = 30, timeline_bins: int = 60) -> Row:
+    """The data of the run page's charts, from ONE scan of the run's trials (so the three
+    agree with each other and a run of tens of thousands of trials is read once), as JSON:
+
+    ``best_so_far``: the search trials that raised the best GFLOP/s, in completion order:
+    ``n`` (it was the n-th finished evaluation), ``trial_id``, ``elapsed_s`` (seconds since the
+    run was created) and ``gflops`` (the new best). Between two points the best stays the
+    same, so they draw the whole step curve against time and against evaluations.
+
+    ``histogram``: the measured GFLOP/s of the successful (``done``) search trials in
+    ``histogram_bins`` equal-width bins from the slowest to the fastest: ``bin``, ``low``,
+    ``high``, ``trials`` (empty bins included; no bins when nothing succeeded).
+
+    ``timeline``: how busy each worker was on the run, in ``timeline_bins`` equal time bins
+    from the run's creation to its end (now while it runs): one entry per worker and bin it
+    worked in with ``busy``, the share of the bin (0-1) covered by the trials it held (from
+    claim to finish, running ones up to now; cache answers excluded; confirmations
+    included). A worker that prefetches holds several trials at once: a bin counts as fully
+    busy at most. ``held_s`` is the worker's total held seconds; ``span_s`` the run's span.
 
     Read-only, no locks."""
-    return _all(
+    row = _one(
         conn,
         """
-        SELECT n, trial_id, elapsed_s, gflops
-          FROM (SELECT row_number() OVER w AS n, res.trial_id, res.gflops,
-                       extract(epoch FROM res.finished_at - s.created_at)::float8 AS elapsed_s,
-                       max(res.gflops) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING
-                                                  AND 1 PRECEDING) AS before
-                  FROM tunefleet.results res
-                  JOIN tunefleet.run_settings s ON s.run_id = res.run_id
-                 WHERE res.run_id = %(run_id)s AND res.finished_at IS NOT NULL
-                WINDOW w AS (ORDER BY res.finished_at, res.trial_id)) x
-         WHERE gflops IS NOT NULL AND (before IS NULL OR gflops > before)
-         ORDER BY n
-        """,
-        {"run_id": run_id},
-    )
-
-
-def speed_histogram(conn: Conn, run_id: int, *, bins: int = 30) -> list[Row]:
-    """The distribution of measured GFLOP/s over the run's successful (``done``) trials:
-    ``bins`` equal-width bins from the slowest to the fastest, each with ``low``, ``high``
-    and ``trials`` (empty bins included; none when nothing succeeded).
-
-    Read-only, no locks."""
-    return _all(
-        conn,
-        """
-        WITH g AS (SELECT res.gflops FROM tunefleet.results res
-                    WHERE res.run_id = %(run_id)s AND res.state = 'done'
-                      AND res.gflops IS NOT NULL),
+        WITH s AS (SELECT created_at AS t0,
+                          greatest(date_part('epoch', coalesce(finished_at, now())
+                                                      - created_at), 1e-3) AS span
+                     FROM tunefleet.run_settings WHERE run_id = %(run_id)s),
+             f AS MATERIALIZED (
+               SELECT d.trial_id, d.purpose, d.state, d.source, d.gflops, d.worker_id,
+                      d.finished_at,
+                      greatest(date_part('epoch', d.started_at - s.t0), 0) AS a,
+                      least(date_part('epoch', coalesce(d.finished_at, now()) - s.t0),
+                            s.span) AS e,
+                      s.span
+                 FROM tunefleet.trial_details d, s
+                WHERE d.run_id = %(run_id)s
+                  AND d.state IN ('done', 'invalid', 'failed', 'timed_out', 'running')),
+             evaluations AS (
+               SELECT row_number() OVER w AS n, trial_id, gflops, e AS elapsed_s,
+                      max(gflops) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+                        AS before
+                 FROM f
+                WHERE purpose = 'search' AND state <> 'running' AND finished_at IS NOT NULL
+               WINDOW w AS (ORDER BY finished_at, trial_id)),
+             best AS (
+               SELECT n, trial_id, elapsed_s, gflops FROM evaluations
+                WHERE gflops IS NOT NULL AND (before IS NULL OR gflops > before)),
+             g AS (SELECT gflops FROM f
+                    WHERE purpose = 'search' AND state = 'done' AND gflops IS NOT NULL),
              r AS (SELECT min(gflops) AS lo,
                           CASE WHEN max(gflops) > min(gflops) THEN max(gflops)
                                ELSE min(gflops) + 1 END AS hi
                      FROM g HAVING count(*) > 0),
-             counted AS (SELECT least(width_bucket(g.gflops, r.lo, r.hi, %(bins)s),
-                                      %(bins)s) AS b, count(*) AS trials
-                           FROM g, r GROUP BY 1)
-        SELECT b.b AS bin,
-               r.lo + (b.b - 1) * (r.hi - r.lo) / %(bins)s AS low,
-               r.lo + b.b * (r.hi - r.lo) / %(bins)s AS high,
-               coalesce(c.trials, 0) AS trials
-          FROM r CROSS JOIN generate_series(1, %(bins)s) AS b(b)
-          LEFT JOIN counted c ON c.b = b.b
-         ORDER BY b.b
+             counted AS (SELECT least(width_bucket(g.gflops, r.lo, r.hi, %(hbins)s),
+                                      %(hbins)s) AS b, count(*) AS trials
+                           FROM g, r GROUP BY 1),
+             histogram AS (
+               SELECT b.b AS bin,
+                      r.lo + (b.b - 1) * (r.hi - r.lo) / %(hbins)s AS low,
+                      r.lo + b.b * (r.hi - r.lo) / %(hbins)s AS high,
+                      coalesce(c.trials, 0) AS trials
+                 FROM r CROSS JOIN generate_series(1, %(hbins)s) AS b(b)
+                 LEFT JOIN counted c ON c.b = b.b),
+             iv AS (SELECT worker_id, a, e, span,
+                           least(floor(a * %(tbins)s / span), %(tbins)s - 1)::int AS b1,
+                           least(floor(e * %(tbins)s / span), %(tbins)s - 1)::int AS b2
+                      FROM f
+                     WHERE worker_id IS NOT NULL AND a IS NOT NULL AND source <> 'cache'),
+             -- Most trials fall inside one bin; only the others are cut into pieces.
+             pieces AS (
+               SELECT worker_id, b1 AS b, sum(greatest(e - a, 0)) AS busy
+                 FROM iv WHERE b1 = b2 GROUP BY worker_id, b1
+               UNION ALL
+               SELECT iv.worker_id, b,
+                      greatest(least(iv.e, (b + 1) * iv.span / %(tbins)s)
+                               - greatest(iv.a, b * iv.span / %(tbins)s), 0)
+                 FROM iv, generate_series(iv.b1, iv.b2) AS b
+                WHERE iv.b1 < iv.b2),
+             held AS (SELECT worker_id, sum(greatest(e - a, 0)) AS held_s
+                        FROM f
+                       WHERE worker_id IS NOT NULL AND a IS NOT NULL AND source <> 'cache'
+                       GROUP BY worker_id),
+             workers AS (SELECT h.worker_id, coalesce(w.host, '?') AS host, h.held_s
+                           FROM held h LEFT JOIN tunefleet.workers w
+                             ON w.worker_id = h.worker_id),
+             timeline AS (
+               SELECT p.worker_id, w.host AS worker_host, p.b AS bin, w.held_s, s.span AS span_s,
+                      least(sum(p.busy) / (s.span / %(tbins)s), 1.0) AS busy
+                 FROM pieces p JOIN workers w ON w.worker_id = p.worker_id, s
+                GROUP BY p.worker_id, w.host, p.b, w.held_s, s.span)
+        SELECT (SELECT coalesce(jsonb_agg(to_jsonb(best) ORDER BY n), '[]') FROM best)
+                 AS best_so_far,
+               (SELECT coalesce(jsonb_agg(to_jsonb(histogram) ORDER BY bin), '[]')
+                  FROM histogram) AS histogram,
+               (SELECT coalesce(jsonb_agg(to_jsonb(timeline)
+                                          ORDER BY worker_host, worker_id, bin), '[]')
+                  FROM timeline) AS timeline
         """,
-        {"run_id": run_id, "bins": bins},
+        {"run_id": run_id, "hbins": histogram_bins, "tbins": timeline_bins},
     )
+    assert row is not None
+    return row
 
 
 def configurations(
@@ -199,23 +247,44 @@ def configurations(
     offset: int = 0,
 ) -> list[Row]:
     """One page of the run's finished search trials (the ``results`` view): configuration,
-    state, times, GFLOP/s, worker, error; sorted by ``sort`` (a key of :data:`SORT_COLUMNS`;
-    anything else raises ``KeyError``), missing values last, ties by trial id.
+    state, times, GFLOP/s, worker, error, and ``total`` (how many there are in all); sorted by
+    ``sort`` (a key of :data:`SORT_COLUMNS`; anything else raises ``KeyError``), missing
+    values last, ties by trial id.
 
     Read-only, no locks."""
     column = sql.Identifier(SORT_COLUMNS[sort])
+    order = sql.SQL("{column} {direction} NULLS LAST, trial_id").format(
+        column=column, direction=sql.SQL("DESC" if descending else "ASC")
+    )
+    # Sort the narrow rows (id and key) of the whole run, then read the page's wide ones.
     query = sql.SQL(
         """
+        WITH page AS (
+          SELECT trial_id AS id, {column} AS key, count(*) OVER () AS total
+            FROM tunefleet.results
+           WHERE run_id = %(run_id)s
+           ORDER BY {order}
+           LIMIT %(limit)s OFFSET %(offset)s)
         SELECT res.trial_id, res.state, res.source, res.config, res.median_s, res.min_s,
                res.gflops, res.gbps, res.compile_s, res.worker_host, res.device_name,
-               res.error, res.finished_at
-          FROM tunefleet.results res
-         WHERE res.run_id = %(run_id)s
-         ORDER BY res.{column} {direction} NULLS LAST, res.trial_id
-         LIMIT %(limit)s OFFSET %(offset)s
+               res.error, res.finished_at, page.total
+          FROM page JOIN tunefleet.results res ON res.trial_id = page.id
+         ORDER BY page.key {direction} NULLS LAST, page.id
         """
-    ).format(column=column, direction=sql.SQL("DESC" if descending else "ASC"))
+    ).format(column=column, order=order, direction=sql.SQL("DESC" if descending else "ASC"))
     return _all(conn, query, {"run_id": run_id, "limit": limit, "offset": offset})
+
+
+def finished_count(conn: Conn, run_id: int) -> int:
+    """How many search trials of the run have finished (the rows of the ``results`` view).
+
+    Read-only, no locks."""
+    row = _one(
+        conn,
+        "SELECT count(*) AS n FROM tunefleet.results WHERE run_id = %(run_id)s",
+        {"run_id": run_id},
+    )
+    return int(row["n"]) if row else 0
 
 
 def failure_groups(conn: Conn, run_id: int) -> list[Row]:
@@ -235,52 +304,6 @@ def failure_groups(conn: Conn, run_id: int) -> list[Row]:
          ORDER BY count(*) DESC, res.state, min(res.trial_id)
         """,
         {"run_id": run_id},
-    )
-
-
-def worker_timeline(conn: Conn, run_id: int, *, bins: int = 60) -> list[Row]:
-    """How busy each worker was on the run over its life, in ``bins`` equal time bins from
-    the run's creation to its end (now while it runs): one row per worker and bin it worked
-    in, with ``busy`` the share of the bin (0-1) covered by the trials it held (claimed and
-    not yet finished; cache answers excluded, running trials up to now). A worker that
-    prefetches holds several trials at once; a bin counts as fully busy at most. Also per
-    row: the run's span ``span_s`` and the worker's total held seconds ``held_s`` (overlaps
-    counted once per trial).
-
-    Read-only, no locks."""
-    return _all(
-        conn,
-        """
-        WITH s AS (SELECT created_at AS t0,
-                          greatest(extract(epoch FROM coalesce(finished_at, now())
-                                                      - created_at), 1e-3)::float8 AS span
-                     FROM tunefleet.run_settings WHERE run_id = %(run_id)s),
-             iv AS (SELECT d.worker_id, d.worker_host,
-                           greatest(extract(epoch FROM d.started_at - s.t0), 0)::float8 AS a,
-                           least(extract(epoch FROM coalesce(d.finished_at, now()) - s.t0),
-                                 s.span)::float8 AS e,
-                           s.span
-                      FROM tunefleet.trial_details d, s
-                     WHERE d.run_id = %(run_id)s AND d.worker_id IS NOT NULL
-                       AND d.started_at IS NOT NULL AND d.source <> 'cache'
-                       AND d.state IN ('done', 'invalid', 'failed', 'timed_out', 'running')),
-             held AS (SELECT worker_id, sum(greatest(e - a, 0)) AS held_s
-                        FROM iv GROUP BY worker_id),
-             pieces AS (SELECT iv.worker_id, iv.worker_host, iv.span, b,
-                               greatest(least(iv.e, (b + 1) * iv.span / %(bins)s)
-                                        - greatest(iv.a, b * iv.span / %(bins)s), 0) AS busy
-                          FROM iv,
-                               generate_series(
-                                 least(floor(iv.a * %(bins)s / iv.span), %(bins)s - 1)::int,
-                                 least(floor(iv.e * %(bins)s / iv.span), %(bins)s - 1)::int)
-                                 AS b)
-        SELECT p.worker_id, p.worker_host, p.b AS bin, p.span AS span_s, h.held_s,
-               least(sum(p.busy) / (p.span / %(bins)s), 1.0)::float8 AS busy
-          FROM pieces p JOIN held h ON h.worker_id = p.worker_id
-         GROUP BY p.worker_id, p.worker_host, p.b, p.span, h.held_s
-         ORDER BY p.worker_host, p.worker_id, p.b
-        """,
-        {"run_id": run_id, "bins": bins},
     )
 
 
