@@ -111,7 +111,8 @@ SELECT t.run_id,
        d.platform,
        d.driver_version,
        coalesce(m.worker_id, t.lease_owner) AS worker_id,
-       w.host AS worker_host
+       w.host AS worker_host,
+       t.lease_owner
   FROM tunefleet.trial t
   LEFT JOIN tunefleet.measurement m ON m.trial_id = t.id
   LEFT JOIN tunefleet.device d ON d.id = m.device_id

@@ -602,7 +602,9 @@ SELECT w.id AS worker_id,
               GROUP BY t.lease_owner) h ON h.lease_owner = w.id
 """,
     # One row per trial in any state and of either purpose, with its measurement (samples,
-    # protocol, validation, versions, the generated code), device and worker.
+    # protocol, validation, versions, the generated code), device and worker (who measured
+    # it, else who holds it); ``lease_owner`` is who holds or last held it (a query that
+    # needs only trial columns reads the trial table alone).
     "trial_details": """
 SELECT t.run_id,
        t.id AS trial_id,
@@ -637,7 +639,8 @@ SELECT t.run_id,
        d.platform,
        d.driver_version,
        coalesce(m.worker_id, t.lease_owner) AS worker_id,
-       w.host AS worker_host
+       w.host AS worker_host,
+       t.lease_owner
   FROM tunefleet.trial t
   LEFT JOIN tunefleet.measurement m ON m.trial_id = t.id
   LEFT JOIN tunefleet.device d ON d.id = m.device_id

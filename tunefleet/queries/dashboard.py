@@ -147,10 +147,11 @@ def charts(conn: Conn, run_id: int, *, histogram_bins: int = 30, timeline_bins: 
 
     ``timeline``: how busy each worker was on the run, in ``timeline_bins`` equal time bins
     from the run's creation to its end (now while it runs): one entry per worker and bin it
-    worked in with ``busy``, the share of the bin (0-1) covered by the trials it held (from
-    claim to finish, running ones up to now; cache answers excluded; confirmations
-    included). A worker that prefetches holds several trials at once: a bin counts as fully
-    busy at most. ``held_s`` is the worker's total held seconds; ``span_s`` the run's span.
+    worked in with ``busy``, the share of the bin (0-1) covered by the trials it held (the
+    trial's lease owner, from claim to finish, running ones up to now; cache answers
+    excluded; confirmations included). A worker that prefetches holds several trials at
+    once: a bin counts as fully busy at most. ``held_s`` is the worker's total held seconds;
+    ``span_s`` the run's span.
 
     Read-only, no locks."""
     row = _one(
@@ -160,35 +161,31 @@ def charts(conn: Conn, run_id: int, *, histogram_bins: int = 30, timeline_bins: 
                           greatest(date_part('epoch', coalesce(finished_at, now())
                                                       - created_at), 1e-3) AS span
                      FROM tunefleet.run_settings WHERE run_id = %(run_id)s),
+             -- The finished search trials with their speed (trial and measurement).
              f AS MATERIALIZED (
-               SELECT d.trial_id, d.purpose, d.state, d.source, d.gflops, d.worker_id,
-                      d.finished_at,
-                      greatest(date_part('epoch', d.started_at - s.t0), 0) AS a,
-                      least(date_part('epoch', coalesce(d.finished_at, now()) - s.t0),
-                            s.span) AS e,
-                      s.span
+               SELECT d.trial_id, d.state, d.gflops, d.finished_at,
+                      date_part('epoch', d.finished_at - s.t0) AS elapsed_s
                  FROM tunefleet.trial_details d, s
-                WHERE d.run_id = %(run_id)s
-                  AND d.state IN ('done', 'invalid', 'failed', 'timed_out', 'running')),
+                WHERE d.run_id = %(run_id)s AND d.purpose = 'search'
+                  AND d.state IN ('done', 'invalid', 'failed', 'timed_out')
+                  AND d.finished_at IS NOT NULL),
              evaluations AS (
-               SELECT row_number() OVER w AS n, trial_id, gflops, e AS elapsed_s,
+               SELECT row_number() OVER w AS n, trial_id, gflops, elapsed_s,
                       max(gflops) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
                         AS before
                  FROM f
-                WHERE purpose = 'search' AND state <> 'running' AND finished_at IS NOT NULL
                WINDOW w AS (ORDER BY finished_at, trial_id)),
              best AS (
                SELECT n, trial_id, elapsed_s, gflops FROM evaluations
                 WHERE gflops IS NOT NULL AND (before IS NULL OR gflops > before)),
-             g AS (SELECT gflops FROM f
-                    WHERE purpose = 'search' AND state = 'done' AND gflops IS NOT NULL),
              r AS (SELECT min(gflops) AS lo,
                           CASE WHEN max(gflops) > min(gflops) THEN max(gflops)
                                ELSE min(gflops) + 1 END AS hi
-                     FROM g HAVING count(*) > 0),
-             counted AS (SELECT least(width_bucket(g.gflops, r.lo, r.hi, %(hbins)s),
+                     FROM f WHERE state = 'done' AND gflops IS NOT NULL HAVING count(*) > 0),
+             counted AS (SELECT least(width_bucket(f.gflops, r.lo, r.hi, %(hbins)s),
                                       %(hbins)s) AS b, count(*) AS trials
-                           FROM g, r GROUP BY 1),
+                           FROM f, r WHERE f.state = 'done' AND f.gflops IS NOT NULL
+                          GROUP BY 1),
              histogram AS (
                SELECT b.b AS bin,
                       r.lo + (b.b - 1) * (r.hi - r.lo) / %(hbins)s AS low,
@@ -196,33 +193,38 @@ def charts(conn: Conn, run_id: int, *, histogram_bins: int = 30, timeline_bins: 
                       coalesce(c.trials, 0) AS trials
                  FROM r CROSS JOIN generate_series(1, %(hbins)s) AS b(b)
                  LEFT JOIN counted c ON c.b = b.b),
-             iv AS (SELECT worker_id, a, e, span,
-                           least(floor(a * %(tbins)s / span), %(tbins)s - 1)::int AS b1,
-                           least(floor(e * %(tbins)s / span), %(tbins)s - 1)::int AS b2
-                      FROM f
-                     WHERE worker_id IS NOT NULL AND a IS NOT NULL AND source <> 'cache'),
-             -- Most trials fall inside one bin; only the others are cut into pieces.
+             -- Held intervals: trial columns only, so the trial table alone is read.
+             iv AS MATERIALIZED (
+               SELECT x.*, least(floor(x.a / x.w), %(tbins)s - 1)::int AS b1,
+                      least(floor(x.e / x.w), %(tbins)s - 1)::int AS b2
+                 FROM (SELECT d.lease_owner AS worker_id, s.span / %(tbins)s AS w,
+                              greatest(date_part('epoch', d.started_at - s.t0), 0) AS a,
+                              least(date_part('epoch', coalesce(d.finished_at, now()) - s.t0),
+                                    s.span) AS e
+                         FROM tunefleet.trial_details d, s
+                        WHERE d.run_id = %(run_id)s AND d.lease_owner IS NOT NULL
+                          AND d.started_at IS NOT NULL AND d.source <> 'cache'
+                          AND d.state IN ('done', 'invalid', 'failed', 'timed_out', 'running'))
+                      x),
+             -- Each interval's part in its first bin, then (rarely) the bins it runs on into.
              pieces AS (
-               SELECT worker_id, b1 AS b, sum(greatest(e - a, 0)) AS busy
-                 FROM iv WHERE b1 = b2 GROUP BY worker_id, b1
+               SELECT worker_id, b1 AS b, sum(greatest(least(e, (b1 + 1) * w) - a, 0)) AS busy
+                 FROM iv GROUP BY worker_id, b1
                UNION ALL
-               SELECT iv.worker_id, b,
-                      greatest(least(iv.e, (b + 1) * iv.span / %(tbins)s)
-                               - greatest(iv.a, b * iv.span / %(tbins)s), 0)
-                 FROM iv, generate_series(iv.b1, iv.b2) AS b
+               SELECT iv.worker_id, b, greatest(least(iv.e, (b + 1) * iv.w) - b * iv.w, 0)
+                 FROM iv, generate_series(iv.b1 + 1, iv.b2) AS b
                 WHERE iv.b1 < iv.b2),
-             held AS (SELECT worker_id, sum(greatest(e - a, 0)) AS held_s
-                        FROM f
-                       WHERE worker_id IS NOT NULL AND a IS NOT NULL AND source <> 'cache'
-                       GROUP BY worker_id),
-             workers AS (SELECT h.worker_id, coalesce(w.host, '?') AS host, h.held_s
-                           FROM held h LEFT JOIN tunefleet.workers w
-                             ON w.worker_id = h.worker_id),
+             binned AS (SELECT worker_id, b, sum(busy) AS busy FROM pieces
+                         GROUP BY worker_id, b),
+             held AS (SELECT worker_id, sum(busy) AS held_s FROM binned GROUP BY worker_id),
              timeline AS (
-               SELECT p.worker_id, w.host AS worker_host, p.b AS bin, w.held_s, s.span AS span_s,
-                      least(sum(p.busy) / (s.span / %(tbins)s), 1.0) AS busy
-                 FROM pieces p JOIN workers w ON w.worker_id = p.worker_id, s
-                GROUP BY p.worker_id, w.host, p.b, w.held_s, s.span)
+               SELECT p.worker_id, coalesce(w.host, '?') AS worker_host, p.b AS bin,
+                      h.held_s, s.span AS span_s,
+                      least(p.busy / (s.span / %(tbins)s), 1.0) AS busy
+                 FROM binned p
+                 JOIN held h ON h.worker_id = p.worker_id
+                 LEFT JOIN tunefleet.workers w ON w.worker_id = p.worker_id
+                 CROSS JOIN s)
         SELECT (SELECT coalesce(jsonb_agg(to_jsonb(best) ORDER BY n), '[]') FROM best)
                  AS best_so_far,
                (SELECT coalesce(jsonb_agg(to_jsonb(histogram) ORDER BY bin), '[]')
