@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -400,9 +398,3 @@ def test_the_command_refuses_a_port_in_use_in_one_line(server, reader_url, cli, 
     err = cli.fails("dashboard", "--db", reader_url, "--port", str(server.port), code=2)
     assert f"cannot listen on 127.0.0.1 port {server.port}" in err
     assert len(err.strip().splitlines()) == 1
-
-
-def test_the_package_data_lists_the_assets() -> None:
-    static = Path(__file__).resolve().parents[2] / "tunefleet" / "dashboard" / "static"
-    assert {p.name for p in static.iterdir()} >= {"index.html", "app.js", "style.css"}
-    assert os.path.getsize(static / "app.js") < 100_000

@@ -216,6 +216,11 @@ def test_migrations_ship_in_the_wheel(tmp_path: Path, empty_db_url: str) -> None
         "migrations/env.py",
         "migrations/script.py.mako",
         "migrations/versions/0001_initial.py",
+        # The dashboard's page serves from the wheel on a cluster without network access.
+        "tunefleet/dashboard/static/index.html",
+        "tunefleet/dashboard/static/app.js",
+        "tunefleet/dashboard/static/style.css",
+        "tunefleet/dashboard/static/icon.svg",
     ):
         assert needed in names, f"{needed} missing from {wheel.name}"
     versions = {Path(r.path).name for r in script_directory().walk_revisions()}

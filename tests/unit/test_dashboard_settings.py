@@ -59,6 +59,12 @@ def test_a_short_token_is_refused() -> None:
         DashboardSettings.build(token="short")
 
 
+@pytest.mark.parametrize("token", ["with spaces in it, long enough", "semi;colon-0123456789"])
+def test_a_token_that_cannot_travel_in_a_cookie_is_refused(token: str) -> None:
+    with pytest.raises(UsageError, match="letters, digits"):
+        DashboardSettings.build(token=token)
+
+
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [

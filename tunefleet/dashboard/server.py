@@ -102,8 +102,13 @@ class Pool:
             try:
                 conn = self._idle.get_nowait()
             except queue.Empty:
-                conn = self._connect()
-                q.make_read_only(conn)
+                fresh = self._connect()
+                try:
+                    q.make_read_only(fresh)
+                except BaseException:
+                    fresh.close()  # never hand out a session that could write
+                    raise
+                conn = fresh
             yield conn
         except psycopg.OperationalError:
             if conn is not None:
@@ -383,7 +388,7 @@ def _make_handler(app: Dashboard) -> type[BaseHTTPRequestHandler]:
             elif token is not None and "token" in params:
                 # Keep the token out of the address bar and history: a cookie carries it.
                 rest = {k: v for k, v in params.items() if k != "token"}
-                target = quote(path) + (
+                target = quote(path, safe="/%") + (
                     "?" + "&".join(f"{quote(k)}={quote(x)}" for k, vs in rest.items() for x in vs)
                     if rest
                     else ""
@@ -421,6 +426,8 @@ def _make_handler(app: Dashboard) -> type[BaseHTTPRequestHandler]:
                 return self._fail(500, f"{type(exc).__name__}: {exc}".splitlines()[0], api)
 
         def _not_allowed(self) -> None:
+            # The request's body is never read: the connection cannot carry another request.
+            self.close_connection = True
             api = urlsplit(self.path).path.startswith("/api/")
             r = self._fail(405, "the dashboard is read-only: only GET and HEAD", api)
             r.headers["Allow"] = "GET, HEAD"

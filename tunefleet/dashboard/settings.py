@@ -9,6 +9,7 @@ carry (a page asked for once with ``?token=...`` keeps it in a cookie).
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass
 
 from tunefleet.errors import UsageError
@@ -22,6 +23,7 @@ MIN_TOKEN_LENGTH = 16
 MAX_REFRESH_S = 3600.0
 MIN_REFRESH_S = 0.2
 
+_TOKEN_RE = re.compile(r"[A-Za-z0-9._~+/=-]+")
 _LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
 
 
@@ -75,6 +77,12 @@ class DashboardSettings:
         chosen_token = resolve(token, "DASHBOARD_TOKEN", None, str)
         if chosen_token is not None:
             chosen_token = chosen_token.strip()
+            if not _TOKEN_RE.fullmatch(chosen_token):
+                raise UsageError(
+                    "the dashboard token may use letters, digits and - _ . ~ + / = only (it "
+                    "travels in a cookie); e.g. python -c 'import secrets; "
+                    "print(secrets.token_urlsafe())'"
+                )
             if len(chosen_token) < MIN_TOKEN_LENGTH:
                 raise UsageError(
                     f"the dashboard token is {len(chosen_token)} characters long; use at least "
