@@ -164,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             ("baseline: /static/style.css (no database)", "/static/style.css"),
             ("all runs", "/api/runs"),
             ("one run (the polled summary)", f"/api/runs/{run}"),
+            ("best configuration", f"/api/runs/{run}/best"),
             ("charts", f"/api/runs/{run}/charts"),
             ("configurations, by GFLOP/s", f"/api/runs/{run}/trials"),
             (

@@ -115,9 +115,8 @@ def test_runs_lists_both_runs_with_progress_best_and_live_workers(server, filled
 
 
 def test_one_run_has_its_best_configuration_and_its_reproduce_command(server, filled):
-    data = get_json(server, f"/api/runs/{filled.cpu_run}")
-    assert data["run"]["run_id"] == filled.cpu_run
-    best = data["best"]
+    assert get_json(server, f"/api/runs/{filled.cpu_run}")["run"]["run_id"] == filled.cpu_run
+    best = get_json(server, f"/api/runs/{filled.cpu_run}/best")["best"]
     assert (best["trial_id"], best["gflops"]) == (filled.best_trial, filled.best_gflops)
     assert best["reproduce"] == (
         "tunefleet measure gemm --dtype float32 --size n=256 "
@@ -221,6 +220,7 @@ def test_fleet_shows_workers_what_they_hold_serve_and_stand_aside_from(server, f
     [
         "/api/runs/999999",
         "/api/runs/999999/charts",
+        "/api/runs/999999/best",
         "/api/runs/999999/trials",
         "/api/runs/0",
         "/api/runs/abc",

@@ -11,7 +11,8 @@ Routes (``RUN`` and ``TRIAL`` are decimal ids; anything else is a 404):
 ``GET /``, ``/runs/RUN``, ``/fleet``        the pages (one shell, drawn by ``app.js``)
 ``GET /static/NAME``                        the script, style sheet and icon
 ``GET /api/runs``                           every run with its progress
-``GET /api/runs/RUN``                       one run's progress and best (the page polls it)
+``GET /api/runs/RUN``                       one run's progress (the page polls it)
+``GET /api/runs/RUN/best``                  its best configuration and reproduce command
 ``GET /api/runs/RUN/charts``                best so far, speed histogram, worker timeline,
                                             failure reasons
 ``GET /api/runs/RUN/trials?sort=&order=&limit=&offset=``  the configuration table
@@ -63,6 +64,7 @@ MAX_PAGE = 500
 HISTOGRAM_BINS = 30
 TIMELINE_BINS = 60
 _ID = r"([1-9][0-9]{0,17})"  # fits PostgreSQL's bigint
+_RUN_API = re.compile(r"/api/runs/" + _ID + r"(/best|/charts|/trials(?:/" + _ID + ")?)?")
 _ASSETS = {
     "app.js": "text/javascript; charset=utf-8",
     "style.css": "text/css; charset=utf-8",
@@ -201,7 +203,9 @@ class Dashboard:
                 return {"runs": q.list_runs(conn)}
             if path == "/api/fleet":
                 return {"workers": q.fleet(conn), "alive_s": q.ALIVE_S}
-            m = re.fullmatch(r"/api/runs/" + _ID + r"(/charts|/trials(?:/" + _ID + ")?)?", path)
+            m = re.fullmatch(
+                r"/api/runs/" + _ID + r"(/best|/charts|/trials(?:/" + _ID + ")?)?", path
+            )
             if not m:
                 raise NotFound(f"no API endpoint {path}")
             run_id = int(m.group(1))
@@ -210,11 +214,16 @@ class Dashboard:
                 summary = q.run_summary(conn, run_id)
                 if summary is None:
                     raise NotFound(f"run {run_id} does not exist in this database")
-                return {"run": summary, "best": self._best(conn, summary, run_id)}
+                return {"run": summary}
             # The other calls need only the run's settings (far cheaper than its progress).
             run = q.run_settings(conn, run_id)
             if run is None:
                 raise NotFound(f"run {run_id} does not exist in this database")
+            if part == "/best":
+                best = q.best(conn, run_id)
+                if best is not None:
+                    best["reproduce"] = _reproduce(run, best)
+                return {"best": best}
             if part == "/charts":
                 c = q.charts(
                     conn, run_id, histogram_bins=HISTOGRAM_BINS, timeline_bins=TIMELINE_BINS
@@ -233,12 +242,6 @@ class Dashboard:
             if row is None:
                 raise NotFound(f"run {run_id} has no trial {trial_id}")
             return {"trial": row, "reproduce": _reproduce(run, row)}
-
-    def _best(self, conn: Conn, summary: dict[str, Any], run_id: int) -> Any:
-        best = q.best(conn, run_id)
-        if best is not None:
-            best["reproduce"] = _reproduce(summary, best)
-        return best
 
     def _trials(self, conn: Conn, run_id: int, params: dict[str, list[str]]) -> Any:
         sort = (params.get("sort") or ["gflops"])[-1]

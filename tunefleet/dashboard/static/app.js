@@ -378,7 +378,11 @@ function runPage(runId) {
     ], c.failures, { onRow: (r) => showTrial(r.first_trial) }) : el("div", { class: "empty", text: "no failed, invalid or timed-out trial" }));
   }
 
-  function drawSummary(s, best) {
+  async function loadBest() {
+    drawBest((await api(`/api/runs/${runId}/best`)).best);
+  }
+
+  function drawSummary(s) {
     const title = el("h1", {}, `Run ${s.run_id}: ${s.problem} `, el("span", { class: "muted", text: argsText(s.problem_args) }), " ",
       el("span", { class: `badge ${s.run_state}`, id: "run-state", text: s.run_state }));
     const sub = el("div", { class: "sub" }, `device class ${s.device_class}`,
@@ -394,6 +398,9 @@ function runPage(runId) {
       card("best", "best GFLOP/s", gflops(s.best_gflops)), card("rate", "eval / min", (s.evaluations_per_minute || 0).toFixed(1)),
       card("workers", "live workers", s.live_workers), card("elapsed", "elapsed", duration(s.elapsed_s)));
     states.replaceChildren(el("h2", { text: `Trials by state (${s.trials})` }), stateBar(s, true), legend());
+  }
+
+  function drawBest(best) {
     if (!best) {
       bestBox.replaceChildren(el("h2", { text: "Best configuration" }), el("div", { class: "empty", text: "no successful trial yet" }));
     } else {
@@ -411,10 +418,11 @@ function runPage(runId) {
   poll(async () => {
     const data = await api(`/api/runs/${runId}`);
     summary = data.run;
-    drawSummary(summary, data.best);
+    drawSummary(summary);
+    // The heavier parts are asked for only when the run changed (in parallel).
     const key = JSON.stringify([summary.run_state, summary.trials, ...STATES.map((k) => summary[k]), summary.best_gflops, summary.confirmed]);
     if (key !== lastKey) {
-      await Promise.all([loadCharts(summary), loadTable()]);
+      await Promise.all([loadCharts(summary), loadTable(), loadBest()]);
       if (openTrial) await showTrial(openTrial);
       lastKey = key;
     }
