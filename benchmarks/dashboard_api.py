@@ -165,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
             ("all runs", "/api/runs"),
             ("one run (the polled summary)", f"/api/runs/{run}"),
             ("best configuration", f"/api/runs/{run}/best"),
-            ("charts", f"/api/runs/{run}/charts"),
+            ("speed charts and failures", f"/api/runs/{run}/charts"),
+            ("worker timeline", f"/api/runs/{run}/timeline"),
             ("configurations, by GFLOP/s", f"/api/runs/{run}/trials"),
             (
                 "configurations, by median, page 200",

@@ -170,6 +170,7 @@ def test_dashboard_api_smoke(db_url: str, tmp_path: Path) -> None:
     )  # fmt: skip
     assert data["trials"] == 300
     calls = {c["call"]: c for c in data["calls"]}
-    assert len(calls) == 10 and all(c["n"] == 2 and c["bytes"] > 0 for c in calls.values())
-    # The big run's charts came back shaped: histogram bins and one timeline row per worker.
-    assert calls["charts"]["bytes"] > 1000
+    assert len(calls) == 11 and all(c["n"] == 2 and c["bytes"] > 0 for c in calls.values())
+    # The big run's charts came back shaped: histogram bins, one timeline row per worker.
+    assert calls["speed charts and failures"]["bytes"] > 1000
+    assert calls["worker timeline"]["bytes"] > 1000

@@ -137,11 +137,13 @@ def test_charts_are_shaped_by_the_database(server, filled):
     assert (bins[0]["trials"], bins[-1]["trials"]) == (1, 1)  # the slowest and the fastest
     # Worker 1 held three 20 s trials and four 5 s failures; worker 2 three 20 s trials and
     # the running one (up to now). Busy shares add up to the held time over the run's span.
-    timeline = {w["worker_id"]: w for w in c["timeline"]}
+    t = get_json(server, f"/api/runs/{filled.cpu_run}/timeline")
+    timeline = {w["worker_id"]: w for w in t["timeline"]}
     w1, w2 = (timeline[str(w)] for w in filled.workers[:2])
+    assert (w1["host"], w2["host"]) == ("node-a", "node-b")
     assert w1["held_s"] == pytest.approx(80.0)
     assert w1["busy_share"] == pytest.approx(80.0 / w1["span_s"], rel=1e-6)
-    assert len(w1["busy"]) == c["timeline_bins"] and max(w1["busy"]) <= 1.0
+    assert len(w1["busy"]) == t["timeline_bins"] and max(w1["busy"]) <= 1.0
     assert w2["held_s"] > 60.0 + 300  # the running trial counts up to now
     assert str(filled.workers[2]) not in timeline  # the GPU worker never served this run
     assert [(f["state"], f["trials"]) for f in c["failures"]] == [
@@ -221,6 +223,7 @@ def test_fleet_shows_workers_what_they_hold_serve_and_stand_aside_from(server, f
         "/api/runs/999999",
         "/api/runs/999999/charts",
         "/api/runs/999999/best",
+        "/api/runs/999999/timeline",
         "/api/runs/999999/trials",
         "/api/runs/0",
         "/api/runs/abc",

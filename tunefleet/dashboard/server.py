@@ -13,8 +13,8 @@ Routes (``RUN`` and ``TRIAL`` are decimal ids; anything else is a 404):
 ``GET /api/runs``                           every run with its progress
 ``GET /api/runs/RUN``                       one run's progress (the page polls it)
 ``GET /api/runs/RUN/best``                  its best configuration and reproduce command
-``GET /api/runs/RUN/charts``                best so far, speed histogram, worker timeline,
-                                            failure reasons
+``GET /api/runs/RUN/charts``                best so far, speed histogram, failure reasons
+``GET /api/runs/RUN/timeline``              how busy each worker was over the run
 ``GET /api/runs/RUN/trials?sort=&order=&limit=&offset=``  the configuration table
 ``GET /api/runs/RUN/trials/TRIAL``          one trial, its code and reproduce command
 ``GET /api/fleet``                          workers, devices, heartbeats, served runs
@@ -64,7 +64,7 @@ MAX_PAGE = 500
 HISTOGRAM_BINS = 30
 TIMELINE_BINS = 60
 _ID = r"([1-9][0-9]{0,17})"  # fits PostgreSQL's bigint
-_RUN_API = re.compile(r"/api/runs/" + _ID + r"(/best|/charts|/trials(?:/" + _ID + ")?)?")
+_RUN_API = re.compile(r"/api/runs/" + _ID + r"(/best|/charts|/timeline|/trials(?:/" + _ID + r")?)?")
 _ASSETS = {
     "app.js": "text/javascript; charset=utf-8",
     "style.css": "text/css; charset=utf-8",
@@ -203,9 +203,7 @@ class Dashboard:
                 return {"runs": q.list_runs(conn)}
             if path == "/api/fleet":
                 return {"workers": q.fleet(conn), "alive_s": q.ALIVE_S}
-            m = re.fullmatch(
-                r"/api/runs/" + _ID + r"(/best|/charts|/trials(?:/" + _ID + ")?)?", path
-            )
+            m = _RUN_API.fullmatch(path)
             if not m:
                 raise NotFound(f"no API endpoint {path}")
             run_id = int(m.group(1))
@@ -225,15 +223,16 @@ class Dashboard:
                     best["reproduce"] = _reproduce(run, best)
                 return {"best": best}
             if part == "/charts":
-                c = q.charts(
-                    conn, run_id, histogram_bins=HISTOGRAM_BINS, timeline_bins=TIMELINE_BINS
-                )
+                c = q.speed_charts(conn, run_id, bins=HISTOGRAM_BINS)
                 return {
                     "best_so_far": c["best_so_far"],
                     "histogram": c["histogram"],
-                    "timeline": _timeline(c["timeline"]),
-                    "timeline_bins": TIMELINE_BINS,
                     "failures": q.failure_groups(conn, run_id),
+                }
+            if part == "/timeline":
+                return {
+                    "timeline": _timeline(q.worker_timeline(conn, run_id, bins=TIMELINE_BINS)),
+                    "timeline_bins": TIMELINE_BINS,
                 }
             if m.group(3) is None:
                 return self._trials(conn, run_id, params)

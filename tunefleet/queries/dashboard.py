@@ -132,9 +132,9 @@ def best(conn: Conn, run_id: int) -> Row | None:
     )
 
 
-def charts(conn: Conn, run_id: int, *, histogram_bins: int = 30, timeline_bins: int = 60) -> Row:
-    """The data of the run page's charts, from ONE scan of the run's trials (so the three
-    agree with each other and a run of tens of thousands of trials is read once), as JSON:
+def speed_charts(conn: Conn, run_id: int, *, bins: int = 30) -> Row:
+    """The data of the run page's speed charts, from ONE scan of the run's finished search
+    trials (so the two agree and a run of tens of thousands of trials is read once), as JSON:
 
     ``best_so_far``: the search trials that raised the best GFLOP/s, in completion order:
     ``n`` (it was the n-th finished evaluation), ``trial_id``, ``elapsed_s`` (seconds since the
@@ -142,16 +142,8 @@ def charts(conn: Conn, run_id: int, *, histogram_bins: int = 30, timeline_bins: 
     same, so they draw the whole step curve against time and against evaluations.
 
     ``histogram``: the measured GFLOP/s of the successful (``done``) search trials in
-    ``histogram_bins`` equal-width bins from the slowest to the fastest: ``bin``, ``low``,
-    ``high``, ``trials`` (empty bins included; no bins when nothing succeeded).
-
-    ``timeline``: how busy each worker was on the run, in ``timeline_bins`` equal time bins
-    from the run's creation to its end (now while it runs): one entry per worker and bin it
-    worked in with ``busy``, the share of the bin (0-1) covered by the trials it held (the
-    trial's lease owner, from claim to finish, running ones up to now; cache answers
-    excluded; confirmations included). A worker that prefetches holds several trials at
-    once: a bin counts as fully busy at most. ``held_s`` is the worker's total held seconds;
-    ``span_s`` the run's span.
+    ``bins`` equal-width bins from the slowest to the fastest: ``bin``, ``low``, ``high``,
+    ``trials`` (empty bins included; no bins when nothing succeeded).
 
     Read-only, no locks."""
     row = _one(
@@ -192,7 +184,35 @@ def charts(conn: Conn, run_id: int, *, histogram_bins: int = 30, timeline_bins: 
                       r.lo + b.b * (r.hi - r.lo) / %(hbins)s AS high,
                       coalesce(c.trials, 0) AS trials
                  FROM r CROSS JOIN generate_series(1, %(hbins)s) AS b(b)
-                 LEFT JOIN counted c ON c.b = b.b),
+                 LEFT JOIN counted c ON c.b = b.b)
+        SELECT (SELECT coalesce(jsonb_agg(to_jsonb(best) ORDER BY n), '[]') FROM best)
+                 AS best_so_far,
+               (SELECT coalesce(jsonb_agg(to_jsonb(histogram) ORDER BY bin), '[]')
+                  FROM histogram) AS histogram
+        """,
+        {"run_id": run_id, "hbins": bins},
+    )
+    assert row is not None
+    return row
+
+
+def worker_timeline(conn: Conn, run_id: int, *, bins: int = 60) -> list[Row]:
+    """How busy each worker was on the run, in ``bins`` equal time bins from the run's
+    creation to its end (now while it runs): one row per worker and bin it worked in with
+    ``busy``, the share of the bin (0-1) covered by the trials it held (the trial's lease
+    owner, from claim to finish, running ones up to now; cache answers excluded;
+    confirmations included), ``held_s`` (the worker's total held seconds) and ``span_s`` (the
+    run's span). A worker that prefetches holds several trials at once: a bin counts as fully
+    busy at most. Reads trial columns only, so only the trial table is scanned.
+
+    Read-only, no locks."""
+    row = _one(
+        conn,
+        """
+        WITH s AS (SELECT created_at AS t0,
+                          greatest(date_part('epoch', coalesce(finished_at, now())
+                                                      - created_at), 1e-3) AS span
+                     FROM tunefleet.run_settings WHERE run_id = %(run_id)s),
              -- Held intervals: trial columns only, so the trial table alone is read.
              iv AS MATERIALIZED (
                SELECT x.*, least(floor(x.a / x.w), %(tbins)s - 1)::int AS b1,
@@ -225,18 +245,13 @@ def charts(conn: Conn, run_id: int, *, histogram_bins: int = 30, timeline_bins: 
                  JOIN held h ON h.worker_id = p.worker_id
                  LEFT JOIN tunefleet.workers w ON w.worker_id = p.worker_id
                  CROSS JOIN s)
-        SELECT (SELECT coalesce(jsonb_agg(to_jsonb(best) ORDER BY n), '[]') FROM best)
-                 AS best_so_far,
-               (SELECT coalesce(jsonb_agg(to_jsonb(histogram) ORDER BY bin), '[]')
-                  FROM histogram) AS histogram,
-               (SELECT coalesce(jsonb_agg(to_jsonb(timeline)
-                                          ORDER BY worker_host, worker_id, bin), '[]')
-                  FROM timeline) AS timeline
+        SELECT coalesce(jsonb_agg(to_jsonb(timeline) ORDER BY worker_host, worker_id, bin),
+                        '[]') AS timeline
+          FROM timeline
         """,
-        {"run_id": run_id, "hbins": histogram_bins, "tbins": timeline_bins},
+        {"run_id": run_id, "tbins": bins},
     )
-    assert row is not None
-    return row
+    return list(row["timeline"]) if row else []
 
 
 def configurations(

@@ -363,12 +363,16 @@ function runPage(runId) {
     for (const tr of configs.querySelectorAll("tbody tr")) tr.classList.toggle("selected", tr.dataset.id === openTrial);
   }
 
+  async function loadTimeline() {
+    const t = await api(`/api/runs/${runId}/timeline`);
+    chartWorkers.replaceChildren(el("h2", { text: "Workers: share of time holding a trial" }), timeline(t.timeline, t.timeline_bins));
+  }
+
   async function loadCharts(s) {
     const c = await api(`/api/runs/${runId}/charts`);
     chartTime.replaceChildren(el("h2", { text: "Best so far, against time" }), stepChart(c.best_so_far, "elapsed_s", s.elapsed_s, "time since the run started", duration));
     chartEvals.replaceChildren(el("h2", { text: "Best so far, against evaluations" }), stepChart(c.best_so_far, "n", finished(s), "evaluations", (v) => String(Math.round(v)), true));
     chartHist.replaceChildren(el("h2", { text: "Distribution of measured speeds" }), histogram(c.histogram));
-    chartWorkers.replaceChildren(el("h2", { text: "Workers: share of time holding a trial" }), timeline(c.timeline, c.timeline_bins));
     failures.replaceChildren(el("h2", { text: "Failure reasons" }), c.failures.length ? table([
       { title: "State", value: (r) => el("span", { class: `badge ${r.state}`, text: r.state }) },
       { title: "Trials", num: true, value: (r) => r.trials },
@@ -422,7 +426,7 @@ function runPage(runId) {
     // The heavier parts are asked for only when the run changed (in parallel).
     const key = JSON.stringify([summary.run_state, summary.trials, ...STATES.map((k) => summary[k]), summary.best_gflops, summary.confirmed]);
     if (key !== lastKey) {
-      await Promise.all([loadCharts(summary), loadTable(), loadBest()]);
+      await Promise.all([loadCharts(summary), loadTimeline(), loadTable(), loadBest()]);
       if (openTrial) await showTrial(openTrial);
       lastKey = key;
     }
