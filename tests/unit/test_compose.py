@@ -221,11 +221,17 @@ def test_compose_config_validates(profiles, tmp_path):
 
 # The record appears whole (renamed into place) once SIGTERM is handled: a test that sees it
 # never reads an empty file or stops a worker that cannot yet say it released its trials.
+# The failing worker (FAKE_EXIT, device 1) ignores SIGTERM: it fails on its own, and a test's
+# SIGTERM that reaches it between its record and its exit must not turn its status into 0.
 FAKE_WORKER = """#!/usr/bin/env bash
+if [[ -n "${FAKE_EXIT:-}" && " $* " == *" --device 1 "* ]]; then
+    trap '' TERM
+    echo "$*" > "$FAKE_RECORD_DIR/worker-$$.txt"
+    exit "$FAKE_EXIT"
+fi
 trap 'echo released >> "$FAKE_RECORD_DIR/worker-$$.txt"; exit 0' TERM
 echo "$*" > "$FAKE_RECORD_DIR/worker-$$.part"
 mv "$FAKE_RECORD_DIR/worker-$$.part" "$FAKE_RECORD_DIR/worker-$$.txt"
-if [[ -n "${FAKE_EXIT:-}" && " $* " == *" --device 1 "* ]]; then exit "$FAKE_EXIT"; fi
 while true; do sleep 0.1; done
 """
 
@@ -283,6 +289,7 @@ def test_device_workers_exit_with_a_failing_worker_status(fake_tunefleet):
         deadline = time.monotonic() + 20
         while len(_records(env)) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
+        assert len(_records(env)) == 2, "both workers should have started within 20 s"
         proc.terminate()
         proc.wait(timeout=30)
     finally:
