@@ -1,6 +1,10 @@
 """Each benchmark script runs end to end with tiny parameters against a real database and
 writes a JSON file with the numbers its table shows. No timing is asserted: speed belongs to
-the scripts' own output, not to the test suite."""
+the scripts' own output, not to the test suite.
+
+They are marked ``benchmark`` and left out of the default run (``pytest -m benchmark`` runs
+them; CI does, after the suite): each starts the script's own processes and servers, a
+sixth of the suite's time for what guards the scripts rather than the product."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.acceptance
+pytestmark = [pytest.mark.acceptance, pytest.mark.benchmark]
 
 ROOT = Path(__file__).resolve().parents[2]
 
