@@ -23,6 +23,13 @@ e.g. on PoCL: ``python benchmarks/self_sizing.py --suite gpu --quick``.
 ``--max-trials N`` ends every arm after N trials instead of a wall budget (the suite's smoke
 test: it finishes however loaded the machine is).
 
+``--same-configs`` makes the comparison fair where the search's path decides the time (the
+README job: one slow configuration, a timed-out one, can cost more than any sizing saves).
+The defaults arm searches as usual; then both sizings measure exactly the configurations it
+searched, in its order, as seed configurations (``--seed-config``, ``--max-trials`` their
+number): "today (same configs)" and "defaults (same configs)". The ratio of those two is the
+fair one; the search arm is reported beside them.
+
 Prints one table (evaluations per minute, ratio defaults / other arm, best GFLOP/s, the
 sizing each worker ended with and its device busy fraction) and writes
 ``self_sizing_<suite>.json`` (with the machine's load) to ``--out``, else ``$OUT``, else
@@ -35,6 +42,7 @@ sizing each worker ended with and its device busy fraction) and writes
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -131,6 +139,10 @@ class Arm:
     label: str
     argv: list[str]
     out: dict[str, Any] = field(default_factory=dict)
+    #: Its search configurations seed the replay arms (``--same-configs``).
+    capture: bool = False
+    #: The configurations its run measured, in trial order (also in the JSON: ``configs``).
+    configs: list[dict[str, Any]] = field(default_factory=list)
 
 
 def tunefleet(env: dict[str, str], *argv: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -171,6 +183,8 @@ def run_arm(arm: Arm, budget: float, max_trials: int | None, device: str | None)
             arm.out["error"] = (proc.stderr.strip().splitlines() or ["no run started"])[-1]
             return
         arm.out.update(run_numbers(url, int(found.group(1))))
+        arm.configs = search_configs(url, int(found.group(1)))
+        arm.out["configs"] = arm.configs
         if proc.returncode != 0:
             arm.out["error"] = (proc.stderr.strip().splitlines() or ["?"])[-1]
     except subprocess.TimeoutExpired as exc:
@@ -205,6 +219,37 @@ def run_numbers(url: str, run_id: int) -> dict[str, Any]:
     }
 
 
+def search_configs(url: str, run_id: int) -> list[dict[str, Any]]:
+    """The configurations the run's search measured, first trial first: not its
+    confirmations (re-measurements of the best), nor the trials its stop cancelled."""
+    with connect(url) as conn:
+        rows = conn.execute(
+            "SELECT config FROM tunefleet.trial WHERE run_id = %s AND purpose = 'search'"
+            " AND state IN ('done', 'invalid', 'failed', 'timed_out') ORDER BY id",
+            (run_id,),
+        ).fetchall()
+    return [dict(r["config"]) for r in rows]
+
+
+def replay_arms(
+    case: str,
+    problem: list[str],
+    other_label: str,
+    other: tuple[str, ...],
+    configs: list[dict[str, Any]],
+    folder: Path,
+) -> list[Arm]:
+    """Both sizings over exactly ``configs``: the other arm first, defaults last (a machine
+    that warms up or slows down over the runs then works against defaults, not for them)."""
+    seeds = folder / f"{case}-configs.json"
+    seeds.write_text(json.dumps(configs))
+    replay = ["--seed-config", str(seeds)]
+    return [
+        Arm(case, f"{other_label} (same configs)", [*problem, *other, *replay]),
+        Arm(case, "defaults (same configs)", [*problem, *replay]),
+    ]  # fmt: skip
+
+
 def sizing_text(out: dict[str, Any]) -> str:
     ws = out.get("workers") or []
     return ", ".join(
@@ -227,6 +272,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="end every arm after this many trials instead of a wall budget (a smoke run "
         "that finishes on a loaded machine too)",
+    )
+    p.add_argument(
+        "--same-configs",
+        action="store_true",
+        help="then measure the defaults arm's configurations again with both sizings (the "
+        "fair comparison where the search's path decides the time)",
     )
     p.add_argument("--out", default=None, help="JSON file or folder")
     args = p.parse_args(argv)
@@ -252,13 +303,23 @@ def main(argv: list[str] | None = None) -> int:
         max_trials = (3 if args.quick else case.max_trials) if case.max_trials else None
         if args.max_trials is not None:
             max_trials = args.max_trials
-        arms = [
-            Arm(case.name, "defaults", problem),
-            Arm(case.name, case.other_label, [*problem, *case.other]),
-        ]
+        arms = [Arm(case.name, "defaults", problem, capture=args.same_configs)]
+        if not args.same_configs:
+            arms.append(Arm(case.name, case.other_label, [*problem, *case.other]))
+        scratch = Path(tempfile.mkdtemp(prefix="tunefleet-sizing-configs-"))
         for arm in arms:
+            trials = max_trials
+            if arm.label.endswith("(same configs)"):
+                trials = len(arms[0].configs)
             print(f"{case.name} / {arm.label}: tunefleet {' '.join(arm.argv)}", flush=True)
-            run_arm(arm, budget, max_trials, args.device)
+            run_arm(arm, budget, trials, args.device)
+            if arm.capture:
+                if arm.configs:
+                    arms += replay_arms(case.name, problem, case.other_label, case.other,
+                                        arm.configs, scratch)  # fmt: skip
+                # The search's own row, beside the fair pair (same JSON key as without
+                # --same-configs, so the table reads the same).
+                entry["search_configs"] = len(arm.configs)
             o = arm.out
             print(
                 f"  {o.get('evaluations', '-')} evaluations, "
@@ -269,7 +330,14 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             entry[arm.label] = o
-        d, o = entry["defaults"], entry[case.other_label]
+        shutil.rmtree(scratch, ignore_errors=True)
+        if args.same_configs:
+            # The fair pair replaces the plain comparison: same configurations, both sizings.
+            entry["search"] = entry.pop("defaults")
+            entry["defaults"] = entry.pop("defaults (same configs)", {"error": "no replay"})
+            entry["other"] = f"{case.other_label} (same configs)"
+            entry.setdefault(entry["other"], {"error": "no replay"})
+        d, o = entry["defaults"], entry[entry["other"]]
         if d.get("evaluations_per_minute") and o.get("evaluations_per_minute"):
             entry["rate_ratio"] = d["evaluations_per_minute"] / o["evaluations_per_minute"]
         if d.get("wall_s") and o.get("wall_s"):
@@ -294,6 +362,20 @@ def main(argv: list[str] | None = None) -> int:
                 sizing_text(d) or "-",
             ]
         )
+        if "search" in e:
+            sr = e["search"]
+            rows.append(
+                [
+                    e["case"],
+                    f"(the search: {e['search_configs']} configs)",
+                    h.fmt(sr.get("evaluations_per_minute"), 1),
+                    "-",
+                    "-",
+                    h.fmt(sr.get("wall_s"), 1),
+                    h.fmt(sr.get("best_gflops"), 1),
+                    sizing_text(sr) or "-",
+                ]
+            )
     print()
     print(
         h.table(
@@ -314,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         "suite": args.suite,
         "budget_s": budget,
         "max_trials": args.max_trials,
+        "same_configs": args.same_configs,
         "quick": args.quick,
         "machine": info,
     }
@@ -321,7 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     data["load_average_after"] = os.getloadavg()
     h.write_json(f"self_sizing_{args.suite}", data, args.out or os.environ.get("OUT"))
     failed = [e["case"] for e in results if "skipped" not in e and (
-        e["defaults"].get("error") or e[e["other"]].get("error"))]  # fmt: skip
+        e["defaults"].get("error") or e[e["other"]].get("error")
+        or e.get("search", {}).get("error"))]  # fmt: skip
     return 1 if failed else 0
 
 

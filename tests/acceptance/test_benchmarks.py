@@ -167,6 +167,36 @@ def test_self_sizing_runs_both_arms_through_tune(tmp_path: Path) -> None:
     assert data["machine"]["load_average"] is not None
 
 
+def test_self_sizing_same_configs_measures_the_search_configurations_with_both_sizings(
+    tmp_path: Path,
+) -> None:
+    """``--same-configs``: the defaults arm searches, then both sizings measure exactly the
+    configurations it measured (seed configurations), and the ratio is theirs."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    out = tmp_path / "sizing.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "self_sizing.py"), "--suite", "cpu",
+         "--cases", "synthetic-codegen", "--max-trials", "3", "--same-configs", "--out",
+         str(out)],
+        env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    [case] = data["cases"]
+    assert data["same_configs"] is True and case["other"] == "today (same configs)"
+    searched = case["search"]["configs"]
+    assert len(searched) == case["search_configs"] >= 3
+    for arm in ("defaults", "today (same configs)"):
+        assert case[arm]["exit"] == 0, case[arm]
+        assert case[arm]["evaluations"] == len(searched), case[arm]
+        assert sorted(map(json.dumps, case[arm]["configs"])) == sorted(map(json.dumps, searched))
+    assert case["today (same configs)"]["workers"][0]["sizing"] == "flags"
+    assert case["defaults"]["workers"][0]["sizing"] == "auto"
+    assert case["rate_ratio"] > 0
+
+
 def test_dashboard_api_smoke(db_url: str, tmp_path: Path) -> None:
     data = run_script(
         "dashboard_api.py", db_url, tmp_path / "dashboard.json",
