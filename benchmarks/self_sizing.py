@@ -28,7 +28,8 @@ README job: one slow configuration, a timed-out one, can cost more than any sizi
 The defaults arm searches as usual; then both sizings measure exactly the configurations it
 searched, in its order, as seed configurations (``--seed-config``, ``--max-trials`` their
 number): "today (same configs)" and "defaults (same configs)". The ratio of those two is the
-fair one; the search arm is reported beside them.
+fair one; the search arm is reported beside them. ``--configs-from JSON`` replays the
+search of an earlier ``--same-configs`` run instead of searching again.
 
 Prints one table (evaluations per minute, ratio defaults / other arm, best GFLOP/s, the
 sizing each worker ended with and its device busy fraction) and writes
@@ -221,14 +222,28 @@ def run_numbers(url: str, run_id: int) -> dict[str, Any]:
 
 def search_configs(url: str, run_id: int) -> list[dict[str, Any]]:
     """The configurations the run's search measured, first trial first: not its
-    confirmations (re-measurements of the best), nor the trials its stop cancelled."""
+    confirmations (re-measurements of the best), nor the trials its stop cancelled, nor
+    those the coordinator refused without a worker (a constraint of the space says invalid;
+    as seed configurations they would be refused as bad input)."""
     with connect(url) as conn:
         rows = conn.execute(
-            "SELECT config FROM tunefleet.trial WHERE run_id = %s AND purpose = 'search'"
-            " AND state IN ('done', 'invalid', 'failed', 'timed_out') ORDER BY id",
+            "SELECT config FROM tunefleet.trial t WHERE run_id = %s AND purpose = 'search'"
+            " AND state IN ('done', 'invalid', 'failed', 'timed_out')"
+            " AND EXISTS (SELECT 1 FROM tunefleet.attempt a WHERE a.trial_id = t.id)"
+            " ORDER BY id",
             (run_id,),
         ).fetchall()
     return [dict(r["config"]) for r in rows]
+
+
+def earlier_search(path: Path, case: str) -> Arm:
+    """The search arm of an earlier ``--same-configs`` run of ``case``, from its JSON."""
+    earlier = json.loads(path.read_text())
+    for entry in earlier.get("cases", []):
+        if entry.get("case") == case and entry.get("search", {}).get("configs"):
+            out = dict(entry["search"])
+            return Arm(case, "defaults", out.get("argv", []), out=out, configs=out["configs"])
+    raise SystemExit(f"--configs-from {path}: no searched configurations of case {case!r}")
 
 
 def replay_arms(
@@ -279,8 +294,17 @@ def main(argv: list[str] | None = None) -> int:
         help="then measure the defaults arm's configurations again with both sizings (the "
         "fair comparison where the search's path decides the time)",
     )
+    p.add_argument(
+        "--configs-from",
+        default=None,
+        metavar="JSON",
+        help="with --same-configs: replay the search arm's configurations of this earlier "
+        "self_sizing JSON instead of searching again (one case)",
+    )
     p.add_argument("--out", default=None, help="JSON file or folder")
     args = p.parse_args(argv)
+    if args.configs_from and not args.same_configs:
+        p.error("--configs-from replays an earlier search: add --same-configs")
     if args.max_trials is not None and args.max_trials < 1:
         p.error(f"--max-trials {args.max_trials}: use a positive number of trials")
     budget = args.budget or (20.0 if args.quick else 40.0 if args.suite == "cpu" else 60.0)
@@ -307,7 +331,14 @@ def main(argv: list[str] | None = None) -> int:
         if not args.same_configs:
             arms.append(Arm(case.name, case.other_label, [*problem, *case.other]))
         scratch = Path(tempfile.mkdtemp(prefix="tunefleet-sizing-configs-"))
-        for arm in arms:
+        if args.configs_from:
+            arms[0] = earlier_search(Path(args.configs_from), case.name)
+            arms += replay_arms(case.name, problem, case.other_label, case.other,
+                                arms[0].configs, scratch)  # fmt: skip
+            entry["search_configs"] = len(arms[0].configs)
+            entry["defaults"] = arms[0].out
+            entry["search_from"] = args.configs_from
+        for arm in arms[1:] if args.configs_from else arms:
             trials = max_trials
             if arm.label.endswith("(same configs)"):
                 trials = len(arms[0].configs)
