@@ -1,8 +1,8 @@
 """How many suggestions per second the coordinator's search step sustains, without a database.
 
 The engine asks OpenTuner for a batch of configurations, then tells it a batch of outcomes;
-this script times exactly that step (``coordinator.tuner.Tuner``) on a 9-parameter space with
-an analytic objective. 100 workers with 0.5 s trials need 200 suggestions/s.
+this script times exactly that step (``tunefleet.coordinator.tuner.Tuner``) on a
+9-parameter space with an analytic objective. 100 workers with 0.5 s trials need 200 suggestions/s.
 
     python benchmarks/coordinator_ask_tell.py [--suggestions 3000] [--batch 50]
 """
@@ -13,7 +13,8 @@ import argparse
 import math
 import time
 
-from coordinator.tuner import Tuner
+from tunefleet.coordinator.tuner import Tuner
+
 from tunefleet.space import Bool, Choice, IntRange, PowerOfTwo, Space, TupleOf
 
 SPACE = Space.of(

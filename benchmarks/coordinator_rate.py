@@ -2,7 +2,8 @@
 ask/tell + the queue statements) can feed the fleet, and how long a finished trial waits
 before the coordinator enqueues the next configuration.
 
-The coordinator (``coordinator.engine.Coordinator``, in this process, default settings) tunes
+The coordinator (``tunefleet.coordinator.engine.Coordinator``, in this process, default
+settings) tunes
 ``benchmarks/wide_problem.py`` (an analytic objective over about 2.6 billion points, so the
 search never runs dry) until ``--trials`` evaluations. The fleet is played by client processes
 that claim through tunefleet's queue functions and complete each trial at once with the
@@ -42,10 +43,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _harness as h
+from tunefleet.coordinator import tuner as tuner_module
+from tunefleet.coordinator.engine import Coordinator, create_run
+from tunefleet.coordinator.settings import CoordinatorSettings
 
-from coordinator import tuner as tuner_module
-from coordinator.engine import Coordinator, create_run
-from coordinator.settings import CoordinatorSettings
 from tunefleet.db.engine import connect
 from tunefleet.queries import bench as bq
 

@@ -2,8 +2,8 @@
 duration T. How close does the fleet get to N trials every T seconds, and what does the queue
 cost per trial?
 
-For each N (a fresh fleet of ``python -m worker --device host`` processes, default settings
-unless overridden) and each T:
+For each N (a fresh fleet of ``python -m tunefleet.worker --device host`` processes, default
+settings unless overridden) and each T:
 
 1. start the N workers and wait until every one is idle (``waiting for work`` in its log);
 2. warm up: small batches until every worker has finished a trial, so every worker's child
@@ -42,10 +42,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _harness as h
+from tunefleet.worker.launch import WorkerProcess, start_workers
 
 from tunefleet.db.engine import connect
 from tunefleet.queries import bench as bq
-from worker.launch import WorkerProcess, start_workers
 
 NAME = "fleet_scaling"
 _STATEMENT = re.compile(r" DEBUG tunefleet\.worker: (\w+) connection: (\w+) took ([0-9.]+) ms")

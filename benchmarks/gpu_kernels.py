@@ -257,7 +257,7 @@ def main() -> int:
         print("vendor:", json.dumps(results["vendor"]), flush=True)
         save()
 
-    from worker.device import open_session, select_device
+    from tunefleet.worker.device import open_session, select_device
 
     device = select_device(None)
     session = open_session(device)

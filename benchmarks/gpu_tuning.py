@@ -52,11 +52,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _harness as h
+from tunefleet.worker.launch import WorkerProcess, start_worker
 
 from tunefleet.db.engine import connect
 from tunefleet.queries import bench as bq
 from tunefleet.queries import search
-from worker.launch import WorkerProcess, start_worker
 
 GEMM_ARGS: dict[str, Any] = {"n": 4096, "m": 4096, "k": 4096, "dtype": "float32"}
 FACE_MASS_ARGS: dict[str, Any] = {"dtype": "float64"}
@@ -149,7 +149,7 @@ def say(clock: Clock, *parts: Any) -> None:
 
 # --- devices ----------------------------------------------------------------------------------
 def find_devices(kind: str) -> list[Any]:
-    from worker.device import list_devices
+    from tunefleet.worker.device import list_devices
 
     devices = list_devices()
     if kind == "any":
@@ -173,8 +173,9 @@ def tune(
 ) -> dict[str, Any]:
     """Tune ``problem`` for ``budget`` seconds with one worker per device, each run on a
     fresh embedded server. Returns the numbers, or what is known and ``error``."""
-    from coordinator.engine import Coordinator, create_run
-    from coordinator.settings import CoordinatorSettings
+    from tunefleet.coordinator.engine import Coordinator, create_run
+    from tunefleet.coordinator.settings import CoordinatorSettings
+
     from tunefleet.problems.registry import get_problem
 
     log_dir = Path(tempfile.mkdtemp(prefix=f"tunefleet-gpu-{label}-"))
@@ -322,9 +323,10 @@ def stop_fleet(fleet: list[WorkerProcess], grace: float = 20.0) -> None:
 # --- measurements outside the fleet -------------------------------------------------------------
 def retime(problem: str, args: dict[str, Any], config: dict[str, Any], device: Any) -> Any:
     """Time one configuration here, through the problem's own prepare and measure."""
+    from tunefleet.worker.device import open_session
+
     from tunefleet.problems.base import Protocol
     from tunefleet.problems.registry import get_problem
-    from worker.device import open_session
 
     prob = get_problem(problem)
     prepared = prob.prepare(args, config, device)
@@ -393,8 +395,7 @@ def torch_numbers(task: dict[str, Any]) -> dict[str, Any]:
 def opencl_copy_gbps(device: Any, nbytes: int) -> float:
     """Device-to-device buffer copy bandwidth (bytes read + written), median of 10."""
     import pyopencl as cl
-
-    from worker.device import open_session
+    from tunefleet.worker.device import open_session
 
     session = open_session(device)
     assert session is not None

@@ -79,7 +79,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "results")))
     opts = parser.parse_args()
 
-    from worker.device import open_session, select_device
+    from tunefleet.worker.device import open_session, select_device
 
     device = select_device(None)
     session = open_session(device)

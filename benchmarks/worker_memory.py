@@ -2,7 +2,7 @@
 (device process, code-generation process, multiprocessing's resource tracker) as it works
 through many short synthetic trials. A leak shows as growth between the checkpoints.
 
-One ``python -m worker --device host`` (default settings, no verbose logging) serves
+One ``python -m tunefleet.worker --device host`` (default settings, no verbose logging) serves
 ``--trials`` synthetic trials of ``--duration`` seconds, enqueued at once. Whenever the number
 of finished trials passes a multiple of ``--every``, every process of the worker is sampled
 from ``/proc``: ``VmRSS`` (resident now), ``Pss`` (resident, shared pages split) and ``VmHWM``
@@ -27,10 +27,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _harness as h
+from tunefleet.worker.launch import start_worker
 
 from tunefleet.db.engine import connect
 from tunefleet.queries import bench as bq
-from worker.launch import start_worker
 
 NAME = "worker_memory"
 #: Growth between the first and the last checkpoint that still counts as noise.

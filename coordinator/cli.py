@@ -71,7 +71,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _coordinator(args: argparse.Namespace) -> int:
-    from coordinator.settings import CoordinatorSettings, parse_seed_configs
+    from .settings import CoordinatorSettings, parse_seed_configs
 
     if args.resume is not None:
         given = [flag for dest, flag in _NEW_RUN_FLAGS.items() if getattr(args, dest)]
@@ -107,7 +107,7 @@ def _coordinator(args: argparse.Namespace) -> int:
         )
     )
 
-    from coordinator.engine import Coordinator, Progress, create_run
+    from .engine import Coordinator, Progress, create_run
 
     coordinator = Coordinator(settings, url)
     run_id = settings.resume if settings.resume is not None else create_run(settings, url)
@@ -141,7 +141,7 @@ def _coordinator(args: argparse.Namespace) -> int:
         )
 
     result = coordinator.run(run_id, progress_callback=progress)
-    from coordinator.rules import STOP_REASONS
+    from .rules import STOP_REASONS
 
     why = STOP_REASONS.get(result.stop_reason, result.stop_reason)
     print(f"run {result.run_id} {result.state}: {why} ({result.stop_reason})")

@@ -11,7 +11,7 @@ One loop iteration, with a handful of statements however many trials move:
 
 1. read finished-but-unreported trials (one UPDATE ... RETURNING) and tell OpenTuner;
    ``invalid``, ``failed`` and ``timed_out`` are told as infinitely slow;
-2. check the stop rules (:mod:`coordinator.rules`);
+2. check the stop rules (:mod:`tunefleet.coordinator.rules`);
 3. top the queue up to its target depth: ask OpenTuner for the missing number of
    configurations (no database work per suggestion), answer repeats from the run's own
    outcomes, answer cache hits from the database in one statement, insert the rest in one
@@ -51,17 +51,6 @@ from typing import Any
 
 import psycopg
 
-from coordinator.mapping import SpaceMapping
-from coordinator.rules import (
-    Budget,
-    Rate,
-    RunStats,
-    poll_slack,
-    queue_target,
-    stop_reason,
-    trial_timeout,
-)
-from coordinator.settings import CoordinatorSettings
 from tunefleet.db.engine import connect
 from tunefleet.devices import ANY_DEVICE_CLASS
 from tunefleet.errors import (
@@ -76,6 +65,18 @@ from tunefleet.problems.base import Problem, Protocol, cache_key
 from tunefleet.queries import search as q
 from tunefleet.settings import DatabaseSettings
 from tunefleet.space import Config, Space, config_hash
+
+from .mapping import SpaceMapping
+from .rules import (
+    Budget,
+    Rate,
+    RunStats,
+    poll_slack,
+    queue_target,
+    stop_reason,
+    trial_timeout,
+)
+from .settings import CoordinatorSettings
 
 _log = logging.getLogger(__name__)
 
@@ -509,7 +510,7 @@ class _Session:
         self.problem_args: dict[str, Any] = dict(row["problem_args"] or {})
         self.problem = _rules_of(row["problem"])
         techniques = s.techniques or tuple((row["search"] or {}).get("techniques") or ())
-        from coordinator.tuner import Tuner
+        from .tuner import Tuner
 
         self.tuner = Tuner(self.space, techniques)
         self.stats = RunStats()

@@ -151,7 +151,7 @@ class CoordinatorSettings:
                 "fix TUNEFLEET_TRIAL_TIMEOUT_MIN_S / TUNEFLEET_TRIAL_TIMEOUT_MAX_S"
             )
         if settings.techniques:
-            from coordinator.tuner import check_techniques
+            from .tuner import check_techniques
 
             check_techniques(settings.techniques)
         return settings

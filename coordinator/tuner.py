@@ -34,9 +34,10 @@ from typing import Any
 from sqlalchemy import text as sa_text
 from sqlalchemy.orm.attributes import set_committed_value
 
-from coordinator.mapping import SpaceMapping
 from tunefleet.errors import UsageError
 from tunefleet.space import Config, Space, config_hash
+
+from .mapping import SpaceMapping
 
 _log = logging.getLogger(__name__)
 

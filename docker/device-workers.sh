@@ -15,7 +15,7 @@ devices="${TUNEFLEET_DEVICES:-}"
 if [ -z "$devices" ]; then
     devices="$(python3 - "$device_type" <<'PY'
 import sys
-from worker.device import list_devices
+from tunefleet.worker.device import list_devices
 
 kind = sys.argv[1]
 print(" ".join(str(d.index) for d in list_devices() if kind in d.extra.get("type", "")))

@@ -1,4 +1,6 @@
-"""Alembic environment: runs migrations online against the URL given by tunefleet.db.migrate."""
+"""Alembic environment: runs migrations online against the URL given by tunefleet.db.migrate,
+or, from Alembic's own command line (the repository's alembic.ini), ``-x db=URL`` or
+``$TUNEFLEET_DATABASE_URL``."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from sqlalchemy import text
 
 from tunefleet.db.migrate import make_engine
 from tunefleet.db.schema import SCHEMA, metadata
+from tunefleet.settings import DatabaseSettings
 
 config = context.config
 
@@ -25,10 +28,20 @@ def run_migrations_online() -> None:
     if connectable is not None:
         _run(connectable)
         return
-    engine = make_engine(config.attributes["dsn"])
+    engine = make_engine(_dsn())
     with engine.connect() as connection:
         _run(connection)
     engine.dispose()
+
+
+def _dsn() -> str:
+    dsn = config.attributes.get("dsn") or context.get_x_argument(as_dictionary=True).get("db")
+    dsn = dsn or DatabaseSettings.build().url
+    if not dsn:
+        raise SystemExit(
+            "no database: set TUNEFLEET_DATABASE_URL or pass -x db=URL (alembic.ini's header)"
+        )
+    return dsn
 
 
 # Session-level advisory lock key serialising every migration of a database ("tunefleet").

@@ -5,8 +5,8 @@ model are the same class (their timings are comparable); the class is a slug of 
 name, e.g. ``NVIDIA H200`` -> ``nvidia-h200``. The fingerprint also covers platform, vendor
 and driver version: a driver upgrade is a new ``device`` row, still the same class.
 
-This module does not import pyopencl (the coordinator uses it); ``worker.device`` discovers
-real devices and fills :class:`DeviceInfo` in.
+This module does not import pyopencl (the coordinator uses it);
+``tunefleet.worker.device`` discovers real devices and fills :class:`DeviceInfo` in.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Precedence, everywhere: command-line flag, then the ``TUNEFLEET_*`` environment variable, then
 the default. :func:`resolve` implements that rule with a parser that turns a bad environment
 value into a :class:`~tunefleet.errors.UsageError` naming the variable. Each component keeps
-its own settings class (``worker.settings``, ``coordinator.settings``); the shared ones live
-here.
+its own settings class (``tunefleet.worker.settings``, ``tunefleet.coordinator.settings``);
+the shared ones live here.
 """
 
 from __future__ import annotations

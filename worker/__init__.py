@@ -1,7 +1,7 @@
 """The worker: claims trials from the queue, builds and times kernels on one OpenCL device,
 and writes results back under a lease. Never imports ``coordinator``.
 
-``cli``        ``tunefleet worker`` / ``python -m worker``: flags -> settings -> run
+``cli``        ``tunefleet worker`` / ``python -m tunefleet.worker``: flags -> settings -> run
 ``settings``   WorkerSettings (lease, timeouts, prefetch, ...) and how defaults are chosen
 ``loop``       the main loop: start-up, then collect/abandon/complete/reap/claim/dispatch/wait
 ``supervise``  the device process and code-generation processes, deadlines, kills, restarts

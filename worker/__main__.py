@@ -1,4 +1,4 @@
-"""``python -m worker [flags]``: the same as ``tunefleet worker [flags]``."""
+"""``python -m tunefleet.worker [flags]``: the same as ``tunefleet worker [flags]``."""
 
 from __future__ import annotations
 

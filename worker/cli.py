@@ -85,8 +85,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def run_worker(args: argparse.Namespace) -> int:
     from tunefleet.db.engine import database_url
-    from worker.loop import Worker
-    from worker.settings import WorkerSettings
+
+    from .loop import Worker
+    from .settings import WorkerSettings
 
     if args.worker_verbose:
         level = logging.INFO if args.worker_verbose == 1 else logging.DEBUG

@@ -16,7 +16,8 @@ from uuid import UUID
 
 from tunefleet.queries import queue
 from tunefleet.queries.queue import Lease
-from worker.link import DatabaseDown, Link
+
+from .link import DatabaseDown, Link
 
 log = logging.getLogger("tunefleet.worker")
 

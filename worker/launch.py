@@ -1,13 +1,13 @@
 """Start worker processes from Python: what tests and benchmarks use to run a local fleet.
 
-    from worker.launch import running_workers
+    from tunefleet.worker.launch import running_workers
 
     with running_workers(db_url, 4, drain=True, lease_s=2) as fleet:
         codes = [w.wait(60) for w in fleet]
 
-Each worker is a real ``python -m worker`` process (its own UUID, device process, heartbeat),
-logging to a file (``WorkerProcess.log()``), so nothing blocks on a full pipe. The package
-root is put on ``PYTHONPATH``, so the workers run the same code as the caller.
+Each worker is a real ``python -m tunefleet.worker`` process (its own UUID, device process,
+heartbeat), logging to a file (``WorkerProcess.log()``), so nothing blocks on a full pipe. The
+package root is put on ``PYTHONPATH``, so the workers run the same code as the caller.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def worker_argv(
     python: str = sys.executable,
 ) -> list[str]:
     """The command line of one worker."""
-    argv = [python, "-m", "worker", "--db", db_url, "--device", device]
+    argv = [python, "-m", "tunefleet.worker", "--db", db_url, "--device", device]
     if drain:
         argv.append("--drain")
     for flag, value in (

@@ -37,7 +37,7 @@ With ``prepare_workers = 0`` a claimed trial goes straight to the device process
 prepares and measures it in one request. At most ``1 + prefetch`` trials are held; timing is
 never concurrent (one device process, one request at a time).
 
-``size`` keeps the books of the sizing (``worker.sizing``): how long the device was busy,
+``size`` keeps the books of the sizing (``tunefleet.worker.sizing``): how long the device was busy,
 how long it waited for code generation, what each code generation and timing took. Once a
 window is full the pool controller may grow or shrink the code-generation pool (and with it
 the prefetch), and the worker reports its sizing, its device's busy fraction and, in return,
@@ -81,10 +81,11 @@ from tunefleet.errors import (
 from tunefleet.problems.base import Outcome, Protocol
 from tunefleet.queries import queue
 from tunefleet.queries.queue import ClaimedTrial, MeasurementRow
-from worker.heartbeat import Heartbeat, HeldLeases, Key
-from worker.link import DatabaseDown, Link
-from worker.settings import MAX_BACKOFF_S, WorkerSettings
-from worker.sizing import (
+
+from .heartbeat import Heartbeat, HeldLeases, Key
+from .link import DatabaseDown, Link
+from .settings import MAX_BACKOFF_S, WorkerSettings
+from .sizing import (
     CpuSampler,
     MachineSampler,
     PoolController,
@@ -96,7 +97,7 @@ from worker.sizing import (
     pool_ceiling,
     prefetch_for,
 )
-from worker.supervise import Child, Describe, Measure, Open, Prepare, Reply
+from .supervise import Child, Describe, Measure, Open, Prepare, Reply
 
 log = logging.getLogger("tunefleet.worker")
 

@@ -11,7 +11,7 @@ the trial's limit; a separate code-generation step gets the larger of the trial'
 with ``prepare_workers = 0`` the trial's limit covers both steps at once.
 
 Sizing. ``prepare_workers`` and ``prefetch`` are ``None`` unless a flag or variable sets
-them: the worker then sizes both itself (``worker.sizing``) from ``cores`` (``None``:
+them: the worker then sizes both itself (``tunefleet.worker.sizing``) from ``cores`` (``None``:
 detected) shared with ``peers`` workers its launcher started on this host. An explicit value
 always wins over the worker's own choice.
 

@@ -193,11 +193,11 @@ def _environment_text(exc: BaseException) -> str:
 
 def _handle(state: _ChildState, request: Any) -> Any:
     if isinstance(request, Describe):
-        from worker.device import select_device
+        from .device import select_device
 
         return select_device(request.pattern)
     if isinstance(request, Open):
-        from worker.device import open_session
+        from .device import open_session
 
         state.session = open_session(request.device)
         return None
@@ -228,7 +228,7 @@ def _prebuild(state: _ChildState, problem: Any, prepared: Any, device: DeviceInf
     build is a cache hit and the device spends its time timing. Never fails the trial: the
     device process builds (and reports) anyway."""
     if state.session is None and state.session_error is None:
-        from worker.device import open_session
+        from .device import open_session
 
         try:
             state.session = open_session(device)

@@ -44,9 +44,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
-
-from migrations import functions
-from migrations.functions import Function
+from tunefleet.migrations import functions
+from tunefleet.migrations.functions import Function
 
 revision = "0003_worker_functions"
 # Landed after 0004, 0005 and 0008, so it follows them (one linear chain).

@@ -22,6 +22,7 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
+from tunefleet.worker.launch import start_worker
 
 from tests.acceptance.bad_input_problems import KERNEL_MODES, MODES
 from tests.helpers.queue_data import (
@@ -33,7 +34,6 @@ from tests.helpers.queue_data import (
     wait_until,
 )
 from tunefleet.db.engine import connect
-from worker.launch import start_worker
 
 pytestmark = pytest.mark.acceptance
 
@@ -324,7 +324,7 @@ def kernel_run(stored: Stored, tmp_path_factory: pytest.TempPathFactory) -> Kern
     """A run per user problem, a trial per mode, all measured by one real worker on the
     first OpenCL device (PoCL is enough)."""
     pytest.importorskip("pyopencl")
-    from worker.device import list_devices
+    from tunefleet.worker.device import list_devices
 
     devices = list_devices()
     if not devices:

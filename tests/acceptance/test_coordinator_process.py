@@ -181,7 +181,8 @@ def test_the_coordinator_imports_without_opencl(tmp_path):
         "import sys\n"
         "sys.modules['pyopencl'] = None\n"  # any import of it now fails
         "sys.modules['loopy'] = None\n"
-        "import coordinator.engine, coordinator.cli, coordinator.tuner\n"
+        "import tunefleet.coordinator.engine, tunefleet.coordinator.cli\n"
+        "import tunefleet.coordinator.tuner\n"
         "import tunefleet.queries.search\n"
         "from tunefleet.cli import build_parser\n"
         "build_parser().parse_args(['coordinator', '--help'])\n"

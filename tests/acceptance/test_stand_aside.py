@@ -1,7 +1,7 @@
 """A worker whose environment cannot run a problem stands aside instead of failing the run:
-real ``python -m worker`` processes against a real PostgreSQL. The broken node is simulated by
-``TUNEFLEET_TEST_BROKEN`` in one worker's environment (see environment_problem.py); the healthy
-worker started afterwards runs the same code without it."""
+real ``python -m tunefleet.worker`` processes against a real PostgreSQL. The broken node is
+simulated by ``TUNEFLEET_TEST_BROKEN`` in one worker's environment (see environment_problem.py);
+the healthy worker started afterwards runs the same code without it."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tunefleet.worker.launch import WorkerProcess, start_worker
 
 from tests.helpers.coordinator import register_worker
 from tests.helpers.queue_data import (
@@ -22,7 +23,6 @@ from tests.helpers.queue_data import (
 )
 from tunefleet.cli.front import status_text
 from tunefleet.cli.output import short_id
-from worker.launch import WorkerProcess, start_worker
 
 pytestmark = pytest.mark.acceptance
 

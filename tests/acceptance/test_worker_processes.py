@@ -1,5 +1,5 @@
-"""Real ``python -m worker`` processes against a real PostgreSQL: the worker's promises under
-crashes, stops, hangs, restarts and signals.
+"""Real ``python -m tunefleet.worker`` processes against a real PostgreSQL: the worker's
+promises under crashes, stops, hangs, restarts and signals.
 
 These must hold on a loaded machine too. Leases are 2 s where one has to expire during the
 test or a rescuer has to reap one soon (the reaper runs every half lease), else
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tunefleet.worker.launch import WorkerProcess, running_workers, start_worker, wait_all
 
 from tests.helpers.queue_data import (
     attempts_of,
@@ -32,7 +33,6 @@ from tests.helpers.queue_data import (
 from tunefleet.db.engine import connect
 from tunefleet.problems.synthetic import OPTIMUM
 from tunefleet.queries import queue
-from worker.launch import WorkerProcess, running_workers, start_worker, wait_all
 
 pytestmark = pytest.mark.acceptance
 
@@ -442,7 +442,7 @@ def test_max_trials_stops_claiming(db_url, db, tmp_path):
 
 def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "worker", *args],
+        [sys.executable, "-m", "tunefleet.worker", *args],
         env={**env, "PYTHONPATH": str(ROOT)},
         capture_output=True,
         text=True,

@@ -44,7 +44,7 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any] | None]] = [
 @pytest.fixture(scope="module")
 def gpu_session() -> Any:
     pytest.importorskip("pyopencl")
-    from worker.device import list_devices, open_session
+    from tunefleet.worker.device import list_devices, open_session
 
     gpus = [d for d in list_devices() if "gpu" in d.extra.get("type", "")]
     if not gpus:

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tunefleet.coordinator.engine import Coordinator, Progress, RunResult, create_run
+from tunefleet.coordinator.settings import CoordinatorSettings
 
-from coordinator.engine import Coordinator, Progress, RunResult, create_run
-from coordinator.settings import CoordinatorSettings
 from tests.helpers.coordinator import (
     OPTIMUM_GFLOPS,
     fleet,

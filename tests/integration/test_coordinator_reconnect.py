@@ -17,10 +17,10 @@ from typing import Any
 
 import psycopg
 import pytest
+import tunefleet.coordinator.engine as engine
 from psycopg import sql
+from tunefleet.coordinator.engine import Coordinator, RunResult, create_run
 
-import coordinator.engine as engine
-from coordinator.engine import Coordinator, RunResult, create_run
 from tests.helpers.coordinator import fleet, logs, measured_twice, settings
 from tests.helpers.queue_data import wait_until
 from tunefleet.db.engine import connect
@@ -80,7 +80,7 @@ class Driver(threading.Thread):
 def test_terminated_sessions_are_survived_and_nothing_is_measured_twice(
     db_url, db, caplog, tmp_path
 ):
-    caplog.set_level(logging.WARNING, logger="coordinator.engine")
+    caplog.set_level(logging.WARNING, logger="tunefleet.coordinator.engine")
     s = settings(max_trials=40, min_depth=2, problem_args={"duration": 0.02})
     run_id = create_run(s, db_url)
     driver = Driver(Coordinator(s, db_url), run_id)
@@ -168,7 +168,7 @@ def test_a_stop_during_a_lost_session_still_records_the_stop(
     # Those few seconds must outlast this outage however slow the machine: giving up is the
     # next test's subject.
     monkeypatch.setattr(engine, "_STOP_RECONNECT_S", 60.0)
-    caplog.set_level(logging.WARNING, logger="coordinator.engine")
+    caplog.set_level(logging.WARNING, logger="tunefleet.coordinator.engine")
     coordinator, driver, run_id = start_driving(db_url, settings(max_trials=1000))
     with database_away(db, pg_admin_url, run_id):
         coordinator.request_stop()

@@ -139,9 +139,9 @@ def test_devices_lists_the_pocl_cpu_device(capsys):
 
 def test_no_opencl_device_is_a_one_line_error(capsys, monkeypatch):
     # A machine without any OpenCL platform: discovery finds nothing.
-    import worker.device
+    from tunefleet.worker import device as worker_device
 
-    monkeypatch.setattr(worker.device, "list_devices", lambda: [])
+    monkeypatch.setattr(worker_device, "list_devices", lambda: [])
     code, _, err = run_cli(capsys, "devices")
     assert_one_line_error(code, err, "no OpenCL device found", "tunefleet[pocl]")
 

@@ -42,7 +42,7 @@ CHECKED = {"jacobi": (35 * 43, 37 * 45)}
 @pytest.fixture(scope="module")
 def session() -> Any:
     pytest.importorskip("pyopencl")
-    from worker.device import list_devices, open_session
+    from tunefleet.worker.device import list_devices, open_session
 
     devices = list_devices()
     if not devices:
@@ -285,8 +285,8 @@ def test_prebuild_in_a_code_generation_process_compiles_on_the_device(tmp_path, 
     """With prebuild, the code-generation process compiles on the device itself (PoCL's kernel
     cache fills there), the prepared kernel still measures in the device process, and a device
     the code-generation process cannot open only costs the prebuild, never the trial."""
-    from worker.device import list_devices
-    from worker.supervise import Child, Measure, Open, Prepare
+    from tunefleet.worker.device import list_devices
+    from tunefleet.worker.supervise import Child, Measure, Open, Prepare
 
     device = list_devices()[0]
     problem = get_problem("face_mass")

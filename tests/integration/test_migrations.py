@@ -200,6 +200,37 @@ def _has_build_backend() -> bool:
     return major >= 77
 
 
+def test_alembic_command_line_for_contributors(empty_db_url: str, tmp_path: Path) -> None:
+    """The repository's alembic.ini: Alembic's usual commands against a scratch database."""
+    import os
+
+    alembic = [sys.executable, "-m", "alembic", "-c", str(ROOT / "alembic.ini")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNEFLEET_")}
+
+    def run(*args: str, url: str | None) -> subprocess.CompletedProcess[str]:
+        extra = {} if url is None else {"TUNEFLEET_DATABASE_URL": url}
+        return subprocess.run(
+            [*alembic, *args],
+            cwd=tmp_path,
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+
+    missing = run("upgrade", "head", url=None)
+    assert missing.returncode != 0
+    assert "no database: set TUNEFLEET_DATABASE_URL" in missing.stderr
+    assert run("upgrade", "head", url=empty_db_url).returncode == 0
+    with connect(empty_db_url) as conn:
+        assert current_revision(conn) == head_revision()
+    # Autogenerate finds nothing to add: the models and the migrated schema agree.
+    checked = run("check", url=empty_db_url)
+    assert checked.returncode == 0, checked.stderr
+    assert "No new upgrade operations detected" in checked.stdout + checked.stderr
+
+
 def test_migrations_ship_in_the_wheel(tmp_path: Path, empty_db_url: str) -> None:
     """`tunefleet db upgrade` works from the built wheel, not only from a checkout."""
     src = tmp_path / "src"
@@ -226,9 +257,9 @@ def test_migrations_ship_in_the_wheel(tmp_path: Path, empty_db_url: str) -> None
     (wheel,) = out.glob("tunefleet-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in (
-        "migrations/env.py",
-        "migrations/script.py.mako",
-        "migrations/versions/0001_initial.py",
+        "tunefleet/migrations/env.py",
+        "tunefleet/migrations/script.py.mako",
+        "tunefleet/migrations/versions/0001_initial.py",
         # The dashboard's page serves from the wheel on a cluster without network access.
         "tunefleet/dashboard/static/index.html",
         "tunefleet/dashboard/static/app.js",
@@ -237,7 +268,7 @@ def test_migrations_ship_in_the_wheel(tmp_path: Path, empty_db_url: str) -> None
     ):
         assert needed in names, f"{needed} missing from {wheel.name}"
     versions = {Path(r.path).name for r in script_directory().walk_revisions()}
-    assert {f"migrations/versions/{v}" for v in versions} <= names
+    assert {f"tunefleet/migrations/versions/{v}" for v in versions} <= names
 
     # Install it alone (dependencies come from this interpreter) and migrate from there,
     # in a directory without any checkout.
@@ -252,7 +283,7 @@ def test_migrations_ship_in_the_wheel(tmp_path: Path, empty_db_url: str) -> None
     assert installed.returncode == 0, installed.stderr
     env = {**cli_env_without_checkout(), "PYTHONPATH": str(site)}
     code = (
-        "import migrations, sys; from tunefleet.cli import main;"
+        "from tunefleet import migrations; import sys; from tunefleet.cli import main;"
         "print(migrations.__file__, file=sys.stderr); sys.exit(main(sys.argv[1:]))"
     )
     ran = subprocess.run(
@@ -265,7 +296,7 @@ def test_migrations_ship_in_the_wheel(tmp_path: Path, empty_db_url: str) -> None
         check=False,
     )
     assert ran.returncode == 0, ran.stderr
-    assert ran.stderr.strip() == str(site / "migrations" / "__init__.py")
+    assert ran.stderr.strip() == str(site / "tunefleet" / "migrations" / "__init__.py")
     assert f"database at revision {head_revision()}" in ran.stdout
 
 

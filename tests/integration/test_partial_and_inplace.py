@@ -31,7 +31,7 @@ STENCIL = {"n": 30, "m": 100}
 @pytest.fixture(scope="module")
 def session() -> Any:
     pytest.importorskip("pyopencl")
-    from worker.device import list_devices, open_session
+    from tunefleet.worker.device import list_devices, open_session
 
     devices = list_devices()
     if not devices:

@@ -365,7 +365,7 @@ def test_tune_without_an_opencl_device_is_a_one_line_error(home, tmp_path):
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(
-        "import worker.device as d\nd.list_devices = lambda: []\n"
+        "import tunefleet.worker.device as d\nd.list_devices = lambda: []\n"
     )
     env = dict(home)
     env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")])

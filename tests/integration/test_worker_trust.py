@@ -20,8 +20,10 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
+from tunefleet.coordinator.engine import create_run
+from tunefleet.worker.loop import Worker
+from tunefleet.worker.settings import WorkerSettings
 
-from coordinator.engine import create_run
 from tests.helpers.coordinator import settings
 from tests.helpers.queue_data import insert_run, insert_trials, synthetic_configs
 from tests.helpers.roles import Roles
@@ -32,8 +34,6 @@ from tunefleet.problems.synthetic import FLOP_COUNT
 from tunefleet.queries import queue, search
 from tunefleet.queries.queue import ClaimedTrial, Lease, MeasurementRow
 from tunefleet.space import config_hash
-from worker.loop import Worker
-from worker.settings import WorkerSettings
 
 TABLES = ("run", "trial", "attempt", "measurement", "worker", "device", "stand_aside")
 VICTIM_DEVICE = DeviceInfo(platform="P", vendor="V", name="Victim GPU", driver_version="1")

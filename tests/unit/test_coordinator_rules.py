@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from coordinator.rules import (
+from tunefleet.coordinator.rules import (
     Budget,
     Rate,
     RunStats,

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from tunefleet.coordinator.tuner import Tuner, check_techniques
 
-from coordinator.tuner import Tuner, check_techniques
 from tunefleet.errors import UsageError
 from tunefleet.space import Bool, Choice, IntRange, PowerOfTwo, Space, config_hash
 
@@ -92,7 +92,7 @@ def test_the_search_leaves_the_working_directory_and_logging_alone(tmp_path):
     code = (
         "import logging\n"
         "formatter = logging.Formatter\n"
-        "from coordinator.tuner import Tuner\n"
+        "from tunefleet.coordinator.tuner import Tuner\n"
         "from tunefleet.space import Space, IntRange\n"
         "t = Tuner(Space.of([IntRange('x', 0, 50)]))\n"
         "for _ in range(5):\n"

@@ -1,14 +1,19 @@
 """Import rules of the layout, checked over every module that exists (found on disk, so new
 modules are covered the day they are added):
 
-- ``coordinator`` never imports ``worker`` and ``worker`` never imports ``coordinator``;
+- ``tunefleet.coordinator`` never imports ``tunefleet.worker`` and the worker never imports
+  the coordinator;
 - the coordinator never imports pyopencl or loopy (it runs on login nodes without OpenCL);
-- the shared core ``tunefleet`` imports neither of the two, nor OpenCL at import time
+- the shared core (``tunefleet`` outside those two and ``tunefleet.migrations``) imports
+  neither of the two, nor OpenCL at import time
   (the ``tunefleet.cli`` aggregator excepted: it registers both components' subcommands);
 - the ``tunefleet`` command itself loads without OpenCL.
 
 Two checks each: the source (every import statement, also those inside functions) and a real
 import of every module in a fresh interpreter where the forbidden packages cannot load.
+A name is judged by its *area* (:func:`area`): ``tunefleet.worker.loop`` is in ``worker``,
+``tunefleet.db`` in ``tunefleet``, ``pyopencl.array`` in ``pyopencl``; relative imports are
+resolved first.
 """
 
 from __future__ import annotations
@@ -24,15 +29,33 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Raises on any import of a blocked top-level package, then imports the given modules and
-# prints which blocked packages ended up in sys.modules anyway.
+# The repository folders installed as tunefleet.<name> (pyproject.toml's package-dir).
+COMPONENTS = ("coordinator", "worker", "migrations")
+
+
+def area(module: str) -> str:
+    """``tunefleet.worker.x`` -> ``worker``; ``tunefleet.db`` -> ``tunefleet``; ``a.b`` -> ``a``."""
+    parts = module.split(".")
+    if parts[0] == "tunefleet" and len(parts) > 1 and parts[1] in COMPONENTS:
+        return parts[1]
+    return parts[0]
+
+
+# Raises on any import of a blocked area, then imports the given modules and prints which
+# blocked areas' modules ended up in sys.modules anyway.
 _PROBE = r"""
 import importlib, json, sys
 blocked = set(sys.argv[1].split(","))
 
+def area(name):
+    parts = name.split(".")
+    if parts[0] == "tunefleet" and parts[1:2] in (["coordinator"], ["worker"], ["migrations"]):
+        return parts[1]
+    return parts[0]
+
 class Blocker:
     def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] in blocked:
+        if area(name) in blocked:
             raise ImportError(f"import of {name!r} is forbidden here")
         return None
 
@@ -43,18 +66,26 @@ for module in sys.argv[2:]:
         build_parser().format_help()
     else:
         importlib.import_module(module)
-print(json.dumps(sorted(n for n in sys.modules if n.partition(".")[0] in blocked)))
+print(json.dumps(sorted(n for n in sys.modules if area(n) in blocked)))
 """
 
 
-def _modules(package: str, exclude: tuple[str, ...] = ()) -> list[str]:
-    """Every module of ``package`` by walking its directory (``__main__`` would run code)."""
+def _module_name(path: Path) -> str:
+    """The installed name of a source file: ``worker/loop.py`` -> ``tunefleet.worker.loop``."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    if parts[0] in COMPONENTS:
+        parts.insert(0, "tunefleet")
+    return ".".join(parts)
+
+
+def _modules(folder: str, exclude: tuple[str, ...] = ()) -> list[str]:
+    """Every module in a repository folder (``__main__`` would run code)."""
     found = []
-    for path in sorted((ROOT / package).rglob("*.py")):
-        parts = list(path.relative_to(ROOT).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts.pop()
-        name = ".".join(parts)
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        name = _module_name(path)
+        parts = name.split(".")
         if parts[-1] == "__main__" or any(name == e or name.startswith(e + ".") for e in exclude):
             continue
         found.append(name)
@@ -77,14 +108,21 @@ def _import_blocked(blocked: set[str], modules: list[str]) -> list[str]:
     return list(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
-def _imported_names(path: Path) -> set[str]:
-    """Top-level package names imported anywhere in a file (functions included)."""
+def _imported_names(path: Path, package: str = "") -> set[str]:
+    """Areas imported anywhere in a file (functions included); ``package`` is the file's own
+    package, against which relative imports resolve."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
-            names.update(alias.name.partition(".")[0] for alias in node.names)
+            names.update(area(alias.name) for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.partition(".")[0])
+            names.add(area(node.module))
+        elif isinstance(node, ast.ImportFrom) and node.level > 0:
+            base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+            if node.module:
+                names.add(area(".".join([*base, node.module])))
+            else:  # from .. import worker
+                names.update(area(".".join([*base, alias.name])) for alias in node.names)
         elif (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute | ast.Name)
@@ -94,25 +132,27 @@ def _imported_names(path: Path) -> set[str]:
             and isinstance(node.args[0], ast.Constant)
             and isinstance(node.args[0].value, str)
         ):
-            names.add(node.args[0].value.partition(".")[0])
+            names.add(area(node.args[0].value))
     return names
 
 
-def _violations(package: str, forbidden: set[str], exclude: tuple[str, ...] = ()) -> list[str]:
+def _violations(folder: str, forbidden: set[str], exclude: tuple[str, ...] = ()) -> list[str]:
     out = []
-    for path in sorted((ROOT / package).rglob("*.py")):
+    for path in sorted((ROOT / folder).rglob("*.py")):
         rel = path.relative_to(ROOT)
-        if any(str(rel).startswith(e.replace(".", "/")) for e in exclude):
+        name = _module_name(path)
+        if any(name == e or name.startswith(e + ".") for e in exclude):
             continue
-        for name in sorted(_imported_names(path) & forbidden):
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for name in sorted(_imported_names(path, package) & forbidden):
             out.append(f"{rel} imports {name}")
     return out
 
 
 def test_modules_are_found() -> None:
     """The walk sees the packages' modules (an empty walk would make the rest vacuous)."""
-    assert "coordinator" in _modules("coordinator")
-    assert "worker.cli" in _modules("worker")
+    assert "tunefleet.coordinator" in _modules("coordinator")
+    assert "tunefleet.worker.cli" in _modules("worker")
     assert "tunefleet.db.engine" in _modules("tunefleet")
     assert "tunefleet.cli" not in _modules("tunefleet", exclude=("tunefleet.cli",))
 
@@ -120,8 +160,15 @@ def test_modules_are_found() -> None:
 def test_blocker_and_scanner_catch_forbidden_imports(tmp_path: Path) -> None:
     """Both checks fail on a module that breaks the rule (so a pass means something)."""
     bad = tmp_path / "bad_module.py"
-    bad.write_text("def f():\n    import pyopencl\n\nimport json\nimport worker.cli\n")
+    bad.write_text("def f():\n    import pyopencl\n\nimport json\nimport tunefleet.worker.cli\n")
     assert _imported_names(bad) == {"pyopencl", "json", "worker"}
+    relative = tmp_path / "relative.py"
+    relative.write_text("from ..worker import loop\nfrom .rules import x\nfrom .. import db\n")
+    assert _imported_names(relative, "tunefleet.coordinator") == {
+        "worker",
+        "coordinator",
+        "tunefleet",
+    }
     env = dict(os.environ)
     env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{ROOT}"
     proc = subprocess.run(
@@ -132,7 +179,7 @@ def test_blocker_and_scanner_catch_forbidden_imports(tmp_path: Path) -> None:
         timeout=120,
         check=False,
     )
-    assert proc.returncode != 0 and "import of 'worker' is forbidden" in proc.stderr
+    assert proc.returncode != 0 and "import of 'tunefleet.worker' is forbidden" in proc.stderr
 
 
 def test_coordinator_source_never_names_worker_or_opencl() -> None:

@@ -7,8 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from worker.sizing import (
+from tunefleet.worker.sizing import (
     CODEGEN_MEMORY_BYTES,
     MAX_POOL,
     PoolController,
@@ -263,7 +262,7 @@ def test_growth_asks_idle_cores_only_for_the_cpu_a_process_burns():
 def test_cpu_sampler_counts_only_processes_seen_twice():
     import os
 
-    from worker.sizing import CpuSampler
+    from tunefleet.worker.sizing import CpuSampler
 
     sampler = CpuSampler()
     me = os.getpid()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 
 import pytest
+from tunefleet.worker import device as worker_device
 
-import worker.device
 from tunefleet.cli.tune import ProgressDisplay, plan_workers, progress_line
 from tunefleet.devices import DeviceInfo
 from tunefleet.errors import DeviceError, UsageError
@@ -28,7 +28,7 @@ def machine(monkeypatch):
         dev(1, "NVIDIA H200", "gpu", "NVIDIA CUDA"),
         dev(2, "NVIDIA H200", "gpu", "NVIDIA CUDA"),
     ]
-    monkeypatch.setattr(worker.device, "list_devices", lambda: devices)
+    monkeypatch.setattr(worker_device, "list_devices", lambda: devices)
     return devices
 
 
@@ -59,7 +59,7 @@ def test_unknown_device_pattern_and_index(machine):
 
 
 def test_no_opencl_device_at_all(monkeypatch):
-    monkeypatch.setattr(worker.device, "list_devices", lambda: [])
+    monkeypatch.setattr(worker_device, "list_devices", lambda: [])
     with pytest.raises(DeviceError, match=r"no OpenCL device found.*tunefleet\[pocl\]"):
         plan_workers(True, None, None)
 

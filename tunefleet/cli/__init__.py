@@ -23,8 +23,8 @@ _COMMAND_MODULES = (
     "tunefleet.cli.db",
     "tunefleet.cli.feinsum",
     "tunefleet.cli.dashboard",
-    "worker.cli",
-    "coordinator.cli",
+    "tunefleet.worker.cli",
+    "tunefleet.coordinator.cli",
 )
 
 

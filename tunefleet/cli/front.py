@@ -723,7 +723,7 @@ def cmd_problems(args: argparse.Namespace) -> int:
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
-    from worker.device import list_devices
+    from tunefleet.worker.device import list_devices
 
     devices = list_devices()
     if args.json:
@@ -801,7 +801,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
         raise UsageError("--protocol must be a JSON object, e.g. '{\"min_launches\": 10}'")
     protocol = Protocol.from_json({**Protocol().to_json(), **overrides})
 
-    from worker.device import open_session, select_device
+    from tunefleet.worker.device import open_session, select_device
 
     pattern = args.device if problem.needs_opencl else (args.device or "host")
     device = select_device(pattern)

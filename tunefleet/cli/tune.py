@@ -142,7 +142,7 @@ def plan_workers(needs_opencl: bool, workers: int | None, pattern: str | None) -
 
 
 def _matching_devices(pattern: str | None) -> list[Any]:
-    from worker.device import list_devices
+    from tunefleet.worker.device import list_devices
 
     devices = list_devices()
     if not devices:
@@ -372,8 +372,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         _check_worker_flags(plan, args)
         url = database_url(settings)
 
-    from coordinator.engine import Coordinator, Progress, create_run
-    from coordinator.settings import CoordinatorSettings, parse_seed_configs
+    from tunefleet.coordinator.engine import Coordinator, Progress, create_run
+    from tunefleet.coordinator.settings import CoordinatorSettings, parse_seed_configs
 
     seeds: list[dict[str, Any]] = []
     if args.resume is None:

@@ -1,6 +1,6 @@
 """Programmatic Alembic: upgrade, downgrade, current and head, for the installed package.
 
-The migration scripts ship inside the ``migrations`` package, so ``tunefleet db upgrade``
+The migration scripts ship inside the ``tunefleet.migrations`` package, so ``tunefleet db upgrade``
 works from any directory without an ``alembic.ini``. The version table lives in the
 ``tunefleet`` schema next to our tables. ``migrations/env.py`` holds an advisory lock for the
 whole migration, so concurrent upgrades of one database run one after the other.
@@ -8,6 +8,7 @@ whole migration, so concurrent upgrades of one database run one after the other.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,9 +26,9 @@ CONNECT_TIMEOUT_S = 10
 
 
 def migrations_dir() -> Path:
-    import migrations
-
-    return Path(migrations.__file__).resolve().parent
+    # By name: mypy cannot see package-dir mapped subpackages (pyproject.toml's [tool.mypy]).
+    migrations = importlib.import_module("tunefleet.migrations")
+    return Path(str(migrations.__file__)).resolve().parent
 
 
 def alembic_config(url: str | None = None) -> Config:
