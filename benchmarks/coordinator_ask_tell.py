@@ -14,7 +14,6 @@ import math
 import time
 
 from tunefleet.coordinator.tuner import Tuner
-
 from tunefleet.space import Bool, Choice, IntRange, PowerOfTwo, Space, TupleOf
 
 SPACE = Space.of(

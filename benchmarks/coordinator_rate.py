@@ -43,10 +43,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _harness as h
+
 from tunefleet.coordinator import tuner as tuner_module
 from tunefleet.coordinator.engine import Coordinator, create_run
 from tunefleet.coordinator.settings import CoordinatorSettings
-
 from tunefleet.db.engine import connect
 from tunefleet.queries import bench as bq
 

@@ -52,11 +52,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _harness as h
-from tunefleet.worker.launch import WorkerProcess, start_worker
 
 from tunefleet.db.engine import connect
 from tunefleet.queries import bench as bq
 from tunefleet.queries import search
+from tunefleet.worker.launch import WorkerProcess, start_worker
 
 GEMM_ARGS: dict[str, Any] = {"n": 4096, "m": 4096, "k": 4096, "dtype": "float32"}
 FACE_MASS_ARGS: dict[str, Any] = {"dtype": "float64"}
@@ -175,7 +175,6 @@ def tune(
     fresh embedded server. Returns the numbers, or what is known and ``error``."""
     from tunefleet.coordinator.engine import Coordinator, create_run
     from tunefleet.coordinator.settings import CoordinatorSettings
-
     from tunefleet.problems.registry import get_problem
 
     log_dir = Path(tempfile.mkdtemp(prefix=f"tunefleet-gpu-{label}-"))
@@ -323,10 +322,9 @@ def stop_fleet(fleet: list[WorkerProcess], grace: float = 20.0) -> None:
 # --- measurements outside the fleet -------------------------------------------------------------
 def retime(problem: str, args: dict[str, Any], config: dict[str, Any], device: Any) -> Any:
     """Time one configuration here, through the problem's own prepare and measure."""
-    from tunefleet.worker.device import open_session
-
     from tunefleet.problems.base import Protocol
     from tunefleet.problems.registry import get_problem
+    from tunefleet.worker.device import open_session
 
     prob = get_problem(problem)
     prepared = prob.prepare(args, config, device)
@@ -395,6 +393,7 @@ def torch_numbers(task: dict[str, Any]) -> dict[str, Any]:
 def opencl_copy_gbps(device: Any, nbytes: int) -> float:
     """Device-to-device buffer copy bandwidth (bytes read + written), median of 10."""
     import pyopencl as cl
+
     from tunefleet.worker.device import open_session
 
     session = open_session(device)

@@ -65,6 +65,7 @@ from tunefleet.problems.base import Problem, Protocol, cache_key
 from tunefleet.queries import search as q
 from tunefleet.settings import DatabaseSettings
 from tunefleet.space import Config, Space, config_hash
+from tunefleet.vocabulary import RunState, TrialState
 
 from .mapping import SpaceMapping
 from .rules import (
@@ -559,7 +560,7 @@ class _Session:
         s = self.settings
         last_beat = last_live = last_progress = -1e9
         reason: str | None = None
-        state = "finished"
+        state = RunState.FINISHED
         while True:
             now = time.monotonic()
             if now - last_beat >= s.heartbeat_s:
@@ -577,7 +578,7 @@ class _Session:
             self.rate.add(now, len(outcomes))  # what the workers finish, for the queue depth
             self._absorb(outcomes)
             if self.owner._stop.is_set():
-                reason, state = "user", "stopped"
+                reason, state = "user", RunState.STOPPED
                 break
             reason = stop_reason(
                 self.budget, self.stats, self._elapsed(), self.space_size, len(self.flights)
@@ -588,7 +589,7 @@ class _Session:
                     if isinstance(ended, RunResult):
                         return ended
                     if ended == "user":
-                        reason, state = "user", "stopped"
+                        reason, state = "user", RunState.STOPPED
                 break
             moved = self._dispatch()
             if self.progress_callback and (outcomes or moved or now - last_progress > 1.0):
@@ -672,7 +673,7 @@ class _Session:
             moved = 0
             if not self.flights:
                 candidates = q.confirmation_candidates(self.conn, self.run_id, s.confirm)
-                todo = [c for c in candidates if c["confirm_state"] in (None, "cancelled")]
+                todo = [c for c in candidates if c["confirm_state"] in (None, TrialState.CANCELLED)]
                 todo = todo[: max(0, 2 * s.confirm - enqueued)]
                 if todo:
                     moved = len(self._enqueue_confirmations(todo))
@@ -738,7 +739,7 @@ class _Session:
     def _heartbeat(self) -> RunResult | None:
         """Refresh our heartbeat; a RunResult when someone else ended the run meanwhile."""
         row = q.heartbeat_run(self.conn, self.run_id, self.owner.coordinator_id)
-        if row is not None and row["state"] == "running":
+        if row is not None and row["state"] == RunState.RUNNING:
             self._elapsed_at = (float(row["elapsed_s"]), time.monotonic())
             return None
         run = q.get_run(self.conn, self.run_id)
@@ -812,7 +813,7 @@ class _Session:
                 self.confirming.discard(row["id"])
                 continue
             h = row["config_hash"]
-            seconds = row["median_s"] if row["state"] == "done" else None
+            seconds = row["median_s"] if row["state"] == TrialState.DONE else None
             flight = self.flights.pop(h, None)
             self.stats.record(
                 h,
@@ -897,7 +898,7 @@ class _Session:
         )
         if hits:
             for hit in hits:
-                hit["state"], hit["source"] = "done", "cache"
+                hit["state"], hit["source"] = TrialState.DONE, "cache"
                 # Route the answer to the suggestions waiting for it.
                 self.flights[hit["config_hash"]] = batch.pop(hit["config_hash"])
             self._absorb(hits)
@@ -978,7 +979,7 @@ class _Session:
         source = {item["config_hash"]: item["source"] for item in invalid}
         for row in rows:
             row.update(
-                state="invalid",
+                state=TrialState.INVALID,
                 source=source[row["config_hash"]],
                 median_s=None,
                 gflops=None,

@@ -81,6 +81,7 @@ from tunefleet.errors import (
 from tunefleet.problems.base import Outcome, Protocol
 from tunefleet.queries import queue
 from tunefleet.queries.queue import ClaimedTrial, MeasurementRow
+from tunefleet.vocabulary import TrialState
 
 from .heartbeat import Heartbeat, HeldLeases, Key
 from .link import DatabaseDown, Link
@@ -98,6 +99,7 @@ from .sizing import (
     prefetch_for,
 )
 from .supervise import Child, Describe, Measure, Open, Prepare, Reply
+from .vocabulary import ReplyKind, Stage, Verdict
 
 log = logging.getLogger("tunefleet.worker")
 
@@ -136,12 +138,12 @@ class Held:
     claim: ClaimedTrial
     # claimed | preparing | prepared | measuring | finished, or suspect (see the module
     # docstring: an unexplained error held until the run's next verdict on this worker)
-    stage: str = "claimed"
+    stage: Stage = Stage.CLAIMED
     prepared: Any = None
     child: Child | None = None
     # The outcome once finished: done | invalid | failed | timed_out, or handback (an
     # environment fault: released uncounted, ``error`` the reason)
-    state: str | None = None
+    state: Verdict | None = None
     error: str | None = None
     measurement: MeasurementRow | None = None
     sends: int = 0
@@ -151,9 +153,14 @@ class Held:
         return self.claim.key
 
     def finish(
-        self, state: str, error: str | None = None, measurement: MeasurementRow | None = None
+        self, state: Verdict, error: str | None = None, measurement: MeasurementRow | None = None
     ) -> None:
-        self.stage, self.state, self.error, self.measurement = "finished", state, error, measurement
+        self.stage, self.state, self.error, self.measurement = (
+            Stage.FINISHED,
+            state,
+            error,
+            measurement,
+        )
         self.child = None
         self.prepared = None
 
@@ -264,7 +271,7 @@ class Worker:
             self.device = HOST_DEVICE
         else:
             reply = self.device_child.call(Describe(pattern), DEVICE_START_TIMEOUT_S)
-            if reply.kind != "ok":
+            if reply.kind != ReplyKind.OK:
                 raise DeviceError(_device_failure("finding the device", reply))
             self.device = reply.value
         self.classes = sorted({self.device.device_class, ANY_DEVICE_CLASS})
@@ -351,7 +358,7 @@ class Worker:
 
     def _open_device(self) -> None:
         reply = self.device_child.call(Open(self.device), DEVICE_START_TIMEOUT_S)
-        if reply.kind != "ok":
+        if reply.kind != ReplyKind.OK:
             raise DeviceError(_device_failure(f"opening {self.device.name}", reply))
 
     # --- steps ---------------------------------------------------------------------------------
@@ -369,7 +376,7 @@ class Worker:
         """Drop trials whose lease the heartbeat could not extend (someone else's now)."""
         for lost in self.leases.take_lost():
             held = self.held.get(lost.trial_id)
-            if held is None or held.key != lost or held.stage == "finished":
+            if held is None or held.key != lost or held.stage == Stage.FINISHED:
                 continue  # a finished result is still sent: the fence decides
             if held.child is not None:
                 held.child.kill()  # the evaluation is someone else's business now
@@ -401,7 +408,7 @@ class Worker:
                 r.previous_owner,
                 r.state,
             )
-            if r.state == "pending":
+            if r.state == TrialState.PENDING:
                 self.next_claim_at = 0.0
 
     def step_claim(self) -> None:
@@ -495,7 +502,7 @@ class Worker:
         for child in self.prepare_children[: self.sizing.prepare_workers]:
             if child.busy:
                 continue
-            held = self._first("claimed")
+            held = self._first(Stage.CLAIMED)
             if held is None:
                 break
             c = held.claim
@@ -504,10 +511,10 @@ class Worker:
                 self._prepare_timeout(c),
                 tag=c.key,
             )
-            held.stage, held.child = "preparing", child
+            held.stage, held.child = Stage.PREPARING, child
         if self.device_child.busy:
             return
-        held = self._first("claimed" if inline else "prepared")
+        held = self._first(Stage.CLAIMED if inline else Stage.PREPARED)
         if held is None:
             return
         if not self.device_child.alive:
@@ -527,16 +534,16 @@ class Worker:
             self._timeout(c),
             tag=c.key,
         )
-        held.stage, held.child, held.prepared = "measuring", self.device_child, None
+        held.stage, held.child, held.prepared = Stage.MEASURING, self.device_child, None
         log.debug("timing trial %s", c.trial_id)
 
     def step_complete(self) -> None:
         if not self._record_stand_asides():
             return
-        for held in [h for h in self.held.values() if h.stage == "finished"]:
+        for held in [h for h in self.held.values() if h.stage == Stage.FINISHED]:
             if not self._db_ready():
                 return
-            if held.state == "handback":
+            if held.state == Verdict.HANDBACK:
                 if not self._hand_back(held):
                     return
                 continue
@@ -559,8 +566,8 @@ class Worker:
                 # The result itself cannot be stored (a value the table refuses): record the
                 # attempt as failed rather than crash; the fence still applies.
                 reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-                if held.state == "done":
-                    held.finish("failed", f"the result could not be stored: {reason}")
+                if held.state == Verdict.DONE:
+                    held.finish(Verdict.FAILED, f"the result could not be stored: {reason}")
                     continue
                 log.error("trial %s: completion failed (%s); dropping it", c.trial_id, reason)
                 self._forget(held)
@@ -614,7 +621,7 @@ class Worker:
             wait = self.link.wait_s()
             if wait is not None:
                 deadlines.append(now + wait)
-        if any(h.stage == "finished" for h in self.held.values()) and self.link.up:
+        if any(h.stage == Stage.FINISHED for h in self.held.values()) and self.link.up:
             deadlines.append(now)
         if self.stopping and self.stop_deadline is not None:
             deadlines.append(self.stop_deadline)
@@ -655,7 +662,7 @@ class Worker:
             self.books.starved_s += dt
         self._was_busy = self.device_child.busy
         self._was_starved = not self.stopping and any(
-            h.stage in ("claimed", "preparing") for h in self.held.values()
+            h.stage in (Stage.CLAIMED, Stage.PREPARING) for h in self.held.values()
         )
         self._retire_children()
         b = self.books
@@ -786,31 +793,35 @@ class Worker:
 
     # --- replies from the children ---------------------------------------------------------------
     def _on_reply(self, held: Held, reply: Reply) -> None:
-        phase = "code generation" if held.stage == "preparing" else "evaluation"
+        phase = "code generation" if held.stage == Stage.PREPARING else "evaluation"
         run = held.claim.run_id
-        if reply.kind == "ok":
-            timed = self.books.prepare_s if held.stage == "preparing" else self.books.measure_s
+        if reply.kind == ReplyKind.OK:
+            timed = self.books.prepare_s if held.stage == Stage.PREPARING else self.books.measure_s
             timed.append(reply.seconds)
-        if reply.kind == "ok" and held.stage == "preparing":
+        if reply.kind == ReplyKind.OK and held.stage == Stage.PREPARING:
             if run in self.excluded:  # stood aside meanwhile: it is not timed here
-                held.finish("handback", self.excluded[run])
+                held.finish(Verdict.HANDBACK, self.excluded[run])
             else:
-                held.stage, held.prepared, held.child = "prepared", reply.value, None
+                held.stage, held.prepared, held.child = Stage.PREPARED, reply.value, None
             return
-        if reply.kind == "ok":
+        if reply.kind == ReplyKind.OK:
             self._on_outcome(held, reply.value)
-        elif reply.kind == "invalid":
-            held.finish("invalid", reply.message)
-        elif reply.kind == "timeout":
-            held.finish("timed_out", f"{phase} {reply.message} and was killed")
-        elif reply.kind == "died":
-            held.finish("failed", f"{phase} process {reply.message}")
-        elif reply.kind == "environment":
-            held.finish("environment", f"{phase}: {reply.message}")
+        elif reply.kind == ReplyKind.INVALID:
+            held.finish(Verdict.INVALID, reply.message)
+        elif reply.kind == ReplyKind.TIMEOUT:
+            held.finish(Verdict.TIMED_OUT, f"{phase} {reply.message} and was killed")
+        elif reply.kind == ReplyKind.DIED:
+            held.finish(Verdict.FAILED, f"{phase} process {reply.message}")
+        elif reply.kind == ReplyKind.ENVIRONMENT:
+            held.finish(Verdict.ENVIRONMENT, f"{phase}: {reply.message}")
         else:
-            held.finish("error", f"{phase} raised {reply.message}")
+            held.finish(Verdict.ERROR, f"{phase} raised {reply.message}")
         self._judge(held)
-        if held.stage == "finished" and held.state not in ("done", "invalid", "handback"):
+        if held.stage == Stage.FINISHED and held.state not in (
+            Verdict.DONE,
+            Verdict.INVALID,
+            Verdict.HANDBACK,
+        ):
             log.warning("trial %s: %s: %s", held.claim.trial_id, held.state, held.error)
 
     def _claim_refused(self, exc: psycopg.DatabaseError, limit: int, now: float) -> None:
@@ -852,21 +863,24 @@ class Worker:
     def _judge(self, held: Held) -> None:
         """Tell the configuration's fault from the environment's (see the module docstring)."""
         run = held.claim.run_id
-        if held.state in ("environment", "error") and run in self.excluded:
-            held.finish("handback", self.excluded[run])
-        elif held.state == "environment":
-            held.finish("handback", held.error)
+        if held.state in (Verdict.ENVIRONMENT, Verdict.ERROR) and run in self.excluded:
+            held.finish(Verdict.HANDBACK, self.excluded[run])
+        elif held.state == Verdict.ENVIRONMENT:
+            held.finish(Verdict.HANDBACK, held.error)
             self._stand_aside(run, str(held.error))
-        elif held.state == "error":
+        elif held.state == Verdict.ERROR:
             k = self.settings.stand_aside_after
             if run in self.proven or k == 0:
-                held.state = "failed"
+                held.state = Verdict.FAILED
                 return
-            held.stage = "suspect"
-            suspects = [h for h in self.held.values() if h.stage == "suspect"]
+            held.stage = Stage.SUSPECT
+            suspects = [h for h in self.held.values() if h.stage == Stage.SUSPECT]
             for other in suspects:
                 if other.claim.run_id == run and other.error != held.error:
-                    other.stage, other.state = "finished", "failed"  # not one fault after all
+                    other.stage, other.state = (
+                        Stage.FINISHED,
+                        Verdict.FAILED,
+                    )  # not one fault after all
             streak = [h for h in suspects if h.claim.run_id == run and h.error == held.error]
             log.info(
                 "trial %s: %s (held: %s of %s in a row before this worker stands aside from "
@@ -881,15 +895,15 @@ class Worker:
                 streak = self._not_followed(streak)
             if len(streak) >= k:
                 for h in streak:
-                    h.finish("handback", h.error)
+                    h.finish(Verdict.HANDBACK, h.error)
                 self._stand_aside(
                     run, f"the same error on {len(streak)} configurations in a row: {held.error}"
                 )
-        elif held.state in ("done", "invalid", "timed_out"):
+        elif held.state in (Verdict.DONE, Verdict.INVALID, Verdict.TIMED_OUT):
             self.proven.add(run)
             for other in self.held.values():
-                if other.stage == "suspect" and other.claim.run_id == run:
-                    other.stage, other.state = "finished", "failed"
+                if other.stage == Stage.SUSPECT and other.claim.run_id == run:
+                    other.stage, other.state = Stage.FINISHED, Verdict.FAILED
 
     def _not_followed(self, streak: list[Held]) -> list[Held]:
         """The streak without the trials another worker already handed back for this same
@@ -912,7 +926,7 @@ class Worker:
                     "configuration's",
                     held.claim.trial_id,
                 )
-                held.stage, held.state = "finished", "failed"
+                held.stage, held.state = Stage.FINISHED, Verdict.FAILED
             else:
                 kept.append(held)
         return kept
@@ -922,9 +936,9 @@ class Worker:
         the streak rule needs ``stand_aside_after`` configurations to call it the
         environment's."""
         for held in self.held.values():
-            if held.stage == "suspect":
+            if held.stage == Stage.SUSPECT:
                 log.info("trial %s: counted as failed (%s)", held.claim.trial_id, why)
-                held.stage, held.state = "finished", "failed"
+                held.stage, held.state = Stage.FINISHED, Verdict.FAILED
 
     def _stand_aside(self, run: int, reason: str) -> None:
         """Stop serving ``run``: hand back what we hold of it that is not being worked on
@@ -940,8 +954,12 @@ class Worker:
             reason,
         )
         for held in self.held.values():
-            if held.claim.run_id == run and held.stage in ("claimed", "prepared", "suspect"):
-                held.finish("handback", reason)
+            if held.claim.run_id == run and held.stage in (
+                Stage.CLAIMED,
+                Stage.PREPARED,
+                Stage.SUSPECT,
+            ):
+                held.finish(Verdict.HANDBACK, reason)
         self.next_claim_at = 0.0
 
     def _record_stand_asides(self) -> bool:
@@ -995,28 +1013,30 @@ class Worker:
 
     def _busy(self) -> list[Held]:
         """Held trials that count against the capacity (all but the suspects)."""
-        return [h for h in self.held.values() if h.stage != "suspect"]
+        return [h for h in self.held.values() if h.stage != Stage.SUSPECT]
 
     def _on_outcome(self, held: Held, outcome: Any) -> None:
         if not isinstance(outcome, Outcome):
-            held.finish("failed", f"measure returned {type(outcome).__name__}, not an Outcome")
+            held.finish(
+                Verdict.FAILED, f"measure returned {type(outcome).__name__}, not an Outcome"
+            )
             return
-        if outcome.state == "invalid":
-            held.finish("invalid", outcome.error or "invalid configuration")
+        if outcome.state == TrialState.INVALID:
+            held.finish(Verdict.INVALID, outcome.error or "invalid configuration")
             return
-        if outcome.state != "done":
-            held.finish("failed", f"measure returned an outcome in state {outcome.state!r}")
+        if outcome.state != TrialState.DONE:
+            held.finish(Verdict.FAILED, f"measure returned an outcome in state {outcome.state!r}")
             return
         try:
             row = self._measurement(held.claim, outcome)
         except (TypeError, ValueError) as exc:
-            held.finish("failed", f"measure returned numbers that are not numbers: {exc}")
+            held.finish(Verdict.FAILED, f"measure returned numbers that are not numbers: {exc}")
             return
         bad = row.problems()
         if bad:
-            held.finish("failed", "measure returned unusable timings: " + "; ".join(bad))
+            held.finish(Verdict.FAILED, "measure returned unusable timings: " + "; ".join(bad))
             return
-        held.finish("done", None, row)
+        held.finish(Verdict.DONE, None, row)
 
     def _measurement(self, claim: ClaimedTrial, outcome: Outcome) -> MeasurementRow:
         protocol = outcome.protocol or Protocol.from_json(claim.protocol).to_json()
@@ -1043,10 +1063,10 @@ class Worker:
         waiting = [
             h
             for h in self.held.values()
-            if h.stage in ("claimed", "preparing", "prepared", "suspect")
+            if h.stage in (Stage.CLAIMED, Stage.PREPARING, Stage.PREPARED, Stage.SUSPECT)
         ]
         if self.stop_deadline is not None and time.monotonic() > self.stop_deadline:
-            unsent = [h for h in self.held.values() if h.stage != "measuring"]
+            unsent = [h for h in self.held.values() if h.stage != Stage.MEASURING]
             if unsent and not self._db_ready():
                 log.warning(
                     "giving up on %s held trial(s): database unreachable; their leases expire "
@@ -1083,7 +1103,7 @@ class Worker:
         self.device_child.kill()
         for child in self.prepare_children:
             child.kill()
-        unfinished = [h for h in self.held.values() if h.stage != "finished"]
+        unfinished = [h for h in self.held.values() if h.stage != Stage.FINISHED]
         try:
             if unfinished:
                 self.link.run(
@@ -1203,7 +1223,7 @@ class Worker:
         off."""
         return max(self._timeout(claim), self.settings.timeout_s)
 
-    def _first(self, stage: str) -> Held | None:
+    def _first(self, stage: Stage) -> Held | None:
         return next((h for h in self.held.values() if h.stage == stage), None)
 
     def _forget(self, held: Held) -> None:
@@ -1238,6 +1258,6 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _device_failure(what: str, reply: Reply) -> str:
-    if reply.kind == "error":
+    if reply.kind == ReplyKind.ERROR:
         return f"{what} failed: {reply.message}"
     return f"{what} failed: the device process {reply.message}"

@@ -29,6 +29,8 @@ from typing import Any
 from tunefleet.devices import DeviceInfo
 from tunefleet.errors import InvalidConfiguration, ProblemError, TunefleetError
 
+from .vocabulary import ReplyKind
+
 log = logging.getLogger("tunefleet.worker")
 
 _CONTEXT = multiprocessing.get_context("spawn")
@@ -88,7 +90,7 @@ class Reply:
     worker's environment, what happens after it about the configuration. The parent side
     (:meth:`Child.poll`) consumes it."""
 
-    kind: str
+    kind: ReplyKind
     value: Any = None
     message: str = ""
     seconds: float = 0.0
@@ -157,23 +159,23 @@ def child_main(conn: multiprocessing.connection.Connection, parent_pid: int) -> 
                     state.problem(request.problem)
                 except BaseException as exc:
                     raise _LoadFailed(exc) from exc
-                conn.send(Reply("started"))
-            reply = Reply("ok", _handle(state, request))
+                conn.send(Reply(ReplyKind.STARTED))
+            reply = Reply(ReplyKind.OK, _handle(state, request))
         except InvalidConfiguration as exc:
-            reply = Reply("invalid", message=str(exc))
+            reply = Reply(ReplyKind.INVALID, message=str(exc))
         except _LoadFailed as exc:
-            reply = Reply("environment", message=f"loading the problem failed: {exc}")
+            reply = Reply(ReplyKind.ENVIRONMENT, message=f"loading the problem failed: {exc}")
         except ENVIRONMENT_ERRORS as exc:
-            reply = Reply("environment", message=_environment_text(exc))
+            reply = Reply(ReplyKind.ENVIRONMENT, message=_environment_text(exc))
         except BaseException as exc:
-            reply = Reply("error", message=describe_exception(exc))
+            reply = Reply(ReplyKind.ERROR, message=describe_exception(exc))
         reply = Reply(reply.kind, reply.value, reply.message, time.perf_counter() - started)
         try:
             conn.send(reply)
         except (EOFError, OSError):
             return
         except Exception as exc:  # an unpicklable result: report it instead
-            conn.send(Reply("error", message=f"result cannot be sent back: {exc!r}"))
+            conn.send(Reply(ReplyKind.ERROR, message=f"result cannot be sent back: {exc!r}"))
 
 
 class _LoadFailed(Exception):
@@ -340,7 +342,7 @@ class Child:
         try:
             while self.conn.poll(0):
                 reply = self.conn.recv()
-                if reply.kind == "started":
+                if reply.kind == ReplyKind.STARTED:
                     self.loaded = True
                     continue
                 self.busy, self.deadline = False, None
@@ -357,14 +359,15 @@ class Child:
             self._discard()
             if loading:
                 return Reply(
-                    "environment", message=f"the {self.name} process {reason} loading the problem"
+                    ReplyKind.ENVIRONMENT,
+                    message=f"the {self.name} process {reason} loading the problem",
                 )
-            return Reply("died", message=reason)
+            return Reply(ReplyKind.DIED, message=reason)
         if self.deadline is not None and now >= self.deadline:
             # Still a timeout while loading: a fresh process's start-up counts in the trial's
             # limit, and a slow start on a loaded node is no reason to stand aside.
             self.kill()
-            return Reply("timeout", message=f"exceeded the {self.timeout_s:g} s timeout")
+            return Reply(ReplyKind.TIMEOUT, message=f"exceeded the {self.timeout_s:g} s timeout")
         return None
 
     def call(self, request: Any, timeout_s: float) -> Reply:

@@ -44,6 +44,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
+
 from tunefleet.migrations import functions
 from tunefleet.migrations.functions import Function
 

@@ -22,7 +22,6 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
-from tunefleet.worker.launch import start_worker
 
 from tests.acceptance.bad_input_problems import KERNEL_MODES, MODES
 from tests.helpers.queue_data import (
@@ -34,6 +33,7 @@ from tests.helpers.queue_data import (
     wait_until,
 )
 from tunefleet.db.engine import connect
+from tunefleet.worker.launch import start_worker
 
 pytestmark = pytest.mark.acceptance
 

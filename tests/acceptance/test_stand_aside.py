@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tunefleet.worker.launch import WorkerProcess, start_worker
 
 from tests.helpers.coordinator import register_worker
 from tests.helpers.queue_data import (
@@ -23,6 +22,7 @@ from tests.helpers.queue_data import (
 )
 from tunefleet.cli.front import status_text
 from tunefleet.cli.output import short_id
+from tunefleet.worker.launch import WorkerProcess, start_worker
 
 pytestmark = pytest.mark.acceptance
 

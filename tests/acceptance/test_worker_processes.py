@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tunefleet.worker.launch import WorkerProcess, running_workers, start_worker, wait_all
 
 from tests.helpers.queue_data import (
     attempts_of,
@@ -33,6 +32,7 @@ from tests.helpers.queue_data import (
 from tunefleet.db.engine import connect
 from tunefleet.problems.synthetic import OPTIMUM
 from tunefleet.queries import queue
+from tunefleet.worker.launch import WorkerProcess, running_workers, start_worker, wait_all
 
 pytestmark = pytest.mark.acceptance
 

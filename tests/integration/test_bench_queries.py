@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tunefleet.worker.link import Link
 
 from tests.helpers.queue_data import insert_run, insert_trials, synthetic_configs
 from tunefleet.queries import bench, queue
 from tunefleet.queries.queue import MeasurementRow
 from tunefleet.settings import DatabaseSettings
+from tunefleet.worker.link import Link
 
 ROOT = Path(__file__).resolve().parents[2]
 

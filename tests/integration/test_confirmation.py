@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tunefleet.coordinator.engine import Coordinator, Progress, RunResult
 
 from tests.helpers.coordinator import fleet, logs, settings, trial_counts
 from tests.helpers.queue_data import insert_run, insert_trials
+from tunefleet.coordinator.engine import Coordinator, Progress, RunResult
 from tunefleet.problems.synthetic import OPTIMUM, OPTIMUM_SECONDS, Synthetic, is_lucky, objective
 from tunefleet.queries import queue
 from tunefleet.queries import search as q

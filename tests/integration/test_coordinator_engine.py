@@ -8,8 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tunefleet.coordinator.engine import Coordinator, Progress, RunResult, create_run
-from tunefleet.coordinator.settings import CoordinatorSettings
 
 from tests.helpers.coordinator import (
     OPTIMUM_GFLOPS,
@@ -22,6 +20,8 @@ from tests.helpers.coordinator import (
 )
 from tests.helpers.coordinator_problems import KERNEL, RULED, TINY, TINY_ONE_INVALID
 from tests.helpers.queue_data import first_invalid, wait_until
+from tunefleet.coordinator.engine import Coordinator, Progress, RunResult, create_run
+from tunefleet.coordinator.settings import CoordinatorSettings
 from tunefleet.errors import ProblemError, RunError, UsageError
 from tunefleet.problems.synthetic import OPTIMUM
 from tunefleet.space import config_hash

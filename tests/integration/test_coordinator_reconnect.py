@@ -17,12 +17,12 @@ from typing import Any
 
 import psycopg
 import pytest
-import tunefleet.coordinator.engine as engine
 from psycopg import sql
-from tunefleet.coordinator.engine import Coordinator, RunResult, create_run
 
+import tunefleet.coordinator.engine as engine
 from tests.helpers.coordinator import fleet, logs, measured_twice, settings
 from tests.helpers.queue_data import wait_until
+from tunefleet.coordinator.engine import Coordinator, RunResult, create_run
 from tunefleet.db.engine import connect
 from tunefleet.errors import DatabaseUnavailable
 

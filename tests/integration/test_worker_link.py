@@ -6,15 +6,15 @@ from __future__ import annotations
 import time
 
 import pytest
-from tunefleet.worker.link import DatabaseDown, Link
-from tunefleet.worker.loop import Worker
-from tunefleet.worker.settings import WorkerSettings
 
 from tests.helpers.queue_data import wait_until
 from tunefleet.devices import DeviceInfo
 from tunefleet.errors import DeviceError
 from tunefleet.queries import queue
 from tunefleet.settings import DatabaseSettings
+from tunefleet.worker.link import DatabaseDown, Link
+from tunefleet.worker.loop import Worker
+from tunefleet.worker.settings import WorkerSettings
 
 
 def backend_pid(conn) -> int:

@@ -20,13 +20,11 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
-from tunefleet.coordinator.engine import create_run
-from tunefleet.worker.loop import Worker
-from tunefleet.worker.settings import WorkerSettings
 
 from tests.helpers.coordinator import settings
 from tests.helpers.queue_data import insert_run, insert_trials, synthetic_configs
 from tests.helpers.roles import Roles
+from tunefleet.coordinator.engine import create_run
 from tunefleet.db.migrate import downgrade, upgrade
 from tunefleet.devices import DeviceInfo
 from tunefleet.errors import DatabaseError
@@ -34,6 +32,8 @@ from tunefleet.problems.synthetic import FLOP_COUNT
 from tunefleet.queries import queue, search
 from tunefleet.queries.queue import ClaimedTrial, Lease, MeasurementRow
 from tunefleet.space import config_hash
+from tunefleet.worker.loop import Worker
+from tunefleet.worker.settings import WorkerSettings
 
 TABLES = ("run", "trial", "attempt", "measurement", "worker", "device", "stand_aside")
 VICTIM_DEVICE = DeviceInfo(platform="P", vendor="V", name="Victim GPU", driver_version="1")

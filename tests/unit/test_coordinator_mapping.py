@@ -6,8 +6,8 @@ import itertools
 import random
 
 import pytest
-from tunefleet.coordinator.mapping import PLACEHOLDER, SpaceMapping
 
+from tunefleet.coordinator.mapping import PLACEHOLDER, SpaceMapping
 from tunefleet.errors import InvalidConfiguration, ProblemError
 from tunefleet.space import Bool, Choice, IntRange, PowerOfTwo, Space, TupleOf
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+
 from tunefleet.coordinator.engine import fresh_input_seed
 from tunefleet.coordinator.settings import CoordinatorSettings, parse_seed_configs
-
 from tunefleet.errors import UsageError
 
 

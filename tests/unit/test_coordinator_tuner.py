@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from tunefleet.coordinator.tuner import Tuner, check_techniques
 
+from tunefleet.coordinator.tuner import Tuner, check_techniques
 from tunefleet.errors import UsageError
 from tunefleet.space import Bool, Choice, IntRange, PowerOfTwo, Space, config_hash
 

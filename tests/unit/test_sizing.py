@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from tunefleet.worker.sizing import (
     CODEGEN_MEMORY_BYTES,
     MAX_POOL,

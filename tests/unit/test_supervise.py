@@ -5,11 +5,11 @@ from __future__ import annotations
 import multiprocessing.connection
 
 import pytest
-from tunefleet.worker.supervise import Child, Describe, Measure, Open, Prepare, describe_exit
 
 from tunefleet.devices import HOST_DEVICE
 from tunefleet.problems.base import Outcome, Protocol
 from tunefleet.problems.synthetic import OPTIMUM, OPTIMUM_SECONDS
+from tunefleet.worker.supervise import Child, Describe, Measure, Open, Prepare, describe_exit
 
 PROTO = Protocol(min_launches=2).to_json()
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import io
 
 import pytest
-from tunefleet.worker import device as worker_device
 
 from tunefleet.cli.tune import ProgressDisplay, plan_workers, progress_line
 from tunefleet.devices import DeviceInfo
 from tunefleet.errors import DeviceError, UsageError
+from tunefleet.worker import device as worker_device
 
 
 def dev(index: int, name: str, kind: str, platform: str = "P") -> DeviceInfo:

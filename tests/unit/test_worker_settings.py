@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from tunefleet.worker.settings import DEFAULT_LEASE_S, DEFAULT_TIMEOUT_S, WorkerSettings
 
 from tunefleet.errors import UsageError
+from tunefleet.worker.settings import DEFAULT_LEASE_S, DEFAULT_TIMEOUT_S, WorkerSettings
 
 
 def test_defaults(monkeypatch):

@@ -104,11 +104,10 @@ def test_static_spaces_agree_with_feinsum_on_shipped_spaces():
 @pytest.mark.opencl
 def test_prepare_measure_and_export_are_read_by_feinsum(tmp_path: Path):
     fe = _feinsum()
-    from tunefleet.worker.device import open_session, select_device
-
     from tunefleet.feinsum_support import archive
     from tunefleet.problems.base import Protocol
     from tunefleet.problems.registry import get_problem
+    from tunefleet.worker.device import open_session, select_device
 
     problem = get_problem("feinsum")
     args = problem.normalise_args(

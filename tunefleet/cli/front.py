@@ -38,6 +38,7 @@ from tunefleet.cli.output import (
 from tunefleet.errors import RunError, TunefleetError, UsageError
 from tunefleet.queries import report
 from tunefleet.settings import DatabaseSettings
+from tunefleet.vocabulary import FAULT_TRIAL_STATES, RunState, TrialState, WorkerState
 
 Row = dict[str, Any]
 
@@ -205,8 +206,8 @@ def _with_liveness(row: Row) -> Row:
     row["codegen"] = "-" if pool is None else f"{pool} {row.get('sizing') or ''}".strip()
     busy = row.get("device_busy")
     row["busy"] = "-" if busy is None else f"{100 * float(busy):.0f}%"
-    if row["state"] == "stopped":
-        row["liveness"] = "stopped"
+    if row["state"] == WorkerState.STOPPED:
+        row["liveness"] = WorkerState.STOPPED
     elif row["alive"]:
         row["liveness"] = "busy" if row["holding"] else "idle"
     else:
@@ -274,7 +275,7 @@ def stand_aside_line(row: Row) -> str:
 def unserved(p: Row) -> bool:
     """A running run with work in flight and no live worker that may serve it."""
     return (
-        p["run_state"] == "running"
+        p["run_state"] == RunState.RUNNING
         and int(p["pending"]) + int(p["running"]) > 0
         and not int(p.get("servable_workers") or 0)
     )
@@ -332,7 +333,7 @@ def _progress_block(p: Row) -> str:
 
 def _driver_line(p: Row) -> list[str]:
     """Whether a coordinator is driving a running run (its heartbeat is recent)."""
-    if p["run_state"] != "running":
+    if p["run_state"] != RunState.RUNNING:
         return []
     age_s = p.get("coordinator_age_s")
     if age_s is not None and age_s < 60:
@@ -466,7 +467,7 @@ def cmd_best(args: argparse.Namespace) -> int:
 
 
 def _spread(b: Row) -> str:
-    if b.get("confirm_state") in ("invalid", "failed", "timed_out"):
+    if b.get("confirm_state") in FAULT_TRIAL_STATES:
         return "failed!"
     if b.get("spread") is None:
         return "-"
@@ -479,11 +480,11 @@ def confirmation_text(best: Row) -> str:
     state = best.get("confirm_state")
     if state is None:
         return "confirmed: no (measured once; runs confirm their best when the budget ends)"
-    if state in ("pending", "running"):
+    if state in (TrialState.PENDING, TrialState.RUNNING):
         return f"confirmed: not yet (trial {best['confirm_trial_id']} is {state})"
-    if state == "cancelled":
+    if state == TrialState.CANCELLED:
         return f"confirmed: no (trial {best['confirm_trial_id']} was cancelled by a stop)"
-    if state != "done":
+    if state != TrialState.DONE:
         return (
             f"confirmed: NO, the re-measurement (trial {best['confirm_trial_id']}) ended "
             f"{state}: every configuration that re-measured ranks ahead of this one"
@@ -813,7 +814,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
         raise TunefleetError(f"configuration is invalid: {exc}") from None
     _out(f"{args.problem} {args_text(problem_args)} on {device.name} ({device.platform})")
     _out(f"config: {compact_json(config)}")
-    if outcome.state != "done":
+    if outcome.state != TrialState.DONE:
         raise TunefleetError(f"configuration is {outcome.state}: {outcome.error or '(no reason)'}")
     _out(
         f"{gflops(outcome.gflops)} GFLOP/s, median {seconds(outcome.median_s)}, "

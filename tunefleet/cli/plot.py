@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tunefleet.errors import UsageError
+from tunefleet.vocabulary import TrialState
 
 _STATE_COLOURS = {
     "done": "#2b8a3e",
@@ -95,7 +96,7 @@ def render(
                 label="best so far",
                 zorder=3,
             )
-        failed = [r for r in series if r["state"] != "done"]
+        failed = [r for r in series if r["state"] != TrialState.DONE]
         if failed:
             ax.scatter(
                 [r[key] for r in failed],

@@ -37,6 +37,7 @@ from tunefleet.cli.db import add_db_flag
 from tunefleet.cli.output import args_text, gflops, seconds
 from tunefleet.errors import DeviceError, RunError, TunefleetError, UsageError
 from tunefleet.settings import DatabaseSettings, home_dir
+from tunefleet.vocabulary import RunState
 
 #: How long the search waits for its local workers to register before it starts anyway (a
 #: worker registers once it has found its device, before it opens it).
@@ -470,7 +471,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     if failure:
         raise TunefleetError(failure[0])
-    if interrupts or (result is not None and result.state == "stopped"):
+    if interrupts or (result is not None and result.state == RunState.STOPPED):
         from tunefleet.db.engine import redact
 
         hint = "" if args.db is None else f" --db {shlex.quote(redact(args.db))}"
@@ -547,7 +548,7 @@ def _cancel_leftovers(url: str, db: DatabaseSettings, run_id: int) -> None:
 
     with connect(url, db) as conn:
         run = search.get_run(conn, run_id)
-        if run is not None and run["state"] != "running":
+        if run is not None and run["state"] != RunState.RUNNING:
             search.cancel_pending(conn, run_id)
 
 

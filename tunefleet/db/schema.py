@@ -20,6 +20,8 @@ Tables
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -38,30 +40,18 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, BYTEA, DOUBLE_PRECISION, JSONB, UUID
 
+from tunefleet.vocabulary import FINISHED_TRIAL_STATES, RunState, TrialState, WorkerState
+
 SCHEMA = "tunefleet"
 
-#: Trial states. Terminal states never change again.
-TRIAL_STATES = ("pending", "running", "done", "invalid", "failed", "timed_out", "cancelled")
-TERMINAL_TRIAL_STATES = ("done", "invalid", "failed", "timed_out", "cancelled")
 #: Why a trial exists: ``search`` (a point of the search; one per configuration and run) or
 #: ``confirm`` (a re-measurement of a search trial with fresh inputs, ideally on another
 #: worker, before the run reports its best; never told to the search, never a trial of the
 #: budget).
 TRIAL_PURPOSES = ("search", "confirm")
-#: Run states: ``running`` while a coordinator may drive it, ``finished`` after a stop rule,
-#: ``stopped`` when a user stopped it (it can be resumed).
-RUN_STATES = ("running", "finished", "stopped")
 #: How an attempt ended. ``lease_expired`` is written by the reaper, ``released`` by a worker
 #: that gave a trial back on graceful shutdown (no attempt counted).
-ATTEMPT_OUTCOMES = (
-    "done",
-    "invalid",
-    "failed",
-    "timed_out",
-    "lease_expired",
-    "released",
-    "lost",
-)
+ATTEMPT_OUTCOMES = (*FINISHED_TRIAL_STATES, "lease_expired", "released", "lost")
 #: Where a measurement row came from; :data:`CACHE_SOURCES` are the ones the cache serves.
 MEASUREMENT_SOURCES = ("measured", "imported", "unverified")
 CACHE_SOURCES = ("measured", "imported")
@@ -71,7 +61,7 @@ ANY_DEVICE_CLASS = "any"
 NOTIFY_CHANNEL = "tunefleet_trials"
 
 
-def _in(column: str, values: tuple[str, ...]) -> str:
+def _in(column: str, values: Iterable[str]) -> str:
     quoted = ", ".join(f"'{v}'" for v in values)
     return f"{column} IN ({quoted})"
 
@@ -106,7 +96,7 @@ run = Table(
     Column("coordinator_heartbeat_at", DateTime(timezone=True), nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=_now),
     Column("finished_at", DateTime(timezone=True), nullable=True),
-    CheckConstraint(_in("state", RUN_STATES), name="run_state_valid"),
+    CheckConstraint(_in("state", RunState), name="run_state_valid"),
     CheckConstraint("max_trials IS NULL OR max_trials > 0", name="run_max_trials_positive"),
     CheckConstraint("max_seconds IS NULL OR max_seconds > 0", name="run_max_seconds_positive"),
     CheckConstraint("patience IS NULL OR patience > 0", name="run_patience_positive"),
@@ -155,7 +145,7 @@ worker = Table(
     # SHA-256 of the secret ``tunefleet.register_worker`` returned to the process (never the
     # secret itself): claims, the worker heartbeat and its stop need the secret.
     Column("secret_hash", BYTEA, nullable=True),
-    CheckConstraint("state IN ('active', 'stopped')", name="worker_state_valid"),
+    CheckConstraint(_in("state", WorkerState), name="worker_state_valid"),
     CheckConstraint("capacity > 0", name="worker_capacity_positive"),
     CheckConstraint(
         "prepare_workers IS NULL OR prepare_workers >= 0", name="worker_prepare_workers_valid"
@@ -220,7 +210,7 @@ trial = Table(
     Column("avoid_until", DateTime(timezone=True), nullable=True),
     # Replaces the run protocol's input seed for this trial (fresh inputs); NULL: the run's.
     Column("input_seed", Integer, nullable=True),
-    CheckConstraint(_in("state", TRIAL_STATES), name="trial_state_valid"),
+    CheckConstraint(_in("state", TrialState), name="trial_state_valid"),
     CheckConstraint(_in("purpose", TRIAL_PURPOSES), name="trial_purpose_valid"),
     CheckConstraint(
         "(purpose = 'confirm') = (confirms_trial_id IS NOT NULL)",

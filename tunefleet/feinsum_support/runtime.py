@@ -38,6 +38,7 @@ from tunefleet.feinsum_support.einsum_spec import EinsumSpec
 from tunefleet.feinsum_support.spaces import space_path
 from tunefleet.problems.base import Outcome
 from tunefleet.space import canonical_json
+from tunefleet.vocabulary import TrialState
 
 #: feinsum compiles every kernel it validates and times with these options.
 BUILD_OPTIONS = ("-cl-fast-relaxed-math", "-cl-mad-enable")
@@ -321,7 +322,7 @@ def measure_with_feinsum(
     except TransformValidationError as exc:
         first = (str(exc).strip().splitlines() or ["results differ from NumPy"])[0]
         return Outcome(
-            state="invalid",
+            state=TrialState.INVALID,
             error=f"wrong results (feinsum's validation): {first}"[:4000],
             validation={"passed": False, "by": "feinsum", "reason": first},
             **base,
@@ -329,7 +330,7 @@ def measure_with_feinsum(
     flops = float(base.get("flop_count") or 0.0)
     nbytes = float(base.get("byte_count") or 0.0)
     return Outcome(
-        state="done",
+        state=TrialState.DONE,
         median_s=runtime,
         min_s=runtime,
         samples_s=(runtime,),

@@ -72,6 +72,7 @@ from tunefleet.devices import DeviceInfo
 from tunefleet.errors import DeviceError, InvalidConfiguration
 from tunefleet.problems.base import Outcome, Problem, Protocol, normalise_with_specs
 from tunefleet.space import Config, Space, canonical_json
+from tunefleet.vocabulary import TrialState
 
 #: Largest allowed scaled max-norm error ``max|out - ref| / max|ref|`` per dtype. float32
 #: leaves room for reordered sums of a few thousand terms; a wrong index gives errors of
@@ -308,7 +309,7 @@ class KernelProblem(Problem):
         def invalid(reason: str, validation: dict[str, Any] | None = None) -> Outcome:
             details["compile_s"] = details["codegen_s"] + details["build_s"]
             return Outcome(
-                state="invalid",
+                state=TrialState.INVALID,
                 error=reason[:_MAX_REASON],
                 validation=validation or {},
                 details=details,
@@ -398,7 +399,7 @@ class KernelProblem(Problem):
         flops, nbytes = base["flop_count"], base["byte_count"]
         details["launches"] = len(samples)
         return Outcome(
-            state="done",
+            state=TrialState.DONE,
             median_s=median,
             min_s=min(samples),
             samples_s=tuple(samples),

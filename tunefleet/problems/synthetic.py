@@ -63,6 +63,7 @@ from tunefleet.devices import DeviceInfo
 from tunefleet.errors import InvalidConfiguration, ProblemError
 from tunefleet.problems.base import Outcome, Problem, Protocol
 from tunefleet.space import Bool, Choice, Config, IntRange, PowerOfTwo, Space, config_hash
+from tunefleet.vocabulary import TrialState
 
 OPTIMUM: dict[str, Any] = {"tile": 16, "unroll": 4, "vector": True, "order": "ikj"}
 OPTIMUM_SECONDS = 1e-3
@@ -216,7 +217,7 @@ class Synthetic(Problem):
         from tunefleet import __version__
 
         return Outcome(
-            state="done",
+            state=TrialState.DONE,
             median_s=median,
             min_s=min(samples),
             samples_s=samples,

@@ -39,8 +39,6 @@ SORT_COLUMNS = {
     "finished_at": "finished_at",
     "state": "state",
 }
-#: States of a trial whose evaluation ended.
-FINISHED = ("done", "invalid", "failed", "timed_out")
 
 
 def _all(conn: Conn, query: str | sql.Composed, params: dict[str, Any]) -> list[Row]:

@@ -39,6 +39,7 @@ from psycopg.types.json import Jsonb
 
 from tunefleet.db.schema import NOTIFY_CHANNEL
 from tunefleet.devices import DeviceInfo
+from tunefleet.vocabulary import FINISHED_TRIAL_STATES, TrialState
 
 #: Key of the transaction-level advisory lock that serialises the reaper across the fleet
 #: (taken inside ``tunefleet.reap_expired_leases``; the migration spells the same text).
@@ -51,7 +52,7 @@ DEVICE_LOCK_PREFIX = "tunefleet:device"
 WORKER_ALIVE_S = 60.0
 
 #: Outcomes a worker may report for its own claim.
-COMPLETION_STATES = ("done", "invalid", "failed", "timed_out")
+COMPLETION_STATES = FINISHED_TRIAL_STATES
 
 
 @dataclass(frozen=True, order=True)
@@ -475,8 +476,9 @@ def complete_trial(
     Locking: the trial row and its attempt row, for the statement; the run row is only read.
     """
     if state not in COMPLETION_STATES:
-        raise ValueError(f"completion state must be one of {COMPLETION_STATES}, got {state!r}")
-    if (state == "done") != (measurement is not None):
+        allowed = ", ".join(COMPLETION_STATES)
+        raise ValueError(f"completion state must be one of {allowed}, got {state!r}")
+    if (state == TrialState.DONE) != (measurement is not None):
         raise ValueError("a measurement goes with state 'done' and only with it")
     m = measurement
     row = conn.execute(

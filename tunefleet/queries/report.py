@@ -17,8 +17,6 @@ import psycopg
 Row = dict[str, Any]
 Conn = psycopg.Connection[Any]
 
-#: Trial states that end an evaluation (what ``results`` shows; ``cancelled`` never ran).
-FINISHED_STATES = ("done", "invalid", "failed", "timed_out")
 #: A worker whose heartbeat is older than this (seconds) counts as gone.
 ALIVE_S = 60.0
 

@@ -18,6 +18,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from tunefleet.db.schema import NOTIFY_CHANNEL
+from tunefleet.vocabulary import RunState
 
 Row = dict[str, Any]
 Conn = psycopg.Connection[Any]
@@ -25,9 +26,6 @@ Conn = psycopg.Connection[Any]
 #: First key of the two-key advisory lock that marks a run as driven (second key: run id).
 #: The two-key form never collides with single-key advisory locks used elsewhere.
 RUN_LOCK_NAMESPACE = 0x7466  # "tf"
-
-#: Trial states that carry an outcome the search learns from.
-FINISHED = ["done", "invalid", "failed", "timed_out"]
 
 
 # --- runs -------------------------------------------------------------------------------------
@@ -170,7 +168,11 @@ def heartbeat_run(conn: Conn, run_id: int, coordinator_id: uuid.UUID) -> Row | N
 
 
 def finish_run(
-    conn: Conn, run_id: int, coordinator_id: uuid.UUID, stop_reason: str, state: str = "finished"
+    conn: Conn,
+    run_id: int,
+    coordinator_id: uuid.UUID,
+    stop_reason: str,
+    state: str = RunState.FINISHED,
 ) -> bool:
     """Mark the run ``finished`` (a stop rule) or ``stopped`` (by the user; resumable) with its
     reason, and let go of it (coordinator_id cleared). Only the driving coordinator can.

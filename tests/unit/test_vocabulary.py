@@ -1,0 +1,189 @@
+"""One vocabulary: every state, stage and reply kind is spelled in its enum's module only.
+
+What counts as *spelling* a value, in the shipped Python (``tunefleet/``, ``coordinator/``,
+``worker/``; ``migrations/versions`` is history and is not rewritten): a string constant equal
+to a member's value, used as a value — compared (``== "done"``, ``in ("done", ...)``),
+assigned, passed, returned, defaulted or listed. What does not count: a string that names
+something else with the same word — a key (``row["done"]``, ``{"error": ...}``,
+``.get("failed")``, ``"error" in row``), a column (``Column("error", ...)``), prose (docstrings,
+f-string text) — and the few lines of :data:`NOT_A_STATE`, each with its reason.
+
+The database's states (:mod:`tunefleet.vocabulary`) are checked in all shipped code; the
+worker's trial stages, reply kinds and outcomes (:mod:`tunefleet.worker.vocabulary`) in the
+worker, the only place they mean anything ("error" elsewhere is a column).
+
+SQL keeps its literals (a partial index on ``state = 'pending'`` needs the literal): every
+``state = '...'`` / ``state IN (...)`` literal in a SQL string must be a member of an enum.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tunefleet.vocabulary import RunState, TrialState, WorkerState
+from tunefleet.worker.vocabulary import ReplyKind, Stage, Verdict
+
+ROOT = Path(__file__).resolve().parents[2]
+
+DATABASE_VALUES = {str(v) for enum in (TrialState, RunState, WorkerState) for v in enum}
+WORKER_VALUES = DATABASE_VALUES | {str(v) for enum in (Stage, ReplyKind, Verdict) for v in enum}
+VOCABULARY_MODULES = {"tunefleet/vocabulary.py", "worker/vocabulary.py"}
+
+#: (file, the stripped source line): the same word naming something that is not a state.
+NOT_A_STATE = {
+    # The synthetic problem's fault names: "invalid" is the fault that makes a configuration
+    # invalid (its outcome is TrialState.INVALID), a flag value users pass.
+    ("tunefleet/problems/synthetic.py", 'FAULTS = ("none", "invalid", "fail", "hang")'),
+    ("tunefleet/problems/synthetic.py", '("invalid", args["invalid_rate"]),'),
+    ("tunefleet/problems/synthetic.py", 'if fault == "invalid":'),
+}
+
+_KEY_CALLS = {"get", "pop", "setdefault"}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    out = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+            if isinstance(body[0].value, ast.Constant):
+                out.add(id(body[0].value))
+    return out
+
+
+def _not_values(tree: ast.AST) -> set[int]:
+    """ids of string constants that are keys, columns, prose: not values of a vocabulary."""
+    skip = _docstrings(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            skip.update(id(v) for v in node.values)
+        elif isinstance(node, ast.Subscript):
+            skip.add(id(node.slice))
+        elif isinstance(node, ast.Dict):
+            skip.update(id(k) for k in node.keys if k is not None)
+        elif isinstance(node, ast.Call) and node.args:
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name in _KEY_CALLS:
+                skip.add(id(node.args[0]))
+            elif name == "Column":  # a table's (name, type) or a listing's (title, key)
+                skip.update(id(a) for a in node.args[:2])
+        elif (
+            isinstance(node, ast.Compare)
+            and len(node.ops) == 1
+            and isinstance(node.ops[0], ast.In | ast.NotIn)
+            and not isinstance(node.comparators[0], ast.Tuple | ast.List | ast.Set)
+        ):
+            skip.add(id(node.left))  # "error" in row: a key test
+    return skip
+
+
+def spellings(source: str, values: set[str], path: str = "<source>") -> list[str]:
+    """``path:line: "value"`` for each string constant of ``source`` that spells a value."""
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    skip = _not_values(tree)
+    out = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+            continue
+        if node.value not in values or id(node) in skip:
+            continue
+        if (path, lines[node.lineno - 1].strip()) in NOT_A_STATE:
+            continue
+        out.append(f"{path}:{node.lineno}: {node.value!r}")
+    return sorted(out)
+
+
+def _sources(*folders: str) -> Iterator[tuple[str, str]]:
+    for folder in folders:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel in VOCABULARY_MODULES or rel.startswith("migrations/versions/"):
+                continue
+            yield rel, path.read_text()
+
+
+def test_the_scan_sees_the_shipped_modules() -> None:
+    """An empty walk would make the checks below vacuous."""
+    names = {rel for rel, _ in _sources("tunefleet", "coordinator", "worker")}
+    assert {"tunefleet/queries/queue.py", "coordinator/engine.py", "worker/loop.py"} <= names
+    assert not names & VOCABULARY_MODULES
+
+
+@pytest.mark.parametrize(
+    ("source", "flagged"),
+    [
+        ('if trial.state == "done":\n    pass\n', 1),
+        ('if state in ("pending", "running"):\n    pass\n', 2),
+        ('finish(state="invalid")\n', 1),
+        ('held.stage, held.state = "finished", "failed"\n', 2),
+        ('def f(state: str = "finished") -> None:\n    return None\n', 1),
+        ('COLOURS = {"done": "#2b8a3e"}\n', 0),
+        ('n = row["done"] + row.get("failed", 0)\n', 0),
+        ('if "error" in row:\n    pass\n', 0),
+        ('Column("error", Text)\n', 0),
+        ('msg = f"{n} done"\n', 0),
+    ],
+)
+def test_the_scan_flags_values_and_only_values(source: str, flagged: int) -> None:
+    assert len(spellings(source, WORKER_VALUES)) == flagged
+
+
+def test_no_database_state_is_spelled_outside_its_enum() -> None:
+    found = [
+        hit
+        for rel, text in _sources("tunefleet", "coordinator", "worker")
+        for hit in spellings(text, DATABASE_VALUES, rel)
+    ]
+    assert found == []
+
+
+def test_no_worker_stage_or_reply_kind_is_spelled_outside_its_enum() -> None:
+    found = [hit for rel, text in _sources("worker") for hit in spellings(text, WORKER_VALUES, rel)]
+    assert found == []
+
+
+def test_every_allowance_is_still_needed() -> None:
+    """An exception whose line is gone or changed is removed, not left to excuse another."""
+    texts = dict(_sources("tunefleet", "coordinator", "worker"))
+    for path, line in NOT_A_STATE:
+        assert line in {ln.strip() for ln in texts[path].splitlines()}, (path, line)
+
+
+# --- SQL --------------------------------------------------------------------------------
+_SQL_EQ = re.compile(r"\b\w*state\s*(?:=|<>|!=)\s*'([a-z_]+)'")
+_SQL_IN = re.compile(r"\b\w*state\s+(?:NOT\s+)?IN\s*\(\s*('[a-z_]+'(?:\s*,\s*'[a-z_]+')*)\s*\)")
+
+
+def sql_state_literals(text: str) -> set[str]:
+    found = set(_SQL_EQ.findall(text))
+    for group in _SQL_IN.findall(text):
+        found.update(re.findall(r"'([a-z_]+)'", group))
+    return found
+
+
+def _strings(text: str) -> Iterable[str]:
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            yield node.value
+
+
+def test_sql_literals_of_states_are_members() -> None:
+    assert sql_state_literals("WHERE t.state = 'pending' AND r.state IN ('running', 'x')") == {
+        "pending",
+        "running",
+        "x",
+    }
+    found: dict[str, set[str]] = {}
+    for rel, text in _sources("tunefleet", "coordinator", "worker", "migrations"):
+        for literal in (lit for s in _strings(text) for lit in sql_state_literals(s)):
+            found.setdefault(literal, set()).add(rel)
+    assert {"pending", "running", "done", "active"} <= set(found)  # the scan sees SQL
+    strays = {lit: sorted(files) for lit, files in found.items() if lit not in DATABASE_VALUES}
+    assert strays == {}

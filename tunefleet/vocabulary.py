@@ -1,0 +1,65 @@
+"""The database's vocabulary: the states of trials, runs and workers, each spelled once here.
+
+Every Python module compares and writes these members, never the bare strings
+(tests/unit/test_vocabulary.py greps the source for that). The schema's CHECK constraints are
+generated from them (``tunefleet.db.schema``), and a test compares each enum with the CHECK
+constraint of a migrated database, so a new state needs a migration as well as a member.
+SQL text spells the values as literals (a partial index on ``state = 'pending'`` is only used
+when the statement says ``'pending'``); the same test checks each such literal is a member.
+
+Members are ``str``: they compare equal to the database's text, format as their value and
+are sent to PostgreSQL as text.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class TrialState(StrEnum):
+    """``pending -> running -> done | invalid | failed | timed_out``; ``running -> pending``
+    when a lease expires with attempts left; ``pending | running -> cancelled`` when the run
+    stopped (resuming enqueues them again)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    #: The configuration itself is bad (illegal, does not build, wrong numbers): never retried.
+    INVALID = "invalid"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+
+
+#: A trial that was measured or judged: what a worker completes a trial with, what the search
+#: learns from and what counts against the budget.
+FINISHED_TRIAL_STATES: tuple[TrialState, ...] = (
+    TrialState.DONE,
+    TrialState.INVALID,
+    TrialState.FAILED,
+    TrialState.TIMED_OUT,
+)
+#: States that never change again (until a resume enqueues a cancelled configuration anew).
+TERMINAL_TRIAL_STATES: tuple[TrialState, ...] = (*FINISHED_TRIAL_STATES, TrialState.CANCELLED)
+#: A finished trial that yielded no time (the search learns it as infinitely slow).
+FAULT_TRIAL_STATES: tuple[TrialState, ...] = (
+    TrialState.INVALID,
+    TrialState.FAILED,
+    TrialState.TIMED_OUT,
+)
+
+
+class RunState(StrEnum):
+    """``running`` while a coordinator may drive it, ``finished`` after a stop rule,
+    ``stopped`` when a user stopped it (it can be resumed)."""
+
+    RUNNING = "running"
+    FINISHED = "finished"
+    STOPPED = "stopped"
+
+
+class WorkerState(StrEnum):
+    """A worker row is ``active`` from its registration until it stops (or is found gone)."""
+
+    ACTIVE = "active"
+    STOPPED = "stopped"
