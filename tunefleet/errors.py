@@ -20,8 +20,9 @@ class UsageError(TunefleetError):
     exit_code = 2
 
 
-class DatabaseError(TunefleetError):
+class DatabaseProblem(TunefleetError):
     """Something about the database: cannot connect, wrong schema version, server failure.
+    (Not ``DatabaseError``: that is psycopg's, and both are caught side by side.)
 
     ``transient`` says whether waiting may fix it without the user doing anything (a server
     that is starting, a schema another process is migrating), as opposed to a wrong password
@@ -33,15 +34,15 @@ class DatabaseError(TunefleetError):
         self.transient = transient
 
 
-class DatabaseUnavailable(DatabaseError):
+class DatabaseUnavailable(DatabaseProblem):
     """The database cannot be reached (bad DSN, server down, authentication failed)."""
 
 
-class SchemaOutOfDate(DatabaseError):
+class SchemaOutOfDate(DatabaseProblem):
     """The database is not at the migration head this code expects."""
 
 
-class EmbeddedServerError(DatabaseError):
+class EmbeddedServerError(DatabaseProblem):
     """The embedded PostgreSQL server could not be initialised, started or stopped."""
 
 
@@ -72,3 +73,13 @@ class RunError(TunefleetError):
 
 class ArchiveError(TunefleetError):
     """A foreign results archive (a feinsum SQLite file) that cannot be read or written."""
+
+
+def first_line(what: object, empty: str | None = None) -> str:
+    """The first non-blank line of ``str(what)``, stripped: how an exception (or a stored
+    error text) is told in one line. Blank text gives ``empty`` when given, else the type's
+    name (an exception that says nothing is still told by its class)."""
+    for line in str(what).splitlines():
+        if line.strip():
+            return line.strip()
+    return empty if empty is not None else type(what).__name__

@@ -72,11 +72,12 @@ from tunefleet import __version__
 from tunefleet.db.schema import ANY_DEVICE_CLASS
 from tunefleet.devices import HOST_DEVICE, DeviceInfo
 from tunefleet.errors import (
-    DatabaseError,
+    DatabaseProblem,
     DatabaseUnavailable,
     DeviceError,
     StandingAside,
     TunefleetError,
+    first_line,
 )
 from tunefleet.problems.base import Outcome, Protocol
 from tunefleet.queries import queue
@@ -292,7 +293,7 @@ class Worker:
             # A role without EXECUTE on the queue's functions, or a session whose timeouts
             # are above the role's: nothing was written.
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise DatabaseError(
+            raise DatabaseProblem(
                 f"the database refused to register this worker ({reason}); connect as the "
                 "worker role that `tunefleet db roles` sets up (run it again after every "
                 "`tunefleet db upgrade`)"
@@ -565,7 +566,7 @@ class Worker:
             except psycopg.DatabaseError as exc:
                 # The result itself cannot be stored (a value the table refuses): record the
                 # attempt as failed rather than crash; the fence still applies.
-                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+                reason = first_line(exc, repr(exc))
                 if held.state == Verdict.DONE:
                     held.finish(Verdict.FAILED, f"the result could not be stored: {reason}")
                     continue
@@ -830,7 +831,7 @@ class Worker:
         the bad row: logged, never claimed again by this worker, and the worker goes on.
         While that cannot be told apart (nothing pending, a read that fails too, or several
         trials in a row refused: then it is not one row), it waits, longer each time."""
-        reason = _first_line(exc)
+        reason = first_line(exc)
         self.claim_failures += 1
         bad: int | None = None
         if limit == 1 and self.skips_in_row < MAX_SKIPS_IN_ROW:
@@ -976,7 +977,7 @@ class Worker:
             except DatabaseDown:
                 return False
             except psycopg.DatabaseError as exc:  # e.g. the run was deleted meanwhile
-                log.error("could not record standing aside from run %s: %s", run, _first_line(exc))
+                log.error("could not record standing aside from run %s: %s", run, first_line(exc))
             del self.unrecorded[run]
         return True
 
@@ -995,7 +996,7 @@ class Worker:
             return False
         except psycopg.DatabaseError as exc:
             # The trial's lease expires and the reaper requeues it; we go on.
-            log.error("trial %s: could not hand it back: %s", c.trial_id, _first_line(exc))
+            log.error("trial %s: could not hand it back: %s", c.trial_id, first_line(exc))
             released = set()
         if c.trial_id in released:
             log.info("trial %s handed back (not counted): %s", c.trial_id, held.error)
@@ -1250,11 +1251,6 @@ def plain_json(value: Any) -> Any:
     if value is None or isinstance(value, bool | int | float | str):
         return value
     return str(value)
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return lines[0] if lines else type(exc).__name__
 
 
 def _device_failure(what: str, reply: Reply) -> str:

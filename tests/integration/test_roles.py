@@ -25,7 +25,7 @@ from tunefleet.db.roles import (
     RolesSettings,
     setup_roles,
 )
-from tunefleet.errors import DatabaseError, SchemaOutOfDate
+from tunefleet.errors import DatabaseProblem, SchemaOutOfDate
 from tunefleet.queries import roles as q
 
 Denied = psycopg.errors.InsufficientPrivilege
@@ -425,7 +425,7 @@ def test_roles_need_an_administrator(roles, db_url, tmp_path):
     as_reader = make_conninfo(db_url, user=roles.name("reader"))
     other = RolesSettings(prefix=unique_prefix(), pgpass=tmp_path / "p")
     try:
-        with pytest.raises(DatabaseError, match="superuser"):
+        with pytest.raises(DatabaseProblem, match="superuser"):
             setup_roles(as_reader, other)
     finally:
         drop_roles(db_url, other.prefix)

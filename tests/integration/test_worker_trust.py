@@ -27,7 +27,7 @@ from tests.helpers.roles import Roles
 from tunefleet.coordinator.engine import create_run
 from tunefleet.db.migrate import downgrade, upgrade
 from tunefleet.devices import DeviceInfo
-from tunefleet.errors import DatabaseError
+from tunefleet.errors import DatabaseProblem
 from tunefleet.problems.synthetic import FLOP_COUNT
 from tunefleet.queries import queue, search
 from tunefleet.queries.queue import ClaimedTrial, Lease, MeasurementRow
@@ -662,12 +662,12 @@ def test_a_worker_the_queue_refuses_exits_with_one_clear_error(
     roles: Roles, db: Any, role: str, statement_timeout_ms: int, message: str
 ) -> None:
     """A worker started with the wrong role (no EXECUTE on the queue's functions), or with a
-    statement timeout above its role's, stops at registration with a DatabaseError naming
+    statement timeout above its role's, stops at registration with a DatabaseProblem naming
     the reason and the fix; it wrote nothing."""
     url = roles.url(role)
     config = WorkerSettings.build(db=url, device="host")
     config = replace(config, db=replace(config.db, statement_timeout_ms=statement_timeout_ms))
-    with pytest.raises(DatabaseError) as err:
+    with pytest.raises(DatabaseProblem) as err:
         Worker(config, url).run()
     text = str(err.value)
     assert message in text and "tunefleet db roles" in text and "\n" not in text

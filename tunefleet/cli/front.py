@@ -35,7 +35,7 @@ from tunefleet.cli.output import (
     table,
     timestamp,
 )
-from tunefleet.errors import RunError, TunefleetError, UsageError
+from tunefleet.errors import RunError, TunefleetError, UsageError, first_line
 from tunefleet.queries import report
 from tunefleet.settings import DatabaseSettings
 from tunefleet.vocabulary import FAULT_TRIAL_STATES, RunState, TrialState, WorkerState
@@ -297,7 +297,7 @@ def _stand_aside_lines(p: Row, asides: list[Row]) -> list[str]:
 
 
 def _one_line(text: str, width: int) -> str:
-    first = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+    first = first_line(text or "", "")
     return first if len(first) <= width else first[: width - 3] + "..."
 
 

@@ -51,7 +51,7 @@ import psycopg
 
 from tunefleet.cli.output import jsonable
 from tunefleet.dashboard.settings import DashboardSettings, is_loopback
-from tunefleet.errors import DatabaseUnavailable
+from tunefleet.errors import DatabaseUnavailable, first_line
 from tunefleet.queries import dashboard as q
 
 _log = logging.getLogger("tunefleet.dashboard")
@@ -421,11 +421,11 @@ def _make_handler(app: Dashboard) -> type[BaseHTTPRequestHandler]:
             except DatabaseUnavailable as exc:
                 return self._fail(503, str(exc), api)
             except psycopg.OperationalError as exc:
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else "lost"
+                first = first_line(exc, "lost")
                 return self._fail(503, f"the database connection failed: {first}", api)
             except Exception as exc:
                 _log.exception("dashboard request %s failed", path)
-                return self._fail(500, f"{type(exc).__name__}: {exc}".splitlines()[0], api)
+                return self._fail(500, f"{type(exc).__name__}: {first_line(exc, '')}", api)
 
         def _not_allowed(self) -> None:
             # The request's body is never read: the connection cannot carry another request.

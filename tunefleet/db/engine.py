@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from tunefleet.errors import DatabaseUnavailable, SchemaOutOfDate, UsageError
+from tunefleet.errors import DatabaseUnavailable, SchemaOutOfDate, UsageError, first_line
 from tunefleet.settings import DatabaseSettings
 
 _log = logging.getLogger("tunefleet.db")
@@ -52,7 +52,7 @@ def normalise_url(url: str) -> str:
         info = psycopg.conninfo.conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:
         raise UsageError(
-            f"database URL {redact(url)!r} is malformed ({redact(_first_line(exc))}); "
+            f"database URL {redact(url)!r} is malformed ({redact(first_line(exc))}); "
             "use postgresql://USER@HOST:PORT/DBNAME"
         ) from None
     for port in str(info.get("port") or "").split(","):
@@ -69,11 +69,6 @@ def redact(url: str) -> str:
     url = re.sub(r"(://[^:/@?]+:)[^@/?]*@", r"\1***@", url)
     url = re.sub(r"([?&]password=)[^&]*", r"\1***", url)
     return re.sub(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", url)
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return lines[0] if lines else type(exc).__name__
 
 
 def _describe(url: str) -> str:
@@ -171,12 +166,12 @@ def connect(
             transient=_transient(reason),
         ) from None
     except psycopg.ProgrammingError as exc:
-        raise UsageError(f"bad database URL {redact(url)!r}: {redact(_first_line(exc))}") from None
+        raise UsageError(f"bad database URL {redact(url)!r}: {redact(first_line(exc))}") from None
 
 
 def _reason(exc: BaseException) -> str:
     """libpq's reason without its "connection to server at ... failed:" preamble."""
-    reason = _first_line(exc)
+    reason = first_line(exc)
     for prefix in ("connection failed:", "connection is bad:"):
         if reason.startswith(prefix):
             reason = reason[len(prefix) :].strip()

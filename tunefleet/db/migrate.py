@@ -19,7 +19,7 @@ from alembic.script import ScriptDirectory
 from alembic.util import CommandError
 
 from tunefleet.db.engine import normalise_url
-from tunefleet.errors import DatabaseError, UsageError
+from tunefleet.errors import DatabaseProblem, UsageError, first_line
 
 #: Seconds to wait for the server to answer a connection attempt before giving up.
 CONNECT_TIMEOUT_S = 10
@@ -86,7 +86,7 @@ def _run(url: str, action: Callable[[Config], None]) -> None:
         action(cfg)
     except CommandError as exc:
         raise UsageError(
-            f"migration refused: {_first_line(exc)}; see `tunefleet db upgrade --help`"
+            f"migration refused: {first_line(exc)}; see `tunefleet db upgrade --help`"
         ) from None
     except sa.exc.DBAPIError as exc:
         orig = getattr(exc, "orig", exc)
@@ -96,12 +96,7 @@ def _run(url: str, action: Callable[[Config], None]) -> None:
             from tunefleet.db.engine import connect
 
             connect(url).close()  # raises DatabaseUnavailable with the one-line reason
-        raise DatabaseError(
-            f"migration failed: {_first_line(orig)}; nothing was changed (each migration "
+        raise DatabaseProblem(
+            f"migration failed: {first_line(orig)}; nothing was changed (each migration "
             "runs in one transaction); fix the cause and run `tunefleet db upgrade` again"
         ) from None
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return lines[0] if lines else type(exc).__name__

@@ -45,7 +45,7 @@ import psycopg
 
 from tunefleet.db.engine import check_at_head, connect
 from tunefleet.db.schema import SCHEMA, VIEWS
-from tunefleet.errors import DatabaseError, UsageError
+from tunefleet.errors import DatabaseProblem, UsageError, first_line
 from tunefleet.queries import roles as q
 
 ROLE_NAMES = ("migrator", "coordinator", "worker", "reader")
@@ -243,8 +243,8 @@ def setup_roles(admin_url: str, settings: RolesSettings) -> list[RoleReport]:
                 for name in ROLE_NAMES:
                     reports.append(_apply_role(conn, name, database, settings, generated))
         except psycopg.errors.InsufficientPrivilege as exc:
-            raise DatabaseError(
-                f"cannot set up roles: {_first_line(exc)}; run `tunefleet db roles` with a "
+            raise DatabaseProblem(
+                f"cannot set up roles: {first_line(exc)}; run `tunefleet db roles` with a "
                 "superuser's --db URL (or the database owner with CREATEROLE)"
             ) from None
         if generated and settings.pgpass is not None:
@@ -316,11 +316,6 @@ def _role_url(conn: psycopg.Connection[Any], role: str, database: str) -> str:
     if host.startswith("/"):
         host = socket.getfqdn()
     return f"postgresql://{role}@{host}:{conn.info.port}/{database}"
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return lines[0] if lines else type(exc).__name__
 
 
 def _pgpass_escape(value: str) -> str:

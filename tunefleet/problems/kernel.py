@@ -69,7 +69,7 @@ from typing import Any
 import numpy as np
 
 from tunefleet.devices import DeviceInfo
-from tunefleet.errors import DeviceError, InvalidConfiguration
+from tunefleet.errors import DeviceError, InvalidConfiguration, first_line
 from tunefleet.problems.base import Outcome, Problem, Protocol, normalise_with_specs
 from tunefleet.space import Config, Space, canonical_json
 from tunefleet.vocabulary import TrialState
@@ -242,7 +242,8 @@ class KernelProblem(Problem):
             codegen = lp.generate_code_v2(tu)
         except (LoopyError, isl.Error) as exc:
             raise InvalidConfiguration(
-                f"loopy cannot build this configuration: {type(exc).__name__}: {_first_line(exc)}"
+                "loopy cannot build this configuration: "
+                f"{type(exc).__name__}: {first_line(exc)[:500]}"
             ) from None
         if len(codegen.device_programs) != 1:
             raise InvalidConfiguration(
@@ -337,7 +338,7 @@ class KernelProblem(Problem):
             launcher.launch().wait()
         except _cl_errors() as exc:
             _check_device_alive(session, exc)
-            return invalid(f"kernel launch failed at the validation size: {_first_line(exc)}")
+            return invalid(f"kernel launch failed at the validation size: {first_line(exc)[:500]}")
         verdict = self.compare(expected, {k: arrays.outputs[k].get() for k in expected})
         verdict["args"] = val.args
         if not verdict["passed"]:
@@ -375,7 +376,9 @@ class KernelProblem(Problem):
             samples = time_launches(launch if arrays.restores else launcher.launch, protocol)
         except _cl_errors() as exc:
             _check_device_alive(session, exc)
-            return invalid(f"kernel launch failed at the target size: {_first_line(exc)}", verdict)
+            return invalid(
+                f"kernel launch failed at the target size: {first_line(exc)[:500]}", verdict
+            )
         target_checked: dict[str, Any] = {}
         for name, arr in arrays.outputs.items():
             host = arr.get()
@@ -640,7 +643,7 @@ def _check_device_alive(session: Any, cause: BaseException) -> None:
         session.queue.finish()
     except cl.Error as exc:
         raise DeviceError(
-            f"the OpenCL context broke after {_first_line(cause)} ({_first_line(exc)}); "
+            f"the OpenCL context broke after {first_line(cause)[:500]} ({first_line(exc)[:500]}); "
             "the device process must be restarted"
         ) from None
 
@@ -766,11 +769,6 @@ def _as_int(value: Any, what: str) -> int:
         raise InvalidConfiguration(
             f"{what} is not a fixed number ({value}); fix every size with lp.fix_parameters"
         ) from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:500]
 
 
 __all__ = [
