@@ -51,6 +51,7 @@ from typing import Any
 
 import psycopg
 
+from tunefleet.backoff import Backoff
 from tunefleet.db.engine import connect
 from tunefleet.devices import ANY_DEVICE_CLASS
 from tunefleet.errors import (
@@ -60,6 +61,7 @@ from tunefleet.errors import (
     RunError,
     TunefleetError,
     UsageError,
+    first_line,
 )
 from tunefleet.problems.base import Problem, Protocol, cache_key
 from tunefleet.queries import search as q
@@ -344,10 +346,8 @@ class _Flight:
 LOCK_GRACE_S = 3.0
 #: After losing the database mid-run, the coordinator keeps reconnecting this long (seconds).
 RECONNECT_FOR_S = 600.0
-_RECONNECT_FIRST_S = 0.2
 #: How long a coordinator asked to stop while reconnecting keeps trying (to record the stop).
 _STOP_RECONNECT_S = 5.0
-_RECONNECT_MAX_S = 5.0
 
 
 class _OwnLockLingers(Exception):
@@ -389,7 +389,7 @@ class Coordinator:
         # the database, which holds everything the search knows.
         lost_at: float | None = None
         stop_seen_at: float | None = None
-        delay = _RECONNECT_FIRST_S
+        backoff = Backoff()  # the reconnect defaults, as the worker's links
         connected = False
         while True:
             try:
@@ -402,7 +402,8 @@ class Coordinator:
                             run_id,
                             time.monotonic() - lost_at,
                         )
-                    lost_at, delay = None, _RECONNECT_FIRST_S
+                    lost_at = None
+                    backoff.reset()
                     try:
                         return _Session(self, conn, run_id, progress_callback).drive()
                     finally:
@@ -413,7 +414,7 @@ class Coordinator:
             except (psycopg.OperationalError, psycopg.InterfaceError, DatabaseUnavailable) as exc:
                 if not connected:
                     raise  # never reached the database: the caller's error (bad URL, down)
-                reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                reason = first_line(exc)
             except _OwnLockLingers:
                 reason = "the lock of our lost session is not released yet"
             now = time.monotonic()
@@ -432,11 +433,11 @@ class Coordinator:
                     f"{now - lost_at:.0f} s; the run is intact: continue it with --resume "
                     f"{run_id} once the database is back"
                 )
+            delay = backoff.next()
             if stop_seen_at is None:
                 self._stop.wait(delay)
             else:
                 time.sleep(delay)  # the stop event is set: waiting on it would not wait
-            delay = min(delay * 2, _RECONNECT_MAX_S)
 
     def _own(
         self, conn: psycopg.Connection[Any], run_id: int, *, ours_may_linger: bool = False

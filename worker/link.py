@@ -18,8 +18,9 @@ from typing import Any
 
 import psycopg
 
+from tunefleet.backoff import RECONNECT_FIRST_S, RECONNECT_MAX_S, Backoff
 from tunefleet.db.engine import connect
-from tunefleet.errors import DatabaseUnavailable
+from tunefleet.errors import DatabaseUnavailable, first_line
 from tunefleet.settings import DatabaseSettings
 
 log = logging.getLogger("tunefleet.worker")
@@ -30,8 +31,6 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     psycopg.InterfaceError,
     DatabaseUnavailable,
 )
-
-FIRST_BACKOFF_S = 0.2
 
 
 class DatabaseDown(Exception):
@@ -46,15 +45,14 @@ class Link:
         name: str,
         *,
         on_connect: Callable[[psycopg.Connection[Any]], None] | None = None,
-        max_backoff_s: float = 5.0,
+        max_backoff_s: float = RECONNECT_MAX_S,
     ) -> None:
         self.url = url
         self.settings = settings
         self.name = name
         self.on_connect = on_connect
-        self.max_backoff_s = max_backoff_s
         self.conn: psycopg.Connection[Any] | None = None
-        self.backoff_s = 0.0
+        self.backoff = Backoff(RECONNECT_FIRST_S, max_backoff_s)
         self.next_try = 0.0
         self.down_since: float | None = None
         self.last_error = ""
@@ -91,7 +89,8 @@ class Link:
                 self.name,
                 time.monotonic() - self.down_since,
             )
-        self.conn, self.down_since, self.backoff_s = conn, None, 0.0
+        self.conn, self.down_since = conn, None
+        self.backoff.reset()
         return conn
 
     def connect_now(self) -> psycopg.Connection[Any]:
@@ -150,13 +149,9 @@ class Link:
             self.conn = None
 
     def _schedule(self, exc: BaseException) -> None:
-        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-        self.last_error = lines[0] if lines else type(exc).__name__
+        self.last_error = first_line(exc)
         now = time.monotonic()
         if self.down_since is None:
             self.down_since = now
             log.warning("%s connection lost: %s; reconnecting", self.name, self.last_error)
-        self.backoff_s = min(
-            self.max_backoff_s, FIRST_BACKOFF_S if not self.backoff_s else self.backoff_s * 2
-        )
-        self.next_try = now + self.backoff_s
+        self.next_try = now + self.backoff.next()

@@ -86,7 +86,7 @@ from tunefleet.vocabulary import TrialState
 
 from .heartbeat import Heartbeat, HeldLeases, Key
 from .link import DatabaseDown, Link
-from .settings import MAX_BACKOFF_S, WorkerSettings
+from .settings import WorkerSettings
 from .sizing import (
     CpuSampler,
     MachineSampler,
@@ -203,13 +203,7 @@ class Worker:
         self.reported: Sizing | None = None
         self._cpu = CpuSampler()
         self._machine = MachineSampler()
-        self.link = Link(
-            url,
-            settings.db,
-            "main",
-            on_connect=self._on_connect,
-            max_backoff_s=MAX_BACKOFF_S,
-        )
+        self.link = Link(url, settings.db, "main", on_connect=self._on_connect)
         self.heartbeat: Heartbeat | None = None
         self.stopping = False
         self.drained = False
@@ -301,7 +295,7 @@ class Worker:
         self._report(conn, initial=True)
         self._open_device()
         self.heartbeat = Heartbeat(
-            Link(self.url, self.settings.db, "heartbeat", max_backoff_s=MAX_BACKOFF_S),
+            Link(self.url, self.settings.db, "heartbeat"),
             worker_id=self.worker_id,
             worker_secret=self.worker_secret,
             lease_s=self.settings.lease_s,

@@ -53,8 +53,6 @@ DEFAULT_POLL_S = 5.0
 DEFAULT_STAND_ASIDE_AFTER = 3
 #: Shortest lease we accept: below it, heartbeats would compete with the work itself.
 MIN_LEASE_S = 0.3
-#: Cap of the reconnect backoff when the database is unreachable.
-MAX_BACKOFF_S = 5.0
 
 
 @dataclass(frozen=True)

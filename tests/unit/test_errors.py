@@ -25,4 +25,3 @@ def test_blank_text_gives_the_given_fallback() -> None:
     assert first_line(RuntimeError(""), "lost") == "lost"
     assert first_line("", "") == ""
     assert first_line(RuntimeError("said"), "lost") == "said"
-

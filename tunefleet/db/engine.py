@@ -20,6 +20,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from tunefleet.backoff import Backoff
 from tunefleet.errors import DatabaseUnavailable, SchemaOutOfDate, UsageError, first_line
 from tunefleet.settings import DatabaseSettings
 
@@ -249,7 +250,7 @@ def database_url(settings: DatabaseSettings) -> str:
 
         return ensure_embedded_url()
     deadline = time.monotonic() + settings.wait_s
-    pause = _FIRST_WAIT_S
+    pause = Backoff(_FIRST_WAIT_S, _MAX_WAIT_S)
     said = ""
     while True:
         try:
@@ -266,5 +267,4 @@ def database_url(settings: DatabaseSettings) -> str:
             if str(exc) != said:  # once per reason, not once per try
                 _log.warning("waiting up to %.0f s more for the database: %s", left, exc)
                 said = str(exc)
-            time.sleep(min(pause, left))
-            pause = min(pause * 2, _MAX_WAIT_S)
+            time.sleep(min(pause.next(), left))
