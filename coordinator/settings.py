@@ -25,7 +25,14 @@ from typing import Any
 
 from tunefleet.cli.flags import MAX_BUDGET_S, MAX_COUNT
 from tunefleet.errors import UsageError
-from tunefleet.settings import MAX_CONFIRM, bounded, positive_float, positive_int, resolve
+from tunefleet.settings import (
+    MAX_CONFIRM,
+    WORKER_ALIVE_S,
+    bounded,
+    positive_float,
+    positive_int,
+    resolve,
+)
 from tunefleet.space import Config
 
 
@@ -63,7 +70,7 @@ class CoordinatorSettings:
     depth_factor: float = 2.0
     min_depth: int = 1
     poll_s: float = 0.2
-    worker_alive_s: float = 60.0
+    worker_alive_s: float = WORKER_ALIVE_S
     #: A run with work and no live worker that may serve it: said at once when every live
     #: worker of its class stands aside from it, after this many seconds when none is live
     #: (workers may still be starting).
@@ -132,18 +139,21 @@ class CoordinatorSettings:
             ),
             target_gflops=resolve(target_gflops, "TARGET_GFLOPS", None, positive_float),
             patience=resolve(patience, "PATIENCE", None, bounded(positive_int, MAX_COUNT)),
-            depth_factor=resolve(depth_factor, "QUEUE_FACTOR", 2.0, positive_float),
-            min_depth=resolve(min_depth, "QUEUE_MIN", 1, positive_int),
-            poll_s=resolve(poll_s, "POLL_S", 0.2, positive_float),
-            worker_alive_s=resolve(worker_alive_s, "WORKER_ALIVE_S", 60.0, positive_float),
-            unserved_s=resolve(unserved_s, "UNSERVED_S", 30.0, positive_float),
+            # The defaults are the fields' own (one definition each).
+            depth_factor=resolve(depth_factor, "QUEUE_FACTOR", cls.depth_factor, positive_float),
+            min_depth=resolve(min_depth, "QUEUE_MIN", cls.min_depth, positive_int),
+            poll_s=resolve(poll_s, "POLL_S", cls.poll_s, positive_float),
+            worker_alive_s=resolve(
+                worker_alive_s, "WORKER_ALIVE_S", cls.worker_alive_s, positive_float
+            ),
+            unserved_s=resolve(unserved_s, "UNSERVED_S", cls.unserved_s, positive_float),
             trial_timeout_min_s=resolve(
-                trial_timeout_min_s, "TRIAL_TIMEOUT_MIN_S", 10.0, positive_float
+                trial_timeout_min_s, "TRIAL_TIMEOUT_MIN_S", cls.trial_timeout_min_s, positive_float
             ),
             trial_timeout_max_s=resolve(
-                trial_timeout_max_s, "TRIAL_TIMEOUT_MAX_S", 600.0, positive_float
+                trial_timeout_max_s, "TRIAL_TIMEOUT_MAX_S", cls.trial_timeout_max_s, positive_float
             ),
-            confirm=resolve(confirm, "CONFIRM", 3, _confirm_count),
+            confirm=resolve(confirm, "CONFIRM", cls.confirm, _confirm_count),
         )
         if settings.trial_timeout_max_s < settings.trial_timeout_min_s:
             raise UsageError(

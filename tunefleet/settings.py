@@ -22,6 +22,12 @@ T = TypeVar("T")
 
 ENV_PREFIX = "TUNEFLEET_"
 
+#: A worker whose heartbeat is older than this (seconds) counts as gone: for ``status``, the
+#: dashboard, the coordinator's queue depth (its default ``--worker-alive``) and the queue.
+WORKER_ALIVE_S = 60.0
+#: A coordinator whose heartbeat is at most this old (seconds) still drives its run.
+COORDINATOR_ALIVE_S = 30.0
+
 
 #: Most configurations one run confirms (``--confirm``; each costs one more evaluation at the
 #: end of the run).

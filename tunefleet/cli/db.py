@@ -166,8 +166,8 @@ def _refuse_stop_in_flight(server: EmbeddedServer) -> None:
     import psycopg
 
     from tunefleet.db.engine import connect
-    from tunefleet.queries.queue import COORDINATOR_ALIVE_S
     from tunefleet.queries.report import live_clients
+    from tunefleet.settings import COORDINATOR_ALIVE_S
 
     try:
         with connect(server.local_url(), connect_timeout=5) as conn:

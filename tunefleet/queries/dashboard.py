@@ -23,11 +23,13 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from tunefleet.settings import WORKER_ALIVE_S
+
 Row = dict[str, Any]
 Conn = psycopg.Connection[Any]
 
 #: A worker whose heartbeat is older than this (seconds) counts as gone (as ``status`` says).
-ALIVE_S = 60.0
+ALIVE_S = WORKER_ALIVE_S
 #: Columns the configuration table may be sorted by (the key is what the page sends).
 SORT_COLUMNS = {
     "gflops": "gflops",

@@ -39,6 +39,7 @@ from psycopg.types.json import Jsonb
 
 from tunefleet.db.schema import NOTIFY_CHANNEL
 from tunefleet.devices import DeviceInfo
+from tunefleet.settings import COORDINATOR_ALIVE_S, WORKER_ALIVE_S
 from tunefleet.vocabulary import FINISHED_TRIAL_STATES, TrialState
 
 #: Key of the transaction-level advisory lock that serialises the reaper across the fleet
@@ -46,10 +47,6 @@ from tunefleet.vocabulary import FINISHED_TRIAL_STATES, TrialState
 REAPER_LOCK_NAME = "tunefleet:reaper"
 #: Prefix of the session-level advisory lock a worker holds on its device for its lifetime.
 DEVICE_LOCK_PREFIX = "tunefleet:device"
-
-#: A confirmation leaves its original worker alone while another worker of its class has
-#: heartbeated within this many seconds (the coordinator's default liveness window).
-WORKER_ALIVE_S = 60.0
 
 #: Outcomes a worker may report for its own claim.
 COMPLETION_STATES = FINISHED_TRIAL_STATES
@@ -649,9 +646,8 @@ def reap_expired_leases(
 # --- drain -------------------------------------------------------------------------------------
 
 
-#: A draining worker stays while a coordinator whose heartbeat is at most this old (seconds)
-#: drives a run of its classes: the queue of a live run is empty only between refills.
-COORDINATOR_ALIVE_S = 30.0
+# A draining worker stays while a coordinator whose heartbeat is at most COORDINATOR_ALIVE_S
+# old drives a run of its classes: the queue of a live run is empty only between refills.
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,13 @@ from typing import Any
 
 import psycopg
 
+from tunefleet.settings import COORDINATOR_ALIVE_S, WORKER_ALIVE_S
+
 Row = dict[str, Any]
 Conn = psycopg.Connection[Any]
 
 #: A worker whose heartbeat is older than this (seconds) counts as gone.
-ALIVE_S = 60.0
+ALIVE_S = WORKER_ALIVE_S
 
 
 def _all(conn: Conn, query: str, params: dict[str, Any] | None = None) -> list[Row]:
@@ -87,7 +89,7 @@ def fleet(
     conn: Conn,
     *,
     run_id: int | None = None,
-    stale_after_s: float = 60.0,
+    stale_after_s: float = ALIVE_S,
     include_stopped: bool = False,
 ) -> list[Row]:
     """Worker processes with their device, heartbeat age, their sizing (code-generation
@@ -307,7 +309,10 @@ def failure_summary(conn: Conn, run_id: int) -> list[Row]:
 
 
 def live_clients(
-    conn: Conn, *, coordinator_alive_s: float = 30.0, worker_alive_s: float = 60.0
+    conn: Conn,
+    *,
+    coordinator_alive_s: float = COORDINATOR_ALIVE_S,
+    worker_alive_s: float = WORKER_ALIVE_S,
 ) -> list[Row]:
     """The processes a stop of the server would cut off: coordinators driving a ``running``
     run (heartbeat younger than ``coordinator_alive_s``) and ``active`` workers with a fresh
