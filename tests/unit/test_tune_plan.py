@@ -116,3 +116,20 @@ def test_progress_display_prints_plain_periodic_lines_without_a_terminal():
     display.show("final", force=True)
     display.end()
     assert out.getvalue() == "first\nfinal\n"
+
+
+def test_the_in_process_coordinator_keeps_every_database_setting() -> None:
+    from tunefleet.cli.tune import coordinator_db
+    from tunefleet.settings import DatabaseSettings
+
+    user = DatabaseSettings(
+        url=None,
+        statement_timeout_ms=1234,
+        idle_in_transaction_timeout_ms=5678,
+        connect_timeout_s=3,
+        application_name="tunefleet-tune",
+    )
+    got = coordinator_db(user, "postgresql://h/db")
+    assert (got.url, got.application_name) == ("postgresql://h/db", "tunefleet-coordinator")
+    assert (got.statement_timeout_ms, got.idle_in_transaction_timeout_ms) == (1234, 5678)
+    assert got.connect_timeout_s == 3

@@ -17,6 +17,7 @@ its trials back).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import os
 import shlex
@@ -395,12 +396,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         patience=args.patience,
         confirm=args.confirm,
     )
-    engine_db = DatabaseSettings(
-        url=url,
-        statement_timeout_ms=settings.statement_timeout_ms,
-        idle_in_transaction_timeout_ms=settings.idle_in_transaction_timeout_ms,
-        application_name="tunefleet-coordinator",
-    )
+    engine_db = coordinator_db(settings, url)
     run_id = args.resume or create_run(coord_settings, url, engine_db)
     coordinator = Coordinator(coord_settings, url, engine_db)
 
@@ -538,6 +534,12 @@ def _changed_args(problem: Any, problem_args: dict[str, Any]) -> dict[str, Any]:
     except TunefleetError:
         return problem_args
     return {k: v for k, v in problem_args.items() if defaults.get(k) != v}
+
+
+def coordinator_db(settings: DatabaseSettings, url: str) -> DatabaseSettings:
+    """The in-process coordinator's database settings: the user's (every timeout, the connect
+    timeout included) on the resolved URL, under the coordinator's name."""
+    return dataclasses.replace(settings, url=url, application_name="tunefleet-coordinator")
 
 
 def _cancel_leftovers(url: str, db: DatabaseSettings, run_id: int) -> None:
