@@ -9,6 +9,7 @@ its first claim to its last result). matplotlib is imported inside :func:`render
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,10 @@ def utilisation(intervals: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     return out
 
 
+#: Characters per line of the figure's title (9 inches at the default title size).
+TITLE_CHARS = 80
+
+
 def render(
     path: Path,
     *,
@@ -68,7 +73,8 @@ def render(
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(3, 1, figsize=(9, 10), constrained_layout=True)
-    fig.suptitle(title)
+    # Long problem arguments (a feinsum einsum, many sizes) would run off the figure's edge.
+    fig.suptitle(textwrap.fill(title, TITLE_CHARS, break_on_hyphens=False))
     ax_time, ax_trials, ax_lanes = axes
 
     measured = [r for r in series if r["gflops"] is not None]
