@@ -43,9 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _harness as h
 
+from tests.helpers.launch import WorkerProcess, start_workers
 from tunefleet.db.engine import connect
 from tunefleet.queries import bench as bq
-from tunefleet.worker.launch import WorkerProcess, start_workers
 
 NAME = "fleet_scaling"
 _STATEMENT = re.compile(r" DEBUG tunefleet\.worker: (\w+) connection: (\w+) took ([0-9.]+) ms")

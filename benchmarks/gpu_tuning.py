@@ -53,10 +53,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _harness as h
 
+from tests.helpers.launch import WorkerProcess, start_worker
 from tunefleet.db.engine import connect
 from tunefleet.queries import bench as bq
 from tunefleet.queries import search
-from tunefleet.worker.launch import WorkerProcess, start_worker
 
 GEMM_ARGS: dict[str, Any] = {"n": 4096, "m": 4096, "k": 4096, "dtype": "float32"}
 FACE_MASS_ARGS: dict[str, Any] = {"dtype": "float64"}

@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _harness as h
 
+from tests.helpers.launch import start_worker
 from tunefleet.db.engine import connect
 from tunefleet.queries import bench as bq
-from tunefleet.worker.launch import start_worker
 
 NAME = "worker_memory"
 #: Growth between the first and the last checkpoint that still counts as noise.

@@ -8,5 +8,5 @@ and writes results back under a lease. Never imports ``coordinator``.
 ``heartbeat``  the lease heartbeat thread and the set of held claims
 ``link``       database connections that reconnect with backoff
 ``device``     OpenCL discovery and the device session (used only inside the device process)
-``launch``     start worker processes from Python (tests, benchmarks, local fleets)
+``vocabulary`` the worker's trial stages, verdicts and the child processes' reply kinds
 """

@@ -24,6 +24,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from tests.acceptance.bad_input_problems import KERNEL_MODES, MODES
+from tests.helpers.launch import start_worker
 from tests.helpers.queue_data import (
     FAST_PROTOCOL,
     attempts_of,
@@ -33,7 +34,6 @@ from tests.helpers.queue_data import (
     wait_until,
 )
 from tunefleet.db.engine import connect
-from tunefleet.worker.launch import start_worker
 
 pytestmark = pytest.mark.acceptance
 

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from tests.helpers.coordinator import logs, trial_counts
+from tests.helpers.launch import start_workers, wait_all
 from tests.helpers.queue_data import wait_until
 from tunefleet.db.engine import connect
-from tunefleet.worker.launch import start_workers, wait_all
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.acceptance

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.helpers.coordinator import register_worker
+from tests.helpers.launch import WorkerProcess, start_worker
 from tests.helpers.queue_data import (
     attempts_of,
     insert_run,
@@ -22,7 +23,6 @@ from tests.helpers.queue_data import (
 )
 from tunefleet.cli.front import status_text
 from tunefleet.cli.output import short_id
-from tunefleet.worker.launch import WorkerProcess, start_worker
 
 pytestmark = pytest.mark.acceptance
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from psycopg.conninfo import make_conninfo
 
+from tests.helpers.launch import start_worker
 from tests.helpers.ports import free_port
 from tests.helpers.queue_data import insert_run, insert_trials, synthetic_configs, wait_until
 from tunefleet.db.engine import connect
 from tunefleet.db.migrate import upgrade
-from tunefleet.worker.launch import start_worker
 
 pytestmark = pytest.mark.acceptance
 

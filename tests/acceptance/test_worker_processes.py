@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.launch import WorkerProcess, running_workers, start_worker, wait_all
 from tests.helpers.queue_data import (
     attempts_of,
     insert_run,
@@ -32,7 +33,6 @@ from tests.helpers.queue_data import (
 from tunefleet.db.engine import connect
 from tunefleet.problems.synthetic import OPTIMUM
 from tunefleet.queries import queue
-from tunefleet.worker.launch import WorkerProcess, running_workers, start_worker, wait_all
 
 pytestmark = pytest.mark.acceptance
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.launch import start_worker
 from tests.helpers.queue_data import insert_run, insert_trials, synthetic_configs, wait_until
 from tunefleet.queries import queue
-from tunefleet.worker.launch import start_worker
 
 pytestmark = pytest.mark.acceptance
 

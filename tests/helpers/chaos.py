@@ -25,9 +25,9 @@ from typing import Any
 
 import psycopg
 
+from tests.helpers.launch import WorkerProcess, start_worker
 from tunefleet.db.embedded import EmbeddedServer
 from tunefleet.db.engine import connect
-from tunefleet.worker.launch import WorkerProcess, start_worker
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,11 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tests.helpers.launch import WorkerProcess, start_workers, wait_all
 from tests.helpers.queue_data import wait_until
 from tunefleet.coordinator.settings import CoordinatorSettings
 from tunefleet.db.engine import connect
 from tunefleet.problems.synthetic import FLOP_COUNT, OPTIMUM_SECONDS
-from tunefleet.worker.launch import WorkerProcess, start_workers, wait_all
 
 #: GFLOP/s of the synthetic optimum: a target only the optimum reaches.
 OPTIMUM_GFLOPS = FLOP_COUNT / OPTIMUM_SECONDS / 1e9

@@ -20,9 +20,9 @@ from urllib.parse import urlsplit
 import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
-from runfill import ARGS, CODE, Filled, fill, module_database
 
 from tests.helpers.roles import drop_roles, unique_prefix
+from tests.helpers.runfill import ARGS, CODE, Filled, fill, module_database
 from tunefleet.dashboard.server import DashboardServer
 from tunefleet.dashboard.settings import DashboardSettings
 from tunefleet.db.engine import connect

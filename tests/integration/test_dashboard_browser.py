@@ -17,10 +17,10 @@ from pathlib import Path
 import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
-from runfill import CODE, Filled, add_done_trial, fill, module_database
 
 from tests.helpers.browser import CHROMIUM, Chromium, Page
 from tests.helpers.roles import drop_roles, unique_prefix
+from tests.helpers.runfill import CODE, Filled, add_done_trial, fill, module_database
 from tunefleet.dashboard.server import DashboardServer
 from tunefleet.dashboard.settings import DashboardSettings
 from tunefleet.db.engine import connect

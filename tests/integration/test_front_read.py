@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from runfill import ARGS, CODE, Filled, fill, module_database
 
+from tests.helpers.runfill import ARGS, CODE, Filled, fill, module_database
 from tunefleet.cli import build_parser, main
 from tunefleet.cli.args import raw_problem_args
 from tunefleet.queries import report

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from runfill import CPU, fill, module_database
 
 from tests.helpers.queue_data import seed_with_invalid_default
+from tests.helpers.runfill import CPU, fill, module_database
 from tunefleet.db.engine import connect
 
 README = Path(__file__).resolve().parents[2] / "README.md"

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from tests.helpers.coordinator import register_worker, settings
+from tests.helpers.launch import start_worker
 from tests.helpers.queue_data import wait_until
 from tunefleet.cli.front import status_text
 from tunefleet.coordinator.engine import Coordinator, Progress, RunResult, create_run
 from tunefleet.queries import search as q
-from tunefleet.worker.launch import start_worker
 
 PROBLEM = str(Path(__file__).resolve().parents[1] / "acceptance" / "environment_problem.py")
 

@@ -3,7 +3,14 @@
 Each statement is a module-level function taking an open psycopg connection; its docstring
 states which rows it locks and for how long. Values always travel as bind parameters.
 
-``queue``   claim, heartbeat, fenced completion, release, reaper, worker/device registration
-``search``  runs and trial insertion/reading for the coordinator, cache lookups, stop rules
-``report``  read-only queries behind the CLI's status/best/export/plot commands
+``queue``      the worker side: registration, claim, heartbeat, fenced completion, release,
+               reaper, standing aside, sizing reports
+``search``     the coordinator: runs and their ownership, trial insertion and outcomes, cache
+               lookups, warm starts, confirmations
+``report``     read-only: the CLI's status, runs, best, show, export and plot commands
+``dashboard``  read-only, views only: ``tunefleet dashboard``'s JSON API
+``feinsum``    ``tunefleet import-feinsum`` / ``export --format feinsum``
+``roles``      ``tunefleet db roles``: roles, passwords, ownership and grants
+``bench``      read-only, not used by the product: what the ``benchmarks/`` scripts time a
+               fleet with (here because every SQL statement lives in this package)
 """

@@ -1,6 +1,9 @@
 """Read-only statements the scripts in ``benchmarks/`` use to time a fleet from the database's
 own clock: when a batch of trials was enqueued, when the last one finished, who ran what.
 
+Not used by the product (no command imports it): it ships only because every SQL statement
+lives in ``tunefleet.queries``, where its docstrings and the tests of the statements apply.
+
 Every function takes an autocommit psycopg connection with dict rows and reads; none takes a
 lock beyond the snapshot of its statement.
 """

@@ -1,6 +1,6 @@
 """Start worker processes from Python: what tests and benchmarks use to run a local fleet.
 
-    from tunefleet.worker.launch import running_workers
+    from tests.helpers.launch import running_workers
 
     with running_workers(db_url, 4, drain=True, lease_s=2) as fleet:
         codes = [w.wait(60) for w in fleet]
@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-_ROOT = Path(__file__).resolve().parent.parent
+_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
