@@ -28,6 +28,7 @@ from typing import Any
 
 from tunefleet.devices import DeviceInfo
 from tunefleet.errors import InvalidConfiguration, ProblemError, TunefleetError
+from tunefleet.processes import die_with_parent
 
 from .vocabulary import ReplyKind
 
@@ -127,25 +128,12 @@ class _ChildState:
         return self.problems[spec]
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    try:
-        import ctypes
-        import ctypes.util
-
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the pipe's EOF still ends an idle child
-        pass
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(0)
-
-
 def child_main(conn: multiprocessing.connection.Connection, parent_pid: int) -> None:
     """Entry point of a child: serve requests until the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _die_with_parent(parent_pid)
+    # Not Linux: the pipe's EOF still ends an idle child.
+    die_with_parent(parent_pid, signal.SIGKILL, exit_code=0)
     state = _ChildState()
     while True:
         try:

@@ -37,6 +37,7 @@ from tunefleet.cli.args import add_problem_flags, raw_problem_args
 from tunefleet.cli.db import add_db_flag
 from tunefleet.cli.output import args_text, gflops, seconds
 from tunefleet.errors import DeviceError, RunError, TunefleetError, UsageError
+from tunefleet.processes import die_with_parent
 from tunefleet.settings import DatabaseSettings, home_dir
 from tunefleet.vocabulary import RunState
 
@@ -252,18 +253,9 @@ class LocalWorkers:
 
 def _die_with_parent(parent_pid: int) -> None:
     """In the worker child before exec: get SIGUSR1 (the worker's graceful stop that never
-    escalates) when this process dies without stopping it, e.g. SIGKILLed. Linux sends the
-    parent-death signal once per exiting thread of the parent, which is why it is not SIGTERM,
-    whose second delivery aborts a worker. Linux only; elsewhere a no-op."""
-    try:
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None).prctl(pr_set_pdeathsig, int(signal.SIGUSR1))
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent_pid:  # the parent died before the request took effect
-        os._exit(1)
+    escalates) when this process dies without stopping it, e.g. SIGKILLed; not SIGTERM,
+    whose second delivery aborts a worker."""
+    die_with_parent(parent_pid, signal.SIGUSR1, exit_code=1)
 
 
 def last_line(path: Path) -> str:

@@ -1,0 +1,28 @@
+"""Child processes that must not outlive their parent."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+#: prctl(2) option: the signal the calling process gets when its parent thread exits.
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int, sig: signal.Signals, exit_code: int) -> None:
+    """Ask Linux to send ``sig`` to this process when its parent dies, and exit with
+    ``exit_code`` at once if the parent is already gone (it died before the request took
+    effect). Called in the child, first thing (before ``exec`` for a subprocess).
+
+    Linux sends the parent-death signal once per exiting *thread* of the parent, so ``sig``
+    must be one whose repeats are harmless (SIGUSR1, a graceful stop; or SIGKILL). Elsewhere
+    prctl does not exist and this only checks the parent.
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:
+        os._exit(exit_code)
