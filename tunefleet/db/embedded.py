@@ -765,19 +765,11 @@ class EmbeddedServer:
 
     def _ensure_remote_role(self, status: ServerStatus) -> None:
         """Create/refresh the SCRAM role remote workers use; keep its password in pgpass."""
-        from psycopg import sql
+        from tunefleet.queries.roles import set_login_superuser
 
         password = self._read_password() or secrets.token_urlsafe(24)
         with self._admin_conn(status) as conn:
-            exists = conn.execute(
-                "SELECT 1 FROM pg_roles WHERE rolname = %s", (REMOTE_ROLE,)
-            ).fetchone()
-            verb = "ALTER" if exists else "CREATE"
-            conn.execute(
-                sql.SQL(verb + " ROLE {} LOGIN SUPERUSER PASSWORD {}").format(
-                    sql.Identifier(REMOTE_ROLE), sql.Literal(password)
-                )
-            )
+            set_login_superuser(conn, REMOTE_ROLE, password)
         self._write_pgpass(password)
 
     def _read_password(self) -> str | None:

@@ -89,6 +89,18 @@ def create_role(conn: Conn, role: str) -> None:
     )
 
 
+def set_login_superuser(conn: Conn, role: str, password: str) -> None:
+    """Create ``role`` as a login superuser with ``password``, or make the existing one so
+    (the embedded server's own role for remote workers; the server is private to its user).
+    Catalog row lock on the role, for the statement."""
+    verb = "ALTER" if role_exists(conn, role) else "CREATE"
+    conn.execute(
+        sql.SQL("{} ROLE {} LOGIN SUPERUSER PASSWORD {}").format(
+            sql.SQL(verb), sql.Identifier(role), sql.Literal(password)
+        )
+    )
+
+
 def reset_role_attributes(conn: Conn, role: str) -> None:
     """Make an existing role a plain login role again (idempotent re-runs undo any widening
     done by hand). Catalog row lock on the role."""
