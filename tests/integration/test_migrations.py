@@ -3,7 +3,6 @@ ships in the wheel; safe to run twice at once."""
 
 from __future__ import annotations
 
-import importlib.metadata
 import multiprocessing
 import re
 import shutil
@@ -18,6 +17,7 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
+from tests.helpers.build import pip_build_flags
 from tunefleet.db.engine import connect, current_revision
 from tunefleet.db.migrate import downgrade, head_revision, make_engine, script_directory, upgrade
 from tunefleet.db.schema import SCHEMA, VIEWS, metadata
@@ -191,15 +191,6 @@ def test_cli_upgrade_reports_the_revision(cli, empty_db_url: str) -> None:
     assert _diff(empty_db_url) == []
 
 
-def _has_build_backend() -> bool:
-    """This interpreter has the setuptools pyproject.toml's ``[build-system]`` asks for."""
-    try:
-        major = int(importlib.metadata.version("setuptools").split(".")[0])
-    except (importlib.metadata.PackageNotFoundError, ValueError):
-        return False
-    return major >= 77
-
-
 def test_alembic_command_line_for_contributors(empty_db_url: str, tmp_path: Path) -> None:
     """The repository's alembic.ini: Alembic's usual commands against a scratch database."""
     import os
@@ -245,7 +236,7 @@ def test_migrations_ship_in_the_wheel(tmp_path: Path, empty_db_url: str) -> None
     pip = [sys.executable, "-m", "pip"]
     # An interpreter that has the build backend builds without fetching it (nodes without
     # network access run this suite too); the others let pip fetch it into an isolated env.
-    offline = ["--no-build-isolation"] if _has_build_backend() else []
+    offline = pip_build_flags()
     built = subprocess.run(
         [*pip, "wheel", "--no-deps", "-q", *offline, "-w", str(out), str(src)],
         capture_output=True,

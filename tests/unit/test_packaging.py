@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.build import has_build_backend, pip_build_flags
+
 ROOT = Path(__file__).resolve().parents[2]
 MAPPED = {"tunefleet.coordinator": "coordinator", "tunefleet.worker": "worker"}
 MAPPED["tunefleet.migrations"] = "migrations"
@@ -62,7 +64,8 @@ def _run(argv: list[str], cwd: Path, timeout: float = 300) -> str:
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("wheel")
     src = _source_copy(base / "src")
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(base), str(src)], base)
+    pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", *pip_build_flags()]
+    _run([*pip, "-w", str(base), str(src)], base)
     (built,) = base.glob("tunefleet-*.whl")
     return built
 
@@ -105,7 +108,9 @@ def test_a_regular_install_imports_from_anywhere_and_from_a_checkout(
     wheel: Path, tmp_path: Path
 ) -> None:
     python = _fresh_venv(tmp_path / "venv")
-    _run([str(python), "-m", "pip", "install", "--no-deps", "-q", str(wheel)], tmp_path)
+    _run(
+        [str(python), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)], tmp_path
+    )
     site = Path(
         _run([str(python), "-c", "import site; print(site.getsitepackages()[0])"], tmp_path).strip()
     )
@@ -136,7 +141,18 @@ def test_a_regular_install_imports_from_anywhere_and_from_a_checkout(
 def test_an_editable_install_imports_from_any_directory(tmp_path: Path) -> None:
     checkout = _source_copy(tmp_path / "checkout")
     python = _fresh_venv(tmp_path / "venv")
-    _run([str(python), "-m", "pip", "install", "--no-deps", "-q", "-e", str(checkout)], tmp_path)
+    if has_build_backend():
+        # Built by this interpreter's backend (nothing fetched), installed like pip -e does.
+        build = (
+            "import sys; from setuptools import build_meta as b; "
+            "print(b.build_editable(sys.argv[1]))"
+        )
+        made = _run([sys.executable, "-c", build, str(tmp_path)], checkout).split()[-1]
+        pip = [str(python), "-m", "pip", "install", "--no-deps", "--no-index", "-q"]
+        _run([*pip, str(tmp_path / made)], tmp_path)
+    else:
+        pip = [str(python), "-m", "pip", "install", "--no-deps", "-q", "-e", str(checkout)]
+        _run(pip, tmp_path)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     assert _run([str(python), "-c", _WHERE], elsewhere).split() == [
