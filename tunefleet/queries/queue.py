@@ -410,6 +410,10 @@ def next_pending(
 
 
 def _lease_arrays(held: Sequence[Lease]) -> tuple[list[int], list[int], list[str]]:
+    # In trial id order: the statements lock the rows in the order of the arrays, and a
+    # worker's heartbeat and its release (two sessions) must never lock them in opposite
+    # orders, or PostgreSQL aborts one of them as a deadlock.
+    held = sorted(held)
     return (
         [int(h.trial_id) for h in held],
         [int(h.attempt) for h in held],
