@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.benchmark]
@@ -208,3 +209,42 @@ def test_dashboard_api_smoke(db_url: str, tmp_path: Path) -> None:
     # The big run's charts came back shaped: histogram bins, one timeline row per worker.
     assert calls["speed charts and failures"]["bytes"] > 1000
     assert calls["worker timeline"]["bytes"] > 1000
+
+
+def test_fleet_sim_smoke(db_url: str, tmp_path: Path) -> None:
+    data = run_script(
+        "fleet_sim.py",
+        db_url,
+        tmp_path / "sim.json",
+        "--workers", "3,6", "--durations", "0.2", "--window", "1", "--warmup", "0.5",
+        "--procs", "2", "--ab-workers", "2", "--ab-duration", "0.05", "--ab-ideal", "0.3",
+        "--all-cells",  # a loaded machine must not make it skip the second size
+    )  # fmt: skip
+    cells = data["cells"]
+    # Two fleet sizes with two sessions per worker, then the largest with one.
+    assert [(c["workers"], c["sessions_per_worker"]) for c in cells] == [(3, 2), (6, 2), (6, 1)]
+    for c in cells:
+        assert c["trials"] > 0 and c["trials_per_s"] > 0
+        assert 0 < c["efficiency"] <= 1.05
+        assert c["claim_ms"]["n"] > 0 and c["complete_ms"]["n"] > 0
+        # Every virtual worker's sessions were open while the window was measured.
+        assert c["sessions"]["workers"] == c["workers"] * c["sessions_per_worker"]
+        assert c["server_memory"]["processes"] > c["sessions"]["workers"]
+        assert c["server_cpu_cores"] > 0
+    ab = data["ab"]
+    assert ab["real"]["done"] == ab["real"]["trials"] == 2 * 6
+    assert ab["simulated"]["done"] == ab["simulated"]["trials"] == 2 * 6
+    assert ab["real"]["efficiency"] > 0 and ab["simulated"]["efficiency"] > 0
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        states = dict(conn.execute("SELECT state, count(*) FROM tunefleet.trial GROUP BY 1"))
+        workers = dict(conn.execute("SELECT state, count(*) FROM tunefleet.worker GROUP BY 1"))
+        measured = conn.execute(
+            "SELECT count(*) FROM tunefleet.measurement m JOIN tunefleet.worker w"
+            " ON w.id = m.worker_id JOIN tunefleet.device d ON d.id = w.device_id"
+            " WHERE d.platform = 'simulated'"
+        ).fetchone()
+    # Every claim ended: measured, or released at a cell's end and cancelled with its run.
+    assert set(states) <= {"done", "cancelled"}, states
+    # The virtual workers and the real ones all said goodbye.
+    assert workers == {"stopped": 6 + 2}, workers
+    assert measured is not None and measured[0] >= sum(c["trials"] for c in cells)

@@ -11,6 +11,8 @@ states which rows it locks and for how long. Values always travel as bind parame
 ``dashboard``  read-only, views only: ``tunefleet dashboard``'s JSON API
 ``feinsum``    ``tunefleet import-feinsum`` / ``export --format feinsum``
 ``roles``      ``tunefleet db roles``: roles, passwords, ownership and grants
+``capacity``   what sizes a server for a fleet: its settings and sessions (``benchmarks/
+               fleet_sim.py``), which server process serves a session (the pooler check)
 ``bench``      read-only, not used by the product: what the ``benchmarks/`` scripts time a
                fleet with (here because every SQL statement lives in this package)
 """

@@ -1,0 +1,1185 @@
+"""A fleet past one machine, simulated: N virtual workers on N real database sessions (two
+per worker, as today: work and heartbeat), held by a few processes, against one PostgreSQL.
+What does the server carry at N = 100 ... 2,000, and would the simulation tell the truth?
+
+A virtual worker is the worker's loop without a device: it takes its device lock, registers
+its device and itself, reports its sizing, LISTENs, claims up to its capacity (1 + prefetch),
+"times" a trial by waiting the trial's ``duration`` (its device), starts the next held trial
+before it writes the last result, completes (fenced, with a measurement row), runs the
+reaper every ``lease / 2`` (at most 15 s), reports its sizing every 10 s, wakes on NOTIFY or
+polls every 5 s, and its heartbeat thread (the worker's own ``Heartbeat`` class, on its own
+session) extends its leases every third of the lease. Every statement is the worker's own,
+from ``tunefleet.queries.queue``, on connections made by the worker's ``Link``. A coordinator
+thread keeps the queue at the coordinator's target (``coordinator.rules.queue_target``, poll
+0.2 s), reading outcomes with ``fetch_unreported`` and inserting with ``insert_trials`` (one
+NOTIFY per poll).
+
+**Steady state within minutes.** Each cell (N, T) starts from an idle fleet. The first trial
+each virtual worker runs in a cell lasts a uniform random fraction of T, as if the fleet had
+been running for a long time with workers started at random moments: completions then arrive
+at the steady rate N/T from the first second, instead of in N-wide bursts every T seconds.
+After a warm-up (``--warmup``, 3 s) a window of ``k x T`` seconds is measured (``k`` whole
+trials, ``k = max(1, round(--window / T))``: 15 s at T = 1 s, 20 s at 10 s, 30 s at 30 s);
+a whole number of trial lengths makes every worker contribute the same number of
+completions whatever its phase. At the end of a cell its runs are finished and every virtual
+worker releases what it holds (the worker's shutdown statement).
+
+**Efficiency**, as ``benchmarks/fleet_scaling.py`` defines it: ``(trials x T / N) / wall``,
+the share of the fleet's device time spent timing trials. In a window, ``wall`` is its length
+and each trial counts with the part of it timed inside the window (device time from the
+trial's start, however late the worker noticed its end): the batch definition with the
+edges cut off. ``efficiency_by_count`` counts whole trials completed in the window instead
+(one more or less per worker whose phase drifted across an edge: a check, noisier at T = 30 s).
+
+**A/B against the real worker.** At ``--ab-workers`` N (64: what this machine holds with
+real processes) both fleets get fleet_scaling's batch (N x ideal / T trials of T = 1 s in one
+transaction, one NOTIFY, after its warm-up), and efficiency is fleet_scaling's, on the
+database clock. The real side *is* fleet_scaling's code (``measure_fleet``).
+
+**Sessions per worker.** After the N = 2,000 cells, every virtual worker closes its
+heartbeat session and heartbeats from its main loop instead (one session per worker), and the
+T = 1 s cell is measured again: same work, half the sessions.
+
+Server CPU and memory come from the PostgreSQL process tree (``/proc``: CPU over the
+window, proportional and resident memory at its end); sessions from ``pg_stat_activity``.
+The load generator runs on the same machine: its CPU is reported beside the server's.
+
+    python benchmarks/fleet_sim.py                          # the table in the README, ~9 min
+    python benchmarks/fleet_sim.py --workers 20 --durations 0.5 --window 2 --no-ab
+
+Writes ``benchmarks/results/fleet_sim.json`` (or ``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import math
+import multiprocessing as mp
+import os
+import random
+import resource
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from multiprocessing.connection import Connection as Pipe
+from multiprocessing.connection import wait as wait_any
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _harness as h
+
+from tunefleet import __version__
+from tunefleet.coordinator.rules import queue_target
+from tunefleet.db.engine import connect
+from tunefleet.devices import DeviceInfo
+from tunefleet.problems.synthetic import FLOP_COUNT, objective
+from tunefleet.queries import bench as bq
+from tunefleet.queries import capacity, queue, search
+from tunefleet.settings import DatabaseSettings
+from tunefleet.space import config_hash
+from tunefleet.worker.heartbeat import Heartbeat, HeldLeases
+from tunefleet.worker.link import DatabaseDown, Link
+
+NAME = "fleet_sim"
+#: The worker's defaults (worker.settings, worker.loop) the virtual workers follow.
+LEASE_S = 30.0
+POLL_S = 5.0
+REPORT_EVERY_S = 10.0
+PREFETCH = 1
+#: The coordinator's defaults (coordinator.settings).
+COORDINATOR_POLL_S = 0.2
+DEPTH_FACTOR = 2.0
+MIN_DEPTH = 1
+#: A simulated GPU: one fingerprint (one model and driver), eight per node.
+SIM_DEVICE = DeviceInfo(
+    platform="simulated", vendor="tunefleet", name="Simulated GPU", driver_version="1"
+)
+GPUS_PER_NODE = 8
+APPLICATION = "tunefleet-worker"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--workers",
+        default="100,250,500",
+        help="fleet sizes N (comma list; 100,250,500 is what two cores hold, the model in the "
+        "output extends it; 100,500,1000,2000 on a machine with the cores for it)",
+    )
+    p.add_argument(
+        "--predict",
+        default="1000,2000",
+        help="fleet sizes the fitted model predicts the server's load for (comma list)",
+    )
+    p.add_argument("--durations", default="1,10,30", help="trial lengths T in seconds")
+    p.add_argument("--window", type=float, default=10.0, help="measured window, seconds")
+    p.add_argument("--warmup", type=float, default=3.0, help="warm-up of each cell, seconds")
+    p.add_argument("--procs", type=int, default=4, help="processes holding the virtual workers")
+    p.add_argument("--ab-workers", type=int, default=64, help="N of the real-vs-simulated A/B")
+    p.add_argument("--ab-duration", type=float, default=1.0, help="T of the A/B, seconds")
+    p.add_argument("--ab-ideal", type=float, default=10.0, help="ideal seconds of the A/B batch")
+    p.add_argument("--no-ab", action="store_true", help="skip the A/B with real workers")
+    p.add_argument(
+        "--no-one-session", action="store_true", help="skip the one-session cell at the largest N"
+    )
+    p.add_argument(
+        "--all-cells",
+        action="store_true",
+        help="measure cells that a smaller fleet or the measured ceiling says saturate",
+    )
+    p.add_argument(
+        "--memory-share",
+        type=float,
+        default=0.7,
+        help="skip an N whose estimated server memory exceeds this share of the available",
+    )
+    p.add_argument(
+        "--db",
+        default=None,
+        help="a scratch database URL (default: a private embedded server in a temporary "
+        "directory, started with the settings the fleet needs)",
+    )
+    p.add_argument("--out", default=None, help="JSON file or folder (default benchmarks/results)")
+    return p.parse_args(argv)
+
+
+# --- one virtual worker (in a host process) ----------------------------------------------------
+class TimedHeartbeat(Heartbeat):
+    """The worker's heartbeat thread, with each beat's round trips timed."""
+
+    owner: VirtualWorker
+
+    def beat(self) -> None:
+        started = time.perf_counter()
+        super().beat()
+        self.owner.sample("heartbeat", (time.perf_counter() - started) * 1e3)
+
+
+class VirtualWorker(threading.Thread):
+    def __init__(self, host: Host, index: int) -> None:
+        super().__init__(name=f"virtual-worker-{index}", daemon=True)
+        self.host = host
+        self.index = index
+        self.worker_id = uuid.uuid4()
+        self.secret = ""
+        self.node = f"{host.name}-node{index // GPUS_PER_NODE}"
+        self.device = DeviceInfo(
+            platform=SIM_DEVICE.platform,
+            vendor=SIM_DEVICE.vendor,
+            name=SIM_DEVICE.name,
+            driver_version=SIM_DEVICE.driver_version,
+            index=index % GPUS_PER_NODE,
+        )
+        self.classes = sorted({self.device.device_class, "any"})
+        self.capacity = 1 + PREFETCH
+        self.rng = random.Random(hash((host.name, index)))
+        self.leases = HeldLeases()
+        self.link = Link(host.url, host.db, "main", on_connect=self._on_connect)
+        self.heartbeat: TimedHeartbeat | None = None
+        self.sessions = 2
+        self.queued: collections.deque[queue.ClaimedTrial] = collections.deque()
+        self.running: tuple[queue.ClaimedTrial, float, float, float] | None = None
+        self.finished: list[tuple[queue.ClaimedTrial, float]] = []
+        self.next_claim = 0.0
+        self.next_reap = time.monotonic() + self.rng.uniform(0, self.reap_s)
+        self.next_report = time.monotonic() + self.rng.uniform(0, REPORT_EVERY_S)
+        self.next_beat = time.monotonic() + LEASE_S / 3
+        self.generation = 0
+        self.randomised_cell = -1
+        self.ready = threading.Event()
+        self.acked = 0
+        self.error: str | None = None
+        self.samples: list[tuple[str, float, float, int]] = []
+        self.wake_r, self.wake_w = socket.socketpair()
+        self.wake_r.setblocking(False)
+        self.wake_w.setblocking(False)
+
+    reap_s = min(max(LEASE_S / 2.0, 0.25), 15.0)
+
+    def sample(self, kind: str, ms: float, n: int = 0, at: float | None = None) -> None:
+        self.samples.append((kind, time.monotonic() if at is None else at, ms, n))
+
+    def timed(self, kind: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        out = self.link.run(fn, *args, **kwargs)
+        ms = (time.perf_counter() - started) * 1e3
+        n = len(out) if isinstance(out, list | set) else int(out is not None)
+        self.sample(kind, ms, n)
+        return out
+
+    def _on_connect(self, conn: Any) -> None:
+        got = queue.try_lock_device(
+            conn, host=self.node, fingerprint=self.device.fingerprint, index=self.device.index
+        )
+        if not got:
+            raise RuntimeError(f"device lock of {self.node}/{self.device.index} is taken")
+        queue.listen(conn)
+
+    def wake(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            self.wake_w.send(b"\0")
+
+    # start-up, as the worker's step_start
+    def setup(self) -> None:
+        with self.host.connect_slots:
+            conn = self.link.connect_now()
+            device_id = queue.register_device(conn, self.device)
+            self.secret = queue.register_worker(
+                conn,
+                worker_id=self.worker_id,
+                host=self.node,
+                pid=os.getpid(),
+                device_id=device_id,
+                device_class=self.device.device_class,
+                version=__version__,
+                capacity=self.capacity,
+            )
+            self.report(conn)
+            beat_link = Link(self.host.url, self.host.db, "heartbeat")
+            beat_link.connect_now()  # at once, so every session is counted from the start
+        self.heartbeat = TimedHeartbeat(
+            beat_link,
+            worker_id=self.worker_id,
+            worker_secret=self.secret,
+            lease_s=LEASE_S,
+            interval_s=LEASE_S / 3,
+            held=self.leases,
+            on_lost=self.wake,
+        )
+        self.heartbeat.owner = self
+        self.heartbeat.start()
+
+    def report(self, conn: Any) -> None:
+        queue.report_worker_sizing(
+            conn,
+            self.worker_id,
+            self.secret,
+            capacity=self.capacity,
+            prepare_workers=1,
+            prefetch=PREFETCH,
+            sizing="auto",
+            device_busy=None,
+            peer_alive_s=60.0,
+        )
+
+    def run(self) -> None:
+        try:
+            self.setup()
+        except Exception as exc:
+            self.error = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            self.ready.set()
+            return
+        self.ready.set()
+        try:
+            while not self.host.stopping:
+                self.turn()
+        except Exception as exc:
+            self.error = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        finally:
+            self.shutdown()
+
+    def held_count(self) -> int:
+        return len(self.queued) + (self.running is not None) + len(self.finished)
+
+    def duration(self, claim: queue.ClaimedTrial) -> float:
+        d = float(claim.problem_args.get("duration", 0.01))
+        cell = self.host.cell
+        if cell["randomise"] and claim.run_id >= cell["first_run"]:
+            if self.randomised_cell != cell["id"]:
+                self.randomised_cell = cell["id"]
+                d *= self.rng.random()
+        return d
+
+    def turn(self) -> None:
+        if self.host.generation != self.generation:
+            self.control(self.host.generation)
+        now = time.monotonic()
+        # collect, then start_next: the device never waits on the database
+        if self.running is not None and now >= self.running[1]:
+            self.finished.append((self.running[0], self.running[2]))
+            # Device time: from its start for its length, however late it is collected.
+            self.sample("busy", self.running[2], 1, at=self.running[3] + self.running[2])
+            self.running = None
+        if self.running is None and self.queued:
+            claim = self.queued.popleft()
+            d = self.duration(claim)
+            self.running = (claim, now + d, d, now)
+        try:
+            self.complete_finished()
+            if self.sessions == 1 and now >= self.next_beat:
+                self.next_beat = now + LEASE_S / 3
+                self.beat_inline()
+            if now >= self.next_reap:
+                self.next_reap = now + self.reap_s
+                self.timed("reap", queue.reap_expired_leases)
+            room = self.capacity - self.held_count()
+            if room > 0 and now >= self.next_claim:
+                claims = self.timed(
+                    "claim",
+                    queue.claim_trials,
+                    worker_id=self.worker_id,
+                    secret=self.secret,
+                    device_classes=self.classes,
+                    limit=room,
+                    lease_s=LEASE_S,
+                )
+                for c in claims:
+                    self.queued.append(c)
+                    self.leases.add(c.key)
+                self.next_claim = 0.0 if claims else now + POLL_S
+                if claims:
+                    return  # straight to the next turn: start it, claim the rest
+            if now >= self.next_report:
+                self.next_report = now + REPORT_EVERY_S
+                self.timed("report", self.report)
+        except DatabaseDown:
+            pass
+        self.wait()
+
+    def complete_finished(self) -> None:
+        while self.finished:
+            claim, _ = self.finished[0]
+            t = objective(claim.config)
+            state = self.timed(
+                "complete",
+                queue.complete_trial,
+                trial_id=claim.trial_id,
+                attempt=claim.attempt,
+                token=claim.lease_token,
+                worker_id=self.worker_id,
+                state="done",
+                measurement=queue.MeasurementRow(
+                    median_s=t,
+                    min_s=t,
+                    samples_s=[t, t, t],
+                    protocol=claim.protocol,
+                    gflops=FLOP_COUNT / t / 1e9,
+                    flop_count=FLOP_COUNT,
+                    compile_s=0.0,
+                    versions={"tunefleet": __version__, "simulated": True},
+                ),
+            )
+            self.finished.pop(0)
+            self.leases.remove(claim.key)
+            if state is not None:
+                self.sample("done", 0.0, claim.run_id)
+            self.next_claim = 0.0
+
+    def beat_inline(self) -> None:
+        """One session per worker: the main loop extends its leases itself."""
+        started = time.perf_counter()
+        held = self.leases.snapshot()
+        if held:
+            self.link.run(
+                queue.heartbeat_trials, worker_id=self.worker_id, held=held, lease_s=LEASE_S
+            )
+        self.link.run(queue.heartbeat_worker, self.worker_id, self.secret)
+        self.sample("heartbeat", (time.perf_counter() - started) * 1e3)
+
+    def wait(self) -> None:
+        now = time.monotonic()
+        deadlines = [self.next_reap, self.next_report, now + POLL_S]
+        if self.running is not None:
+            deadlines.append(self.running[1])
+        if self.held_count() < self.capacity:
+            deadlines.append(self.next_claim)
+        if self.sessions == 1:
+            deadlines.append(self.next_beat)
+        timeout = max(0.0, min(deadlines) - now)
+        conn = self.link.conn if self.link.up else None
+        waitables: list[Any] = [self.wake_r] + ([conn] if conn is not None else [])
+        ready = wait_any(waitables, timeout=timeout)
+        if self.wake_r in ready:
+            with contextlib.suppress(BlockingIOError, OSError):
+                while self.wake_r.recv(4096):
+                    pass
+        if conn is not None and conn in ready:
+            try:
+                for n in conn.notifies(timeout=0.0):
+                    if not n.payload or n.payload in self.classes:
+                        self.next_claim = 0.0
+            except Exception as exc:
+                self.link.broken(exc)
+
+    def control(self, generation: int) -> None:
+        """A command of the host: end the cell (release everything held) or go down to one
+        session; then acknowledge."""
+        self.generation = generation
+        command = self.host.command
+        try:
+            if command in ("end_cell", "stop"):
+                self.complete_finished()
+                held = [c.key for c in self.queued]
+                if self.running is not None:
+                    held.insert(0, self.running[0].key)  # claim order, as the worker's
+                    # The part of the trial timed so far (the window may end inside it).
+                    self.sample("busy", time.monotonic() - self.running[3], 1)
+                for k in held:
+                    self.leases.remove(k)  # first, or a heartbeat in flight calls them lost
+                if held:
+                    self.timed("release", queue.release_trials, worker_id=self.worker_id, held=held)
+                self.queued.clear()
+                self.running = None
+                self.next_claim = 0.0
+            elif command == "one_session" and self.sessions == 2:
+                if self.heartbeat is not None:
+                    self.heartbeat.stop()  # joins the thread, closes its session
+                self.sessions = 1
+                self.next_beat = time.monotonic() + self.rng.uniform(0, LEASE_S / 3)
+        except DatabaseDown:
+            pass
+        self.acked = generation
+
+    def shutdown(self) -> None:
+        if self.heartbeat is not None and self.heartbeat.is_alive():
+            self.heartbeat.stop()
+        with contextlib.suppress(Exception):
+            if self.secret:
+                self.link.run(queue.stop_worker, self.worker_id, self.secret)
+        self.link.close()
+        self.acked = self.host.generation
+        self.wake_r.close()
+        self.wake_w.close()
+
+
+# --- a host process: many virtual workers ------------------------------------------------------
+class Host:
+    def __init__(self, name: str, url: str) -> None:
+        self.name = name
+        self.url = url
+        self.db = DatabaseSettings.build(url, application_name=APPLICATION)
+        self.workers: list[VirtualWorker] = []
+        self.stopping = False
+        self.generation = 0
+        self.command = ""
+        self.cell: dict[str, Any] = {"id": -1, "first_run": 0, "randomise": False}
+        # Connections are made a few at a time: a backlog of thousands of forks at once
+        # only times out.
+        self.connect_slots = threading.BoundedSemaphore(4)
+
+    def grow(self, count: int) -> dict[str, Any]:
+        start = len(self.workers)
+        new = [VirtualWorker(self, start + i) for i in range(count)]
+        for w in new:
+            w.start()
+        for w in new:
+            w.ready.wait(600)
+        failed = [w.error for w in new if w.error]
+        self.workers.extend(w for w in new if not w.error)
+        return {"workers": len(self.workers), "failed": len(failed), "errors": failed[:3]}
+
+    def broadcast(self, command: str, timeout: float = 120.0) -> None:
+        self.command = command
+        self.generation += 1
+        for w in self.workers:
+            w.wake()
+        deadline = time.monotonic() + timeout
+        for w in self.workers:
+            while w.acked < self.generation and w.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+    def take_samples(self) -> list[tuple[str, float, float, int]]:
+        out: list[tuple[str, float, float, int]] = []
+        for w in self.workers:
+            taken, w.samples = w.samples, []
+            out.extend(taken)
+        return out
+
+
+def host_main(pipe: Pipe, name: str, url: str) -> None:
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    threading.stack_size(256 * 1024)
+    host = Host(name, url)
+    while True:
+        command, arg = pipe.recv()
+        if command == "grow":
+            pipe.send(host.grow(int(arg)))
+        elif command == "cell":
+            host.cell = dict(arg)
+            pipe.send({"ok": True})
+        elif command in ("end_cell", "one_session"):
+            host.broadcast(command)
+            pipe.send({"samples": host.take_samples()})
+        elif command == "errors":
+            pipe.send({"errors": [w.error for w in host.workers if w.error][:3]})
+        elif command == "stop":
+            host.stopping = True
+            host.broadcast("stop")
+            for w in host.workers:
+                w.join(30)
+            with contextlib.suppress(Exception):
+                pipe.send({"ok": True})
+            return
+
+
+class Fleet:
+    """The host processes, driven from the benchmark's process."""
+
+    def __init__(self, url: str, procs: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.pipes: list[Pipe] = []
+        self.procs: list[Any] = []
+        for i in range(procs):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=host_main, args=(child, f"sim{i}", url), daemon=True)
+            p.start()
+            self.pipes.append(parent)
+            self.procs.append(p)
+        self.size = 0
+
+    def ask(self, command: str, args: Sequence[Any] | None = None) -> list[Any]:
+        for i, pipe in enumerate(self.pipes):
+            pipe.send((command, None if args is None else args[i]))
+        return [pipe.recv() for pipe in self.pipes]
+
+    def grow(self, n: int) -> None:
+        if n <= self.size:
+            return
+        add = n - self.size
+        share = [
+            add // len(self.pipes) + (i < add % len(self.pipes)) for i in range(len(self.pipes))
+        ]
+        replies = self.ask("grow", share)
+        failed = sum(r["failed"] for r in replies)
+        if failed:
+            errors = [e for r in replies for e in r["errors"]]
+            raise SystemExit(f"{failed} virtual worker(s) could not start: {errors[0]}")
+        self.size = sum(r["workers"] for r in replies)
+
+    def samples(self, command: str = "end_cell") -> list[tuple[str, float, float, int]]:
+        return [s for r in self.ask(command) for s in r["samples"]]
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def stop(self) -> None:
+        """Ask every host to stop its workers (each releases what it holds and marks itself
+        stopped), then make sure no host outlives the benchmark. Replies are not awaited: an
+        interrupted command may have left one unread."""
+        for pipe in self.pipes:
+            with contextlib.suppress(Exception):
+                pipe.send(("stop", None))
+        deadline = time.monotonic() + 120
+        for p in self.procs:
+            p.join(max(0.1, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join(10)
+
+
+# --- the coordinator ---------------------------------------------------------------------------
+class Coordinator(threading.Thread):
+    """Keeps the cell's queue at the coordinator's target, as the coordinator's dispatch
+    does: read the outcomes, top up, one NOTIFY per poll."""
+
+    def __init__(self, url: str, n: int, capacity: int, duration: float, name: str) -> None:
+        super().__init__(name="coordinator", daemon=True)
+        self.conn = connect(url)
+        self.n, self.capacity, self.duration, self.name = n, capacity, duration, name
+        self.coordinator_id = uuid.uuid4()
+        self.configs = h.synthetic_configs()
+        self.runs: list[int] = []
+        self.inserted: dict[int, int] = {}
+        self.finished: dict[int, int] = {}
+        self.halt = threading.Event()
+        self.rate = 0.0
+        self.polls = 0
+        self.new_run()
+
+    def new_run(self) -> int:
+        run_id = h.create_synthetic_run(
+            self.conn, {"duration": self.duration}, f"{self.name}/{len(self.runs)}"
+        )
+        search.take_run(self.conn, run_id, self.coordinator_id)
+        self.runs.append(run_id)
+        self.inserted[run_id] = self.finished[run_id] = 0
+        return run_id
+
+    def run(self) -> None:
+        last = time.monotonic()
+        while not self.halt.is_set():
+            done = 0
+            for run_id in self.runs:
+                if self.finished[run_id] < self.inserted[run_id]:
+                    got = len(search.fetch_unreported(self.conn, run_id))
+                    self.finished[run_id] += got
+                    done += got
+            now = time.monotonic()
+            if now > last:
+                self.rate = 0.7 * self.rate + 0.3 * done / (now - last)
+            last = now
+            open_ = sum(self.inserted[r] - self.finished[r] for r in self.runs)
+            target = queue_target(
+                self.n,
+                DEPTH_FACTOR,
+                MIN_DEPTH,
+                capacity=self.n * self.capacity,
+                rate=self.rate,
+                poll_s=COORDINATOR_POLL_S,
+            )
+            need = target - open_
+            if need > 0:
+                with self.conn.transaction():  # one NOTIFY per poll, however many runs
+                    while need > 0:
+                        run_id = self.runs[-1]
+                        if self.inserted[run_id] >= len(self.configs):
+                            run_id = self.new_run()
+                        start = self.inserted[run_id]
+                        take = self.configs[start : start + need]
+                        search.insert_trials(
+                            self.conn,
+                            run_id,
+                            "any",
+                            [{"config": c, "config_hash": config_hash(c)} for c in take],
+                        )
+                        self.inserted[run_id] += len(take)
+                        need -= len(take)
+            self.polls += 1
+            self.halt.wait(COORDINATOR_POLL_S)
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(10)
+        for run_id in self.runs:
+            search.finish_run(self.conn, run_id, self.coordinator_id, "benchmark cell ended")
+            search.cancel_pending(self.conn, run_id)
+        self.conn.close()
+
+
+# --- measuring ---------------------------------------------------------------------------------
+def proc_cpu_s(pids: Sequence[int], children: bool = False) -> float:
+    """User + system CPU seconds of these processes (with their reaped children's)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+        if children:
+            total += int(fields[13]) + int(fields[14])
+    return total / tick
+
+
+def postmaster_pid(conn: Any) -> int:
+    pid = capacity.backend_pid(conn)
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def server_memory(postmaster: int) -> dict[str, float]:
+    procs = h.descendants(postmaster)
+    mem = [h.process_memory(p) for p in procs]
+    return {
+        "processes": len(procs),
+        "pss_mib": sum(m["pss"] for m in mem),
+        "rss_mib": sum(m["rss"] for m in mem),
+    }
+
+
+def session_counts(conn: Any) -> dict[str, Any]:
+    rows = capacity.sessions(conn)
+    total = sum(int(r["count"]) for r in rows)
+    workers = sum(
+        int(r["count"]) for r in rows if r["here"] and r["application_name"] == APPLICATION
+    )
+    by_state: dict[str, int] = collections.Counter()
+    for r in rows:
+        by_state[str(r["state"]) or "?"] += int(r["count"])
+    return {"total": total, "workers": workers, "by_state": dict(by_state)}
+
+
+def measure_cell(
+    url: str,
+    conn: Any,
+    fleet: Fleet,
+    postmaster: int,
+    n: int,
+    duration: float,
+    args: argparse.Namespace,
+    cell_id: int,
+    sessions: int,
+    started: float,
+    idle_pss: float,
+) -> dict[str, Any]:
+    coordinator = Coordinator(url, n, 1 + PREFETCH, duration, f"fleet_sim N={n} T={duration:g}")
+    fleet.ask(
+        "cell",
+        [{"id": cell_id, "first_run": coordinator.runs[0], "randomise": True}] * len(fleet.pipes),
+    )
+    k = max(1, round(args.window / duration))
+    window = k * duration
+    t_start = time.monotonic()
+    coordinator.start()
+    time.sleep(args.warmup)
+    # The CPU counters are read around the window, which is exact: scanning the server's
+    # thousands of processes takes a moment on a loaded machine.
+    cpu = h.CpuMeter()
+    cpu.start()
+    c0 = time.monotonic()
+    server0, load0 = proc_cpu_s(h.descendants(postmaster), children=True), proc_cpu_s(fleet.pids())
+    t0 = time.monotonic()
+    t1 = t0 + window
+    time.sleep(window)
+    server1, load1 = proc_cpu_s(h.descendants(postmaster), children=True), proc_cpu_s(fleet.pids())
+    cpu_span = time.monotonic() - c0
+    busy = cpu.stop()
+    sessions_now = session_counts(conn)
+    memory = server_memory(postmaster)
+    memory["pss_per_session_mib"] = (memory["pss_mib"] - idle_pss) / max(1, sessions_now["total"])
+    coordinator.stop()
+    samples = fleet.samples("end_cell")
+    cell_runs = set(coordinator.runs)
+    inside = [s for s in samples if t0 <= s[1] <= t1]
+    done = [s for s in inside if s[0] == "done" and s[3] in cell_runs]
+    busy_s = sum(
+        max(0.0, min(t, t1) - max(t - d, t0)) for kind, t, d, _ in samples if kind == "busy"
+    )
+    lat = {
+        kind: h.summary([s[2] for s in inside if s[0] == kind and (kind != "claim" or s[3] > 0)])
+        for kind in ("claim", "complete", "heartbeat", "reap", "report")
+    }
+    empty_claims = sum(1 for s in inside if s[0] == "claim" and s[3] == 0)
+    first_claims = [s[1] - t_start for s in samples if s[0] == "claim" and s[3] > 0]
+    statements = sum(1 for s in inside if s[0] in ("claim", "complete", "reap", "report"))
+    heartbeats = sum(1 for s in inside if s[0] == "heartbeat")
+    trials = len(done)
+    cell = {
+        "workers": n,
+        "sessions_per_worker": sessions,
+        "duration_s": duration,
+        "window_s": window,
+        "warmup_s": args.warmup,
+        "trials": trials,
+        "trials_per_s": trials / window,
+        "efficiency": busy_s / (n * window),
+        "efficiency_by_count": trials * duration / n / window,
+        "claim_ms": lat["claim"],
+        "complete_ms": lat["complete"],
+        "heartbeat_ms": lat["heartbeat"],
+        "reap_ms": lat["reap"],
+        "report_ms": lat["report"],
+        "empty_claims": empty_claims,
+        "worker_statements_per_s": (statements + 2 * heartbeats) / window,
+        # Per kind, per second (a heartbeat is two statements: the leases and the worker row).
+        "statement_rates": {
+            kind: sum(1 for s in inside if s[0] == kind) / window
+            for kind in ("claim", "complete", "heartbeat", "reap", "report")
+        },
+        "first_claim_s": min(first_claims) if first_claims else None,
+        "coordinator_polls": coordinator.polls,
+        "runs": len(coordinator.runs),
+        "server_cpu_cores": (server1 - server0) / cpu_span,
+        "server_cpu_ms_per_trial": 1e3 * (server1 - server0) / cpu_span / (trials / window)
+        if trials
+        else None,
+        "load_generator_cpu_cores": (load1 - load0) / cpu_span,
+        "machine_cpu_busy": busy,
+        "server_memory": memory,
+        "sessions": sessions_now,
+        "load_average": os.getloadavg(),
+    }
+    print(
+        f"[{h.elapsed(started)}] N={n} T={duration:g} sessions={sessions}: {trials} trials in "
+        f"{window:g} s, efficiency {cell['efficiency']:.3f} (by count "
+        f"{cell['efficiency_by_count']:.3f}), "
+        f"claim p50/p99 {lat['claim'].get('median', math.nan):.1f}/"
+        f"{lat['claim'].get('p99', math.nan):.1f} ms, complete p50/p99 "
+        f"{lat['complete'].get('median', math.nan):.1f}/{lat['complete'].get('p99', math.nan):.1f}"
+        f" ms, server {cell['server_cpu_cores']:.2f} cores {memory['pss_mib']:.0f} MiB PSS, "
+        f"{sessions_now['total']} sessions",
+        flush=True,
+    )
+    return cell
+
+
+def sim_batch(conn: Any, fleet: Fleet, n: int, duration: float, ideal: float) -> dict[str, Any]:
+    """fleet_scaling's batch, on the virtual fleet: warm-up, then N x ideal/T trials at once."""
+    import fleet_scaling as fs
+
+    fleet.ask("cell", [{"id": -1, "first_run": 0, "randomise": False}] * len(fleet.pipes))
+    # fleet_scaling's warm-up: small batches until every worker has finished a trial.
+    served: set[Any] = set()
+    rounds = 0
+    while len(served) < n and rounds < 8:
+        rounds += 1
+        warm = h.enqueue_synthetic(conn, 2 * n, {"duration": 0.05}, f"warm-up {rounds}")
+        fs.wait_done(conn, warm, [], 120 + 2 * n)
+        served |= {row["worker_id"] for row in bq.trials_per_worker(conn, warm)}
+    per_worker = max(1, round(ideal / duration))
+    trials = n * per_worker
+    runs = h.enqueue_synthetic(conn, trials, {"duration": duration}, f"fleet_sim A/B N={n}")
+    fs.wait_done(conn, runs, [], 60 + 5 * ideal)
+    timing = bq.batch_timing(conn, runs)
+    counts = [int(r["trials"]) for r in bq.trials_per_worker(conn, runs)]
+    samples = fleet.samples("end_cell")
+    wall = float(timing["wall_s"])
+    ideal_s = trials * duration / n
+    return {
+        "duration_s": duration,
+        "trials": trials,
+        "done": int(timing["done"]),
+        "ideal_s": ideal_s,
+        "wall_s": wall,
+        "efficiency": ideal_s / wall if wall > 0 else None,
+        "first_claim_s": timing["first_claim_s"],
+        "trials_per_worker": {"min": min(counts, default=0), "max": max(counts, default=0)},
+        "warm_up_rounds": rounds,
+        "claim_ms": h.summary([s[2] for s in samples if s[0] == "claim" and s[3] > 0]),
+        "complete_ms": h.summary([s[2] for s in samples if s[0] == "complete"]),
+    }
+
+
+def real_batch(url: str, n: int, duration: float, ideal: float) -> dict[str, Any]:
+    """fleet_scaling's own measurement of N real worker processes."""
+    import fleet_scaling as fs
+
+    fs_args = fs.parse_args(
+        [
+            "--workers",
+            str(n),
+            "--durations",
+            f"{duration:g}",
+            "--ideal-seconds",
+            f"{ideal:g}",
+            "--prefetch",
+            str(PREFETCH),
+            "--prepare-workers",
+            "0",
+        ]
+    )
+    log_root = Path(tempfile.mkdtemp(prefix="tunefleet-fleet-sim-logs-"))
+    try:
+        fleet = fs.measure_fleet(url, n, fs_args, log_root)
+    finally:
+        shutil.rmtree(log_root, ignore_errors=True)
+    (batch,) = fleet["batches"]
+    return {**batch, "memory_mib": {"pss_per_worker": fleet["memory_mib"]["pss_per_worker"]}}
+
+
+# --- the server --------------------------------------------------------------------------------
+def needed_connections(sizes: Sequence[int]) -> int:
+    # Two sessions per worker, the coordinator, this script's monitor and the reserved ones.
+    return 2 * max(sizes) + 100
+
+
+@contextlib.contextmanager
+def fleet_database(url: str | None, sizes: Sequence[int]) -> Iterator[tuple[str, dict[str, str]]]:
+    """A database at the schema head whose server takes the fleet's sessions: ``url``
+    (refused with the setting to raise if it cannot), or a private embedded server started
+    with ``max_connections`` raised (a restart: it is fixed at server start)."""
+    need = needed_connections(sizes)
+    if url:
+        with h.database(url) as u, connect(u) as conn:
+            settings = capacity.server_settings(conn)
+        if int(settings["max_connections"]) < need:
+            raise SystemExit(
+                f"the server at --db allows max_connections = {settings['max_connections']}; "
+                f"{max(sizes)} workers need {need}: raise it (ALTER SYSTEM SET max_connections "
+                "and restart) or choose smaller --workers"
+            )
+        yield url, settings
+        return
+    from tunefleet.db.embedded import EmbeddedServer
+    from tunefleet.db.migrate import upgrade
+
+    base = Path(tempfile.mkdtemp(prefix="tunefleet-fleet-sim-"))
+    server = EmbeddedServer(base / "postgres" / "data")
+    try:
+        server.start()
+        with connect(server.admin_url()) as conn:
+            capacity.alter_system(conn, "max_connections", str(need))
+        server.stop()
+        server.start()
+        local = server.local_url()
+        upgrade(local)
+        with connect(local) as conn:
+            settings = capacity.server_settings(conn)
+        yield local, settings
+    finally:
+        with contextlib.suppress(Exception):
+            server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+# --- main --------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sizes = sorted(int(x) for x in args.workers.split(","))
+    durations = [float(x) for x in args.durations.split(",")]
+    started = time.monotonic()
+    out: dict[str, Any] = {
+        "benchmark": NAME,
+        "command": " ".join(["python", "benchmarks/fleet_sim.py", *(argv or sys.argv[1:])]),
+        "machine": h.machine(),
+        "settings": {k: v for k, v in vars(args).items() if k != "out"},
+        "worker_model": {
+            "lease_s": LEASE_S,
+            "heartbeat_s": LEASE_S / 3,
+            "reap_s": VirtualWorker.reap_s,
+            "poll_s": POLL_S,
+            "report_every_s": REPORT_EVERY_S,
+            "prefetch": PREFETCH,
+            "coordinator_poll_s": COORDINATOR_POLL_S,
+        },
+        "cells": [],
+        "skipped": [],
+    }
+    with fleet_database(args.db, sizes) as (url, settings):
+        out["postgresql"] = h.server_version(url)
+        out["server_settings"] = settings
+        with connect(url) as conn:
+            postmaster = postmaster_pid(conn)
+            out["idle_server_memory"] = server_memory(postmaster)
+            idle = out["idle_server_memory"]["pss_mib"]
+            if not args.no_ab:
+                print(f"[{h.elapsed(started)}] A/B: {args.ab_workers} real workers", flush=True)
+                real = real_batch(url, args.ab_workers, args.ab_duration, args.ab_ideal)
+            fleet = Fleet(url, max(1, args.procs))
+            try:
+                if not args.no_ab:
+                    fleet.grow(args.ab_workers)
+                    sim = sim_batch(conn, fleet, args.ab_workers, args.ab_duration, args.ab_ideal)
+                    gap = abs(sim["efficiency"] - real["efficiency"]) / real["efficiency"]
+                    out["ab"] = {"workers": args.ab_workers, "real": real, "simulated": sim,
+                                 "relative_difference": gap}  # fmt: skip
+                    print(
+                        f"[{h.elapsed(started)}] A/B N={args.ab_workers} T={args.ab_duration:g}: "
+                        f"real {real['efficiency']:.3f}, simulated {sim['efficiency']:.3f} "
+                        f"({100 * gap:.1f} % apart)",
+                        flush=True,
+                    )
+                cell_id = 0
+                for n in sizes:
+                    reason = memory_refusal(out, n, args.memory_share)
+                    if reason:
+                        print("skipped:", reason, flush=True)
+                        out["skipped"].append({"workers": n, "reason": reason})
+                        break
+                    grow_started = time.monotonic()
+                    fleet.grow(n)
+                    print(
+                        f"[{h.elapsed(started)}] N={n}: fleet up "
+                        f"({time.monotonic() - grow_started:.1f} s to grow)",
+                        flush=True,
+                    )
+                    for duration in durations:
+                        reason = saturation_refusal(out, n, duration, args.all_cells)
+                        if reason:
+                            print(f"[{h.elapsed(started)}] skipped:", reason, flush=True)
+                            out["skipped"].append(
+                                {"workers": n, "duration_s": duration, "reason": reason}
+                            )
+                            continue
+                        out["cells"].append(
+                            measure_cell(
+                                url,
+                                conn,
+                                fleet,
+                                postmaster,
+                                n,
+                                duration,
+                                args,
+                                cell_id,
+                                2,
+                                started,
+                                idle,
+                            )
+                        )
+                        cell_id += 1
+                if not args.no_one_session:
+                    # The lightest load of the largest fleet: what the sessions cost, not
+                    # what a saturated server does.
+                    fleet.samples("one_session")
+                    out["cells"].append(
+                        measure_cell(
+                            url,
+                            conn,
+                            fleet,
+                            postmaster,
+                            fleet.size,
+                            max(durations),
+                            args,
+                            cell_id,
+                            1,
+                            started,
+                            idle,
+                        )
+                    )
+            finally:
+                fleet.stop()
+    out["model"] = fit_model(out, [int(x) for x in args.predict.split(",") if x], durations)
+    print_table(out)
+    h.write_json(NAME, out, args.out)
+    return 0
+
+
+def fit_model(out: dict[str, Any], predict: Sequence[int], durations: Sequence[float]) -> Any:
+    """Server CPU = ``a`` x trials per second + ``b`` x workers (least squares over the
+    cells that did not saturate, two sessions per worker): ``a`` is the server's CPU per trial
+    (claim, completion, the coordinator's insert and read), ``b`` what a worker costs it per
+    second while it holds its sessions (heartbeats, reaper turns, sizing reports, polls,
+    wake-ups). Memory: the server's proportional memory per session. Predictions for fleets
+    not measured here."""
+    cells = [
+        c for c in out["cells"] if c["efficiency"] >= SATURATED and c["sessions_per_worker"] == 2
+    ]
+    if len(cells) < 2:
+        return None
+    xs = [(c["trials_per_s"], float(c["workers"])) for c in cells]
+    ys = [c["server_cpu_cores"] for c in cells]
+    s_rr = sum(r * r for r, _ in xs)
+    s_rn = sum(r * n for r, n in xs)
+    s_nn = sum(n * n for _, n in xs)
+    s_ry = sum(r * y for (r, _), y in zip(xs, ys, strict=True))
+    s_ny = sum(n * y for (_, n), y in zip(xs, ys, strict=True))
+    det = s_rr * s_nn - s_rn * s_rn
+    if det == 0:
+        return None
+    a = (s_ry * s_nn - s_ny * s_rn) / det
+    b = (s_ny * s_rr - s_ry * s_rn) / det
+    per_session = max(c["server_memory"]["pss_per_session_mib"] for c in cells)
+    one = [c for c in out["cells"] if c["sessions_per_worker"] == 1]
+    predictions = [
+        {
+            "workers": n,
+            "duration_s": t,
+            "trials_per_s": n / t,
+            "server_cpu_cores": a * n / t + b * n,
+            "sessions": 2 * n,
+            "server_memory_gib": 2 * n * per_session / 1024,
+        }
+        for n in predict
+        for t in durations
+    ]
+    for p in predictions:
+        print(
+            f"model: N={p['workers']} T={p['duration_s']:g}: {p['trials_per_s']:.0f} trials/s, "
+            f"server {p['server_cpu_cores']:.1f} cores (of this machine's), {p['sessions']} "
+            f"sessions, {p['server_memory_gib']:.1f} GiB"
+        )
+    return {
+        "server_cpu_ms_per_trial": 1e3 * a,
+        "server_cpu_ms_per_worker_second": 1e3 * b,
+        "server_pss_mib_per_session": per_session,
+        "one_session_cells": len(one),
+        "cells_fitted": len(cells),
+        "predictions": predictions,
+    }
+
+
+#: A cell whose efficiency is below this saturated the machine.
+SATURATED = 0.8
+
+
+def saturation_refusal(out: dict[str, Any], n: int, duration: float, every: bool) -> str | None:
+    """Why the cell (n, duration) would only saturate the machine again (None: measure it):
+    a smaller fleet saturated it at this trial length, or the fleet needs more trials per
+    second than the most a saturated cell carried. Such cells cost minutes of both cores and
+    tell nothing the model (trials per second = the ceiling) does not."""
+    if every:
+        return None
+    saturated = [c for c in out["cells"] if c["efficiency"] < SATURATED]
+    smaller = [c for c in saturated if c["duration_s"] == duration and c["workers"] < n]
+    if smaller:
+        c = smaller[0]
+        return (
+            f"N={n} T={duration:g}: N={c['workers']} already saturated this machine at T="
+            f"{duration:g} (efficiency {c['efficiency']:.2f}, {c['trials_per_s']:.0f} trials/s)"
+        )
+    if saturated:
+        ceiling = max(c["trials_per_s"] for c in saturated)
+        if n / duration > ceiling:
+            return (
+                f"N={n} T={duration:g} needs {n / duration:.0f} trials/s, more than the "
+                f"{ceiling:.0f} trials/s this machine carried when saturated"
+            )
+    return None
+
+
+def memory_refusal(out: dict[str, Any], n: int, share: float) -> str | None:
+    """Why growing to ``n`` workers would risk the machine's memory (None: it would not),
+    from the server memory per session of the last cell."""
+    import fleet_scaling as fs
+
+    if not out["cells"]:
+        return None
+    last = out["cells"][-1]
+    sessions = int(last["sessions"]["total"])
+    per_session = last["server_memory"]["pss_per_session_mib"]
+    need = (2 * n + 2 - sessions) * per_session
+    have = fs.available_mib()
+    if need <= share * have:
+        return None
+    return (
+        f"N={n} needs about {need:.0f} MiB more server memory ({per_session:.1f} MiB per "
+        f"session), more than {share:.0%} of the {have:.0f} MiB available"
+    )
+
+
+def print_table(out: dict[str, Any]) -> None:
+    rows = []
+    for c in out["cells"]:
+        rows.append(
+            [
+                c["workers"],
+                c["sessions_per_worker"],
+                f"{c['duration_s']:g}",
+                h.fmt(c["trials_per_s"], 1),
+                h.fmt(c["efficiency"]),
+                h.fmt(c["efficiency_by_count"]),
+                h.fmt(c["claim_ms"].get("median"), 1),
+                h.fmt(c["claim_ms"].get("p99"), 1),
+                h.fmt(c["complete_ms"].get("median"), 1),
+                h.fmt(c["complete_ms"].get("p99"), 1),
+                h.fmt(c["server_cpu_cores"], 2),
+                h.fmt(c["server_cpu_ms_per_trial"], 1),
+                h.fmt(c["load_generator_cpu_cores"], 2),
+                h.fmt(c["server_memory"]["pss_mib"], 0),
+                c["sessions"]["total"],
+            ]
+        )
+    print()
+    print(
+        h.table(
+            [
+                "N",
+                "sessions/worker",
+                "T s",
+                "trials/s",
+                "efficiency",
+                "by count",
+                "claim p50 ms",
+                "claim p99 ms",
+                "complete p50 ms",
+                "complete p99 ms",
+                "server CPU cores",
+                "server CPU ms/trial",
+                "load gen. cores",
+                "server PSS MiB",
+                "sessions",
+            ],
+            rows,
+        )
+    )
+    ab = out.get("ab")
+    if ab:
+        print(
+            f"\nA/B at N = {ab['workers']}, T = {ab['real']['duration_s']:g} s (fleet_scaling's "
+            f"batch): real workers {ab['real']['efficiency']:.3f}, simulated "
+            f"{ab['simulated']['efficiency']:.3f}, {100 * ab['relative_difference']:.1f} % apart"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
