@@ -98,6 +98,12 @@ _HINTS: tuple[tuple[str, str], ...] = (
     ("role", "fix the user name in the URL, or create that role"),
     ("failed to resolve host", "check the host name in the URL"),
     ("timeout expired", "the host did not answer; check the host, port and firewall"),
+    (
+        "unsupported startup parameter",
+        "a connection pooler refused the session settings tunefleet sends: add "
+        "`ignore_startup_parameters = options` to its configuration (PgBouncer's [pgbouncer] "
+        "section; the role's own timeouts, set by `tunefleet db roles`, then apply)",
+    ),
 )
 _DEFAULT_HINT = (
     "is the server running there? check --db / TUNEFLEET_DATABASE_URL, "
@@ -122,6 +128,7 @@ _PERMANENT = (
     "does not exist",
     "failed to resolve host",
     "could not translate host name",
+    "unsupported startup parameter",
 )
 
 
