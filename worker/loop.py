@@ -69,6 +69,8 @@ from uuid import UUID, uuid4
 import psycopg
 
 from tunefleet import __version__
+from tunefleet.db import pooler
+from tunefleet.db.engine import connect
 from tunefleet.db.schema import ANY_DEVICE_CLASS
 from tunefleet.devices import HOST_DEVICE, DeviceInfo
 from tunefleet.errors import (
@@ -333,6 +335,11 @@ class Worker:
         return self.sizing.capacity
 
     def _on_connect(self, conn: psycopg.Connection[Any]) -> None:
+        # LISTEN and the device lock are session state: behind a pooler that lends the server
+        # connection to others between transactions both fail silently, so refuse it here.
+        pooler.require_session_pooling(
+            conn, lambda: connect(self.url, self.settings.db, connect_timeout=5)
+        )
         if not self.is_host:
             # Many synthetic workers may share a machine; real devices get one worker each.
             got = queue.try_lock_device(
