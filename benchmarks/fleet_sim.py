@@ -19,7 +19,7 @@ each virtual worker runs in a cell lasts a uniform random fraction of T, as if t
 been running for a long time with workers started at random moments: completions then arrive
 at the steady rate N/T from the first second, instead of in N-wide bursts every T seconds.
 After a warm-up (``--warmup``, 3 s) a window of ``k x T`` seconds is measured (``k`` whole
-trials, ``k = max(1, round(--window / T))``: 15 s at T = 1 s, 20 s at 10 s, 30 s at 30 s);
+trials, ``k = max(1, round(--window / T))``: 10 s at T = 1 s and 10 s, 30 s at 30 s);
 a whole number of trial lengths makes every worker contribute the same number of
 completions whatever its phase. At the end of a cell its runs are finished and every virtual
 worker releases what it holds (the worker's shutdown statement).
@@ -36,15 +36,22 @@ real processes) both fleets get fleet_scaling's batch (N x ideal / T trials of T
 transaction, one NOTIFY, after its warm-up), and efficiency is fleet_scaling's, on the
 database clock. The real side *is* fleet_scaling's code (``measure_fleet``).
 
-**Sessions per worker.** After the N = 2,000 cells, every virtual worker closes its
+**Sessions per worker.** After the cells of the largest N, every virtual worker closes its
 heartbeat session and heartbeats from its main loop instead (one session per worker), and the
-T = 1 s cell is measured again: same work, half the sessions.
+cell of the longest T is measured again: same work, half the sessions.
+
+**What two cores hold.** A cell that a smaller fleet already saturated at the same T
+(efficiency below 0.8), or that needs more trials per second than a saturated cell carried,
+is skipped and says why (``--all-cells`` measures it anyway): on a machine shared with the
+load generator it would only thrash for minutes. The fitted model (``model`` in the JSON:
+server CPU per trial and per worker-second, memory per session) predicts ``--predict``
+fleets; on a machine with the cores, measure them with ``--workers``.
 
 Server CPU and memory come from the PostgreSQL process tree (``/proc``: CPU over the
 window, proportional and resident memory at its end); sessions from ``pg_stat_activity``.
 The load generator runs on the same machine: its CPU is reported beside the server's.
 
-    python benchmarks/fleet_sim.py                          # the table in the README, ~9 min
+    python benchmarks/fleet_sim.py                          # the table in the README, ~8 min
     python benchmarks/fleet_sim.py --workers 20 --durations 0.5 --window 2 --no-ab
 
 Writes ``benchmarks/results/fleet_sim.json`` (or ``--out``).
