@@ -369,12 +369,23 @@ def test_without_a_token_only_loopback_host_names_are_answered(server):
 # --- the command ---------------------------------------------------------------------------
 
 
-def test_the_command_serves_with_the_reader_role_and_stops_on_ctrl_c(reader_url, filled, cli_env):
+def _background_shell_child() -> None:
+    # What a non-interactive shell does to a command it starts with `&`: SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_the_command_serves_with_the_reader_role_and_stops_on_a_signal(
+    reader_url, filled, cli_env, stop
+):
+    """Ctrl-C and SIGTERM both stop it cleanly, also when it was started with SIGINT
+    ignored (in the background of a script)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "tunefleet", "dashboard", "--db", reader_url, "--port", "0"],
         env={**cli_env, "TUNEFLEET_DASHBOARD_REFRESH_S": "5"},
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_background_shell_child,
     )
     try:
         assert proc.stderr is not None
@@ -389,7 +400,7 @@ def test_the_command_serves_with_the_reader_role_and_stops_on_ctrl_c(reader_url,
         conn.request("GET", "/")
         assert b'content="5"' in conn.getresponse().read()  # from the environment
         conn.close()
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop)
         assert proc.wait(timeout=30) == 0
     finally:
         if proc.poll() is None:

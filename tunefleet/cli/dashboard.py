@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from tunefleet.cli.db import add_db_flag
@@ -76,6 +77,11 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
+    # Explicit handlers: a process started in the background by a non-interactive shell
+    # inherits SIGINT ignored (and Python then leaves it so), and SIGTERM is how batch
+    # systems and service managers stop it. Both end the serving loop the same way.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupt)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -83,3 +89,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     finally:
         server.close()
     return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
