@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -304,14 +306,30 @@ def test_a_second_coordinator_on_a_driven_run_is_refused(db_url, db):
 
 def test_resume_after_a_stop_continues_without_measuring_anything_twice(db_url, db, tmp_path):
     # A queue deeper than the workers take (they prefetch), so the stop has pending trials
-    # to cancel.
+    # to cancel: the workers are held (SIGSTOP) from the moment 10 are done until the stop
+    # has cancelled what was pending. Without that, a loaded machine let the workers drain
+    # the queue before the stop landed (nothing to cancel).
     s = settings(min_depth=30, problem_args={"duration": 0.02})
     run_id = create_run(s, db_url)
     first = Coordinator(s, db_url)
 
     def stop_after_some() -> None:
-        wait_until(lambda: trial_counts(db, run_id).get("done", 0) >= 10, what="10 done")
-        first.request_stop()
+        try:
+            wait_until(lambda: trial_counts(db, run_id).get("done", 0) >= 10, what="10 done")
+            for w in procs:
+                os.kill(w.pid, signal.SIGSTOP)
+            wait_until(
+                lambda: trial_counts(db, run_id).get("pending", 0) > 0, what="a pending trial"
+            )
+            first.request_stop()
+            wait_until(
+                lambda: trial_counts(db, run_id).get("pending", 0) == 0,
+                what="the stop to cancel the pending trials",
+            )
+        finally:
+            for w in procs:
+                os.kill(w.pid, signal.SIGCONT)
+            first.request_stop()  # also when a wait above failed: the run must end
 
     with fleet(db_url, 2, tmp_path) as procs:
         stopper = threading.Thread(target=stop_after_some)
