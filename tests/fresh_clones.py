@@ -22,10 +22,12 @@ every run passed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -98,14 +100,25 @@ def one_run(run: CloneRun, args: argparse.Namespace, scratch: Path) -> CloneRun:
 
     def step(argv: list[str], cwd: Path, timeout: float) -> int:
         log.append(f"$ {shlex.join(argv)}")
-        done = subprocess.run(
+        # Its own process group: past its time, it goes with every process it started (the
+        # test sessions' servers and workers too).
+        proc = subprocess.Popen(
             argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, timeout=timeout, preexec_fn=_pinned(run.cpus),
+            stderr=subprocess.STDOUT, preexec_fn=_pinned(run.cpus), start_new_session=True,
             env={**os.environ, "PATH": f"{folder / '.venv' / 'bin'}{os.pathsep}"
                  f"{os.environ.get('PATH', '')}", "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
         )  # fmt: skip
-        log.append(done.stdout.decode(errors="replace"))
-        return done.returncode
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            log.append(out.decode(errors="replace"))
+            log.append(f"(fresh_clones: killed after {timeout:g} s)")
+            return -signal.SIGKILL
+        log.append(out.decode(errors="replace"))
+        return proc.returncode
 
     started = time.monotonic()
     code = step(["git", "clone", "--quiet", str(ROOT), str(folder)], scratch, 300)
@@ -134,9 +147,6 @@ def one_run(run: CloneRun, args: argparse.Namespace, scratch: Path) -> CloneRun:
             code = step(
                 [python, "-m", "pytest", "-q", f"--junitxml={junit}"], folder, args.run_timeout
             )
-        except subprocess.TimeoutExpired:
-            code = -9
-            log.append(f"(fresh_clones: the tests ran past {args.run_timeout:g} s)")
         finally:
             for proc in busy:
                 proc.kill()
