@@ -41,6 +41,21 @@ def run_script(name: str, db_url: str, out: Path, *args: str, timeout: float = 2
     return json.loads(out.read_text())
 
 
+def run_self_sizing(tmp_path: Path, *args: str, timeout: float) -> Any:
+    """``benchmarks/self_sizing.py --suite cpu ARGS`` in its own processes; its JSON."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    out = tmp_path / "sizing.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "self_sizing.py"), "--suite", "cpu", *args,
+         "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
 def test_fleet_scaling_smoke(db_url: str, tmp_path: Path) -> None:
     data = run_script(
         "fleet_scaling.py",
@@ -146,17 +161,9 @@ def test_self_sizing_runs_both_arms_through_tune(tmp_path: Path) -> None:
     """The self-sizing script's code-generation-bound synthetic case, four trials: both arms
     are real ``tunefleet tune`` runs on their own embedded servers, and the second one's
     sizing flags reached its worker (its row says ``flags``)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    out = tmp_path / "sizing.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "self_sizing.py"), "--suite", "cpu",
-         "--cases", "synthetic-codegen", "--max-trials", "4", "--out", str(out)],
-        env=env, capture_output=True, text=True, timeout=400, stdin=subprocess.DEVNULL,
-        check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    data = json.loads(out.read_text())
+    data = run_self_sizing(
+        tmp_path, "--cases", "synthetic-codegen", "--max-trials", "4", timeout=400
+    )
     [case] = data["cases"]
     assert case["case"] == "synthetic-codegen" and case["other"] == "today"
     for arm in ("defaults", "today"):
@@ -173,18 +180,10 @@ def test_self_sizing_same_configs_measures_the_search_configurations_with_both_s
 ) -> None:
     """``--same-configs``: the defaults arm searches, then both sizings measure exactly the
     configurations it measured (seed configurations), and the ratio is theirs."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    out = tmp_path / "sizing.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "self_sizing.py"), "--suite", "cpu",
-         "--cases", "synthetic-codegen", "--max-trials", "3", "--same-configs", "--out",
-         str(out)],
-        env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
-        check=False,
+    data = run_self_sizing(
+        tmp_path, "--cases", "synthetic-codegen", "--max-trials", "3", "--same-configs",
+        timeout=600,
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    data = json.loads(out.read_text())
     [case] = data["cases"]
     assert data["same_configs"] is True and case["other"] == "today (same configs)"
     searched = case["search"]["configs"]
