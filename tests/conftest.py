@@ -38,13 +38,21 @@ _DROP = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    """As root, keep this session's temporary files out of the shared ``pytest-of-root``.
+    """This interpreter's commands first on ``PATH``; as root, this session's temporary files
+    out of the shared ``pytest-of-root``.
+
+    Tests start the installed commands by name (``tunefleet``, and the deployment scripts'
+    ``python3``), as users do. Run as ``.venv/bin/python -m pytest`` without activating the
+    environment, the names would otherwise find another installation or none.
 
     The embedded server runs as an unprivileged user when we are root, and it must traverse
     the parents of its data directory. Every pytest session that starts resets
     ``pytest-of-root`` to mode 0700, which would cut off the servers of sessions running in
     parallel on the same machine. A private base directory per session avoids that.
     """
+    bin_dir = str(Path(sys.executable).parent)
+    if os.environ.get("PATH", "").split(os.pathsep)[0] != bin_dir:
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
     if os.geteuid() != 0 or config.option.basetemp or hasattr(config, "workerinput"):
         return
     base = tempfile.mkdtemp(prefix="tunefleet-pytest-")
