@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import multiprocessing
 import re
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -13,11 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from tests.helpers.build import pip_build_flags
+from tests.helpers.build import project_wheel
 from tunefleet.db.engine import connect, current_revision
 from tunefleet.db.migrate import downgrade, head_revision, make_engine, script_directory, upgrade
 from tunefleet.db.schema import SCHEMA, VIEWS, metadata
@@ -222,30 +222,11 @@ def test_alembic_command_line_for_contributors(empty_db_url: str, tmp_path: Path
     assert "No new upgrade operations detected" in checked.stdout + checked.stderr
 
 
-def test_migrations_ship_in_the_wheel(tmp_path: Path, empty_db_url: str) -> None:
+def test_migrations_ship_in_the_wheel(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, empty_db_url: str
+) -> None:
     """`tunefleet db upgrade` works from the built wheel, not only from a checkout."""
-    src = tmp_path / "src"
-    shutil.copytree(
-        ROOT,
-        src,
-        ignore=shutil.ignore_patterns(
-            ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "tests"
-        ),
-    )
-    out = tmp_path / "wheel"
-    pip = [sys.executable, "-m", "pip"]
-    # An interpreter that has the build backend builds without fetching it (nodes without
-    # network access run this suite too); the others let pip fetch it into an isolated env.
-    offline = pip_build_flags()
-    built = subprocess.run(
-        [*pip, "wheel", "--no-deps", "-q", *offline, "-w", str(out), str(src)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert built.returncode == 0, built.stderr
-    (wheel,) = out.glob("tunefleet-*.whl")
+    wheel = project_wheel(tmp_path_factory)
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in (
         "tunefleet/migrations/env.py",
@@ -264,8 +245,9 @@ def test_migrations_ship_in_the_wheel(tmp_path: Path, empty_db_url: str) -> None
     # Install it alone (dependencies come from this interpreter) and migrate from there,
     # in a directory without any checkout.
     site = tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "install", "--no-deps", "-q"]
     installed = subprocess.run(
-        [*pip, "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+        [*pip, "--target", str(site), str(wheel)],
         capture_output=True,
         text=True,
         timeout=300,

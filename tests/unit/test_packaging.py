@@ -11,7 +11,6 @@ shadows the installed one) and an editable install in a fresh virtual environmen
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import tomllib
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.build import has_build_backend, pip_build_flags
+from tests.helpers.build import bare_venv, has_build_backend, pip_into, project_wheel, source_copy
 
 ROOT = Path(__file__).resolve().parents[2]
 MAPPED = {"tunefleet.coordinator": "coordinator", "tunefleet.worker": "worker"}
@@ -39,17 +38,6 @@ def _pyproject() -> dict:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
-def _source_copy(dest: Path) -> Path:
-    shutil.copytree(
-        ROOT,
-        dest,
-        ignore=shutil.ignore_patterns(
-            ".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "tests"
-        ),
-    )
-    return dest
-
-
 def _run(argv: list[str], cwd: Path, timeout: float = 300) -> str:
     # Nothing of this checkout on the path: only what the command installed is importable.
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
@@ -62,12 +50,7 @@ def _run(argv: list[str], cwd: Path, timeout: float = 300) -> str:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    base = tmp_path_factory.mktemp("wheel")
-    src = _source_copy(base / "src")
-    pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", *pip_build_flags()]
-    _run([*pip, "-w", str(base), str(src)], base)
-    (built,) = base.glob("tunefleet-*.whl")
-    return built
+    return project_wheel(tmp_path_factory)
 
 
 def test_the_package_list_names_every_package_folder() -> None:
@@ -99,18 +82,11 @@ def test_the_wheel_holds_one_top_level_package(wheel: Path) -> None:
         assert needed in names
 
 
-def _fresh_venv(path: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True, timeout=300)
-    return path / "bin" / "python"
-
-
 def test_a_regular_install_imports_from_anywhere_and_from_a_checkout(
     wheel: Path, tmp_path: Path
 ) -> None:
-    python = _fresh_venv(tmp_path / "venv")
-    _run(
-        [str(python), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)], tmp_path
-    )
+    python = bare_venv(tmp_path / "venv")
+    _run([*pip_into(python), "install", "--no-deps", "--no-index", "-q", str(wheel)], tmp_path)
     site = Path(
         _run([str(python), "-c", "import site; print(site.getsitepackages()[0])"], tmp_path).strip()
     )
@@ -128,7 +104,7 @@ def test_a_regular_install_imports_from_anywhere_and_from_a_checkout(
         assert not (site / generic).exists()
     # Started inside a checkout, the checkout's tunefleet/ comes first on sys.path: its
     # top-level folders then serve the three subpackages (the same code, never the copy).
-    checkout = _source_copy(tmp_path / "checkout")
+    checkout = source_copy(tmp_path / "checkout")
     from_checkout = _run([str(python), "-c", _WHERE], checkout).split()
     assert from_checkout == [
         str(checkout / "tunefleet" / "__init__.py"),
@@ -139,8 +115,8 @@ def test_a_regular_install_imports_from_anywhere_and_from_a_checkout(
 
 
 def test_an_editable_install_imports_from_any_directory(tmp_path: Path) -> None:
-    checkout = _source_copy(tmp_path / "checkout")
-    python = _fresh_venv(tmp_path / "venv")
+    checkout = source_copy(tmp_path / "checkout")
+    python = bare_venv(tmp_path / "venv")
     if has_build_backend():
         # Built by this interpreter's backend (nothing fetched), installed like pip -e does.
         build = (
@@ -148,10 +124,10 @@ def test_an_editable_install_imports_from_any_directory(tmp_path: Path) -> None:
             "print(b.build_editable(sys.argv[1]))"
         )
         made = _run([sys.executable, "-c", build, str(tmp_path)], checkout).split()[-1]
-        pip = [str(python), "-m", "pip", "install", "--no-deps", "--no-index", "-q"]
+        pip = [*pip_into(python), "install", "--no-deps", "--no-index", "-q"]
         _run([*pip, str(tmp_path / made)], tmp_path)
     else:
-        pip = [str(python), "-m", "pip", "install", "--no-deps", "-q", "-e", str(checkout)]
+        pip = [*pip_into(python), "install", "--no-deps", "-q", "-e", str(checkout)]
         _run(pip, tmp_path)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
