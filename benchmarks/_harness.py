@@ -16,10 +16,12 @@ import math
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -46,9 +48,35 @@ SYNTHETIC_SPACE_SIZE = 512
 
 # --- the database -----------------------------------------------------------------------------
 @contextlib.contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """Inside, SIGTERM raises ``SystemExit`` as Ctrl-C raises ``KeyboardInterrupt``.
+
+    A ``kill`` or a batch system's time limit sends SIGTERM, whose default ends the process at
+    once: the embedded servers a script started (daemons, not its children) would keep running
+    and their temporary folders stay behind. Unwinding runs the ``finally`` blocks that stop and
+    remove them. A handler someone else installed is left alone, and so is every thread but the
+    main one (only it can set handlers).
+    """
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+
+    def unwind(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, unwind)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
 def database(url: str | None) -> Iterator[str]:
     """A database at the schema head: ``url`` (upgraded if behind) or a private embedded
-    server in a temporary directory, stopped and removed afterwards."""
+    server in a temporary directory, stopped and removed afterwards (on SIGTERM too)."""
     from tunefleet.db.migrate import upgrade
 
     if url:
@@ -59,15 +87,16 @@ def database(url: str | None) -> Iterator[str]:
 
     base = Path(tempfile.mkdtemp(prefix="tunefleet-bench-"))
     server = EmbeddedServer(base / "postgres" / "data")
-    try:
-        server.start()
-        local = server.local_url()
-        upgrade(local)
-        yield local
-    finally:
-        with contextlib.suppress(Exception):
-            server.stop()
-        shutil.rmtree(base, ignore_errors=True)
+    with sigterm_unwinds():
+        try:
+            server.start()
+            local = server.local_url()
+            upgrade(local)
+            yield local
+        finally:
+            with contextlib.suppress(Exception):
+                server.stop()
+            shutil.rmtree(base, ignore_errors=True)
 
 
 def server_version(url: str) -> str:

@@ -902,21 +902,22 @@ def fleet_database(url: str | None, sizes: Sequence[int]) -> Iterator[tuple[str,
 
     base = Path(tempfile.mkdtemp(prefix="tunefleet-fleet-sim-"))
     server = EmbeddedServer(base / "postgres" / "data")
-    try:
-        server.start()
-        with connect(server.admin_url()) as conn:
-            capacity.alter_system(conn, "max_connections", str(need))
-        server.stop()
-        server.start()
-        local = server.local_url()
-        upgrade(local)
-        with connect(local) as conn:
-            settings = capacity.server_settings(conn)
-        yield local, settings
-    finally:
-        with contextlib.suppress(Exception):
+    with h.sigterm_unwinds():
+        try:
+            server.start()
+            with connect(server.admin_url()) as conn:
+                capacity.alter_system(conn, "max_connections", str(need))
             server.stop()
-        shutil.rmtree(base, ignore_errors=True)
+            server.start()
+            local = server.local_url()
+            upgrade(local)
+            with connect(local) as conn:
+                settings = capacity.server_settings(conn)
+            yield local, settings
+        finally:
+            with contextlib.suppress(Exception):
+                server.stop()
+            shutil.rmtree(base, ignore_errors=True)
 
 
 # --- main --------------------------------------------------------------------------------------

@@ -330,38 +330,38 @@ def main(argv: list[str] | None = None) -> int:
         arms = [Arm(case.name, "defaults", problem, capture=args.same_configs)]
         if not args.same_configs:
             arms.append(Arm(case.name, case.other_label, [*problem, *case.other]))
-        scratch = Path(tempfile.mkdtemp(prefix="tunefleet-sizing-configs-"))
-        if args.configs_from:
-            arms[0] = earlier_search(Path(args.configs_from), case.name)
-            arms += replay_arms(case.name, problem, case.other_label, case.other,
-                                arms[0].configs, scratch)  # fmt: skip
-            entry["search_configs"] = len(arms[0].configs)
-            entry["defaults"] = arms[0].out
-            entry["search_from"] = args.configs_from
-        for arm in arms[1:] if args.configs_from else arms:
-            trials = max_trials
-            if arm.label.endswith("(same configs)"):
-                trials = len(arms[0].configs)
-            print(f"{case.name} / {arm.label}: tunefleet {' '.join(arm.argv)}", flush=True)
-            run_arm(arm, budget, trials, args.device)
-            if arm.capture:
-                if arm.configs:
-                    arms += replay_arms(case.name, problem, case.other_label, case.other,
-                                        arm.configs, scratch)  # fmt: skip
-                # The search's own row, beside the fair pair (same JSON key as without
-                # --same-configs, so the table reads the same).
-                entry["search_configs"] = len(arm.configs)
-            o = arm.out
-            print(
-                f"  {o.get('evaluations', '-')} evaluations, "
-                f"{h.fmt(o.get('evaluations_per_minute'), 1)}/min, "
-                f"wall {h.fmt(o.get('wall_s'), 1)} s,"
-                f" best {h.fmt(o.get('best_gflops'), 1)} GFLOP/s; sizing {sizing_text(o)}"
-                + (f"; error: {o['error']}" if o.get("error") else ""),
-                flush=True,
-            )
-            entry[arm.label] = o
-        shutil.rmtree(scratch, ignore_errors=True)
+        with tempfile.TemporaryDirectory(prefix="tunefleet-sizing-configs-") as tmp:
+            scratch = Path(tmp)
+            if args.configs_from:
+                arms[0] = earlier_search(Path(args.configs_from), case.name)
+                arms += replay_arms(case.name, problem, case.other_label, case.other,
+                                    arms[0].configs, scratch)  # fmt: skip
+                entry["search_configs"] = len(arms[0].configs)
+                entry["defaults"] = arms[0].out
+                entry["search_from"] = args.configs_from
+            for arm in arms[1:] if args.configs_from else arms:
+                trials = max_trials
+                if arm.label.endswith("(same configs)"):
+                    trials = len(arms[0].configs)
+                print(f"{case.name} / {arm.label}: tunefleet {' '.join(arm.argv)}", flush=True)
+                run_arm(arm, budget, trials, args.device)
+                if arm.capture:
+                    if arm.configs:
+                        arms += replay_arms(case.name, problem, case.other_label, case.other,
+                                            arm.configs, scratch)  # fmt: skip
+                    # The search's own row, beside the fair pair (same JSON key as without
+                    # --same-configs, so the table reads the same).
+                    entry["search_configs"] = len(arm.configs)
+                o = arm.out
+                print(
+                    f"  {o.get('evaluations', '-')} evaluations, "
+                    f"{h.fmt(o.get('evaluations_per_minute'), 1)}/min, "
+                    f"wall {h.fmt(o.get('wall_s'), 1)} s,"
+                    f" best {h.fmt(o.get('best_gflops'), 1)} GFLOP/s; sizing {sizing_text(o)}"
+                    + (f"; error: {o['error']}" if o.get("error") else ""),
+                    flush=True,
+                )
+                entry[arm.label] = o
         if args.same_configs:
             # The fair pair replaces the plain comparison: same configurations, both sizings.
             entry["search"] = entry.pop("defaults")
@@ -441,4 +441,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Each arm's embedded server is a daemon: a SIGTERM must unwind to its `db stop`.
+    with h.sigterm_unwinds():
+        sys.exit(main())

@@ -8,10 +8,13 @@ sixth of the suite's time for what guards the scripts rather than the product.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -247,3 +250,95 @@ def test_fleet_sim_smoke(db_url: str, tmp_path: Path) -> None:
     # The virtual workers and the real ones all said goodbye.
     assert workers == {"stopped": 6 + 2}, workers
     assert measured is not None and measured[0] >= sum(c["trials"] for c in cells)
+
+
+def _postmasters(folder: Path) -> dict[Path, int]:
+    """The embedded servers whose data directories lie under ``folder``: their pid files."""
+    found = {}
+    for pid_file in folder.rglob("postmaster.pid"):
+        try:
+            found[pid_file] = int(pid_file.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # being written, or just removed
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["raw_queue.py", "--clients", "1", "--batch", "1", "--seconds", "60", "--repeat", "1"],
+        ["self_sizing.py", "--suite", "cpu", "--quick", "--max-trials", "200"],
+    ],
+    ids=["own embedded server", "tune's embedded server"],
+)
+def test_sigterm_stops_the_embedded_server_a_script_started(
+    tmp_path: Path, argv: list[str]
+) -> None:
+    """``kill`` (or a batch system's time limit) while a script holds an embedded server: the
+    server stops and its temporary folder goes, instead of running on as a daemon."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = dict(os.environ, TMPDIR=str(scratch))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    out = tmp_path / "out.json"
+    script = [sys.executable, str(ROOT / "benchmarks" / argv[0]), *argv[1:], "--out", str(out)]
+    proc = subprocess.Popen(
+        script, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        servers: dict[Path, int] = {}
+        # Up and migrated: the script's own run has begun (a trial row exists).
+        while time.monotonic() < deadline and proc.poll() is None:
+            servers = _postmasters(scratch)
+            if servers and _has_a_trial(scratch):
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        assert servers, "no embedded server started under TMPDIR within 180 s"
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    try:
+        assert proc.returncode != 0, output  # stopped, not finished
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and any(_alive(pid) for pid in servers.values()):
+            time.sleep(0.2)
+        assert not [pid for pid in servers.values() if _alive(pid)], output
+        assert not list(scratch.iterdir()), (sorted(scratch.rglob("*"))[:10], output)
+    finally:
+        for pid in servers.values():  # a failed run must not leave its daemon behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGINT)
+
+
+def _has_a_trial(scratch: Path) -> bool:
+    """Some embedded server under ``scratch`` holds a trial: its script is past start-up."""
+    from tunefleet.db.embedded import EmbeddedServer
+    from tunefleet.errors import TunefleetError
+
+    for pid_file in scratch.rglob("postmaster.pid"):
+        try:
+            url = EmbeddedServer(pid_file.parent).local_url()
+            with psycopg.connect(url, connect_timeout=5) as conn:
+                if conn.execute("SELECT to_regclass('tunefleet.trial')").fetchone() == (None,):
+                    continue
+                if conn.execute("SELECT EXISTS (SELECT FROM tunefleet.trial)").fetchone() == (
+                    True,
+                ):
+                    return True
+        except (OSError, psycopg.Error, TunefleetError):
+            continue
+    return False
