@@ -410,9 +410,8 @@ def next_pending(
 
 
 def _lease_arrays(held: Sequence[Lease]) -> tuple[list[int], list[int], list[str]]:
-    # In trial id order: the statements lock the rows in the order of the arrays, and a
-    # worker's heartbeat and its release (two sessions) must never lock them in opposite
-    # orders, or PostgreSQL aborts one of them as a deadlock.
+    # In trial id order, for readable logs and stable plans; the lock order does not depend
+    # on it: the functions lock the rows ORDER BY id themselves (0010_lease_lock_order).
     held = sorted(held)
     return (
         [int(h.trial_id) for h in held],
@@ -433,7 +432,9 @@ def heartbeat_trials(
     missing from the result has lost its lease: abandon it.
 
     Fenced on id, attempt, lease_owner, lease token and ``state = 'running'``. Locking: the
-    held rows, for the statement.
+    held rows, taken in trial id order (``ORDER BY id FOR NO KEY UPDATE``, whatever the plan),
+    for the statement: the worker's release on its other session takes them in the same
+    order, so the two never deadlock.
     """
     if not held:
         return set()
@@ -547,8 +548,9 @@ def release_trials(
     resuming the run enqueues it again. Returns the ids released; claims no longer ours are
     left alone.
 
-    Fenced like a completion. Locking: the held rows and their attempt rows, for the
-    statement; the run rows are only read.
+    Fenced like a completion. Locking: the held rows, taken in trial id order as the
+    heartbeat takes them, then their attempt rows, for the statement; the run rows are only
+    read.
     """
     if not held:
         return set()
