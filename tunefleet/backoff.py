@@ -1,7 +1,8 @@
 """The one backoff: how long to wait before the next try at something that keeps failing.
 
-The worker's database links, the start-up wait for a database (``--wait-for-db``) and the
-coordinator's reconnect all wait ``first_s``, then twice as long each time, never more than
+The worker's database links (reconnects, and statements the database aborted), the start-up
+wait for a database (``--wait-for-db``) and the coordinator's reconnect all wait
+``first_s``, then twice as long each time, never more than
 ``max_s``, and start again from ``first_s`` after a success.
 """
 
@@ -11,6 +12,13 @@ from __future__ import annotations
 #: coordinator): try again soon, then back off to a few seconds.
 RECONNECT_FIRST_S = 0.2
 RECONNECT_MAX_S = 5.0
+
+#: A statement the database aborted on a healthy connection (a deadlock, a serialization
+#: failure): the other transaction usually ends within milliseconds, so try again at once,
+#: a few times, then leave it to the caller's next turn.
+STATEMENT_RETRY_FIRST_S = 0.05
+STATEMENT_RETRY_MAX_S = 0.5
+STATEMENT_TRIES = 5
 
 
 class Backoff:

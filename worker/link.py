@@ -4,9 +4,17 @@ The worker keeps two connections: the main one (claims, completions, the reaper,
 the session-level device lock) and the heartbeat thread's own. When the database goes away
 (restart, failover, network), a :class:`Link` closes the broken connection and reconnects on
 demand with exponential backoff; ``on_connect`` re-establishes session state (LISTEN, the
-device lock) on every new connection. Nothing is retried blindly here: callers decide what a
-lost statement means (a claim that may have committed is recovered by its lease; a completion
-is re-sent, and the fence tells whether it still counts).
+device lock) on every new connection. A lost connection is not retried here: callers decide
+what a lost statement means (a claim that may have committed is recovered by its lease; a
+completion is re-sent, and the fence tells whether it still counts).
+
+A statement the database *aborted* on a healthy connection (``DeadlockDetected``,
+``SerializationFailure``: PostgreSQL rolled back the whole transaction, so nothing of it was
+written) is different: the connection is kept and the call is made again at once, a few
+times with the shared backoff. If it keeps being aborted, :class:`StatementAborted` (a
+:class:`DatabaseDown`) tells the caller to try on a later turn, as after an outage: a lease
+that could not be extended expires and is requeued, a release not made leaves the leases to
+expire, a completion is re-sent.
 """
 
 from __future__ import annotations
@@ -18,12 +26,28 @@ from typing import Any
 
 import psycopg
 
-from tunefleet.backoff import RECONNECT_FIRST_S, RECONNECT_MAX_S, Backoff
+from tunefleet.backoff import (
+    RECONNECT_FIRST_S,
+    RECONNECT_MAX_S,
+    STATEMENT_RETRY_FIRST_S,
+    STATEMENT_RETRY_MAX_S,
+    STATEMENT_TRIES,
+    Backoff,
+)
 from tunefleet.db.engine import connect
 from tunefleet.errors import DatabaseUnavailable, first_line
 from tunefleet.settings import DatabaseSettings
 
 log = logging.getLogger("tunefleet.worker")
+
+#: The database aborted the transaction (deadlock, serialization failure); the connection is
+#: fine and the same call may simply be made again. psycopg raises them as OperationalError
+#: (not as subclasses of TransactionRollback), so they are named and told apart first.
+ABORTED_ERRORS: tuple[type[BaseException], ...] = (
+    psycopg.errors.DeadlockDetected,
+    psycopg.errors.SerializationFailure,
+    psycopg.errors.TransactionRollback,
+)
 
 #: Exceptions that mean "this connection is unusable", as opposed to a bug in a statement.
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
@@ -37,6 +61,12 @@ class DatabaseDown(Exception):
     """Raised by :meth:`Link.run` while the database cannot be reached (retry later)."""
 
 
+class StatementAborted(DatabaseDown):
+    """Raised by :meth:`Link.run` when the database aborted the call's transaction on every
+    try (a deadlock or serialization failure each time): nothing of it was written, the
+    connection is kept; try again later."""
+
+
 class Link:
     def __init__(
         self,
@@ -46,7 +76,10 @@ class Link:
         *,
         on_connect: Callable[[psycopg.Connection[Any]], None] | None = None,
         max_backoff_s: float = RECONNECT_MAX_S,
+        statement_tries: int = STATEMENT_TRIES,
     ) -> None:
+        if statement_tries < 1:
+            raise ValueError(f"statement_tries must be at least 1, got {statement_tries}")
         self.url = url
         self.settings = settings
         self.name = name
@@ -56,6 +89,9 @@ class Link:
         self.next_try = 0.0
         self.down_since: float | None = None
         self.last_error = ""
+        self.statement_tries = statement_tries
+        #: Calls made again after the database aborted them, since the link was made.
+        self.retried = 0
 
     @property
     def up(self) -> bool:
@@ -105,22 +141,56 @@ class Link:
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Call ``fn(conn, *args, **kwargs)``; a lost connection becomes :class:`DatabaseDown`
-        (the link then reconnects with backoff on a later call)."""
+        (the link then reconnects with backoff on a later call). A call whose transaction the
+        database aborted (deadlock, serialization failure) is made again on the same
+        connection, up to ``statement_tries`` times in all, then :class:`StatementAborted`."""
         conn = self.get()
         if conn is None:
             raise DatabaseDown(self.last_error)
+        name = getattr(fn, "__name__", "statement")
+        pause = Backoff(STATEMENT_RETRY_FIRST_S, STATEMENT_RETRY_MAX_S)
         started = time.perf_counter()
         try:
-            return fn(conn, *args, **kwargs)
-        except CONNECTION_ERRORS as exc:
-            self.broken(exc)
-            raise DatabaseDown(self.last_error) from exc
+            for tried in range(1, self.statement_tries + 1):
+                try:
+                    return fn(conn, *args, **kwargs)
+                except ABORTED_ERRORS as exc:
+                    if conn.broken or conn.closed:
+                        self.broken(exc)
+                        raise DatabaseDown(self.last_error) from exc
+                    reason = first_line(exc)
+                    if tried == self.statement_tries:
+                        log.warning(
+                            "%s connection: %s aborted by the database %d times in a row (%s); "
+                            "left for a later turn, connection kept",
+                            self.name,
+                            name,
+                            tried,
+                            reason,
+                        )
+                        raise StatementAborted(
+                            f"{name} was aborted by the database {tried} times in a row: {reason}"
+                        ) from exc
+                    wait_s = pause.next()
+                    log.info(
+                        "%s connection: %s aborted (%s); trying again in %.2f s",
+                        self.name,
+                        name,
+                        reason,
+                        wait_s,
+                    )
+                    self.retried += 1
+                    time.sleep(wait_s)
+                except CONNECTION_ERRORS as exc:
+                    self.broken(exc)
+                    raise DatabaseDown(self.last_error) from exc
+            raise AssertionError("unreachable: the last try returns or raises")
         finally:
             # Statement latency at debug level (-vv): what benchmarks/fleet_scaling.py reads.
             log.debug(
                 "%s connection: %s took %.3f ms",
                 self.name,
-                getattr(fn, "__name__", "statement"),
+                name,
                 (time.perf_counter() - started) * 1e3,
             )
 
