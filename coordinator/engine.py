@@ -52,6 +52,7 @@ from typing import Any
 import psycopg
 
 from tunefleet.backoff import Backoff
+from tunefleet.db import pooler
 from tunefleet.db.engine import connect
 from tunefleet.devices import ANY_DEVICE_CLASS
 from tunefleet.errors import (
@@ -142,6 +143,20 @@ class RunResult:
 CONFIRM_AVOID_S = 60.0
 
 
+def _require_session_pooling(
+    conn: psycopg.Connection[Any], db_url: str, db_settings: DatabaseSettings
+) -> None:
+    # The run's lock is session state: behind a pooler that lends the server connection to
+    # others between transactions two coordinators could both hold it, so refuse that
+    # before anything is written (the worker checks the same at connect).
+    pooler.require_session_pooling(
+        conn,
+        lambda: connect(db_url, db_settings, connect_timeout=5),
+        needs=pooler.COORDINATOR_NEEDS,
+        who="coordinators",
+    )
+
+
 # --- run creation ---------------------------------------------------------------------------
 def create_run(
     settings: CoordinatorSettings, db_url: str, db_settings: DatabaseSettings | None = None
@@ -164,7 +179,9 @@ def create_run(
         _checked_seed(problem, args, config, i) for i, config in enumerate(settings.seed_configs)
     ]
 
-    with connect(db_url, db_settings or _db_settings(db_url)) as conn:
+    db_settings = db_settings or _db_settings(db_url)
+    with connect(db_url, db_settings) as conn:
+        _require_session_pooling(conn, db_url, db_settings)
         device_class = settings.device_class or _default_device_class(
             conn, problem.needs_opencl, settings
         )
@@ -395,6 +412,7 @@ class Coordinator:
             try:
                 with connect(self.db_url, self.db_settings) as conn:
                     connected = True
+                    _require_session_pooling(conn, self.db_url, self.db_settings)
                     self._own(conn, run_id, ours_may_linger=lost_at is not None)
                     if lost_at is not None:
                         _log.warning(

@@ -4,7 +4,8 @@ not installed).
 Session pooling keeps each client on one server connection: a worker's LISTEN wake-ups and its
 session-level device lock work through it (a real worker process serves trials it was woken
 for). Transaction pooling lends server connections around: the device lock stops being
-exclusive, and a worker behind it exits at once with one line naming the fix. PgBouncer
+exclusive, and a worker behind it exits at once with one line naming the fix; so does a
+coordinator (its run lock is session state too), before it writes anything. PgBouncer
 refuses the ``options`` startup parameter tunefleet sends unless told to ignore it: that is a
 one-line, permanent error too, not an endless reconnect.
 """
@@ -24,7 +25,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.helpers.launch import start_worker
+from tests.conftest import CLI
+from tests.helpers.launch import WorkerProcess, start_worker
 from tests.helpers.ports import free_port
 from tests.helpers.queue_data import (
     insert_run,
@@ -147,12 +149,8 @@ def test_session_pooling_keeps_the_device_lock_and_wake_ups(
 def test_worker_behind_session_pooling_is_woken_and_serves(
     db_url: str, session_pooler: Pooler, tmp_path: Path
 ) -> None:
-    url = session_pooler(db_url)
     # An hour's polling: only a notification can wake it for the trials inserted below.
-    w = start_worker(
-        url, log_path=tmp_path / "w.log", drain=False, poll_s=3600, prepare_workers=0, extra=["-v"]
-    )
-    try:
+    with worker_through(session_pooler(db_url), tmp_path, poll_s=3600, extra=["-v"]) as w:
         wait_until(lambda: "waiting for work" in w.log() or not w.alive, 120, what="idle worker")
         assert w.alive, w.log()
         with connect(db_url) as conn:
@@ -164,8 +162,6 @@ def test_worker_behind_session_pooling_is_woken_and_serves(
             )
         w.stop()
         assert w.wait(60) == 0, w.log()
-    finally:
-        w.kill()
 
 
 def test_transaction_pooling_breaks_the_device_lock_and_is_detected(
@@ -189,15 +185,11 @@ def test_transaction_pooling_breaks_the_device_lock_and_is_detected(
 def test_worker_behind_transaction_pooling_exits_with_one_line(
     db_url: str, transaction_pooler: Pooler, tmp_path: Path
 ) -> None:
-    url = transaction_pooler(db_url)
     with connect(db_url) as conn:
         run = insert_run(conn, problem_args={"duration": 0.01})
         ids = insert_trials(conn, run, synthetic_configs(2))
-    w = start_worker(url, log_path=tmp_path / "w.log", drain=False, prepare_workers=0)
-    try:
+    with worker_through(transaction_pooler(db_url), tmp_path) as w:
         code = w.wait(120)
-    finally:
-        w.kill()
     assert code != 0
     lines = [ln for ln in w.log().splitlines() if ln.strip()]
     assert lines and "pool_mode = session" in lines[-1], w.log()
@@ -205,6 +197,39 @@ def test_worker_behind_transaction_pooling_exits_with_one_line(
     with connect(db_url) as conn:
         assert set(trial_states(conn, ids).values()) == {"pending"}  # nothing claimed or lost
         assert worker_rows(conn) == 0  # refused before it registered
+
+
+def test_coordinator_behind_transaction_pooling_exits_with_one_line_and_writes_nothing(
+    db_url: str, transaction_pooler: Pooler, cli: CLI
+) -> None:
+    url = transaction_pooler(db_url)
+    line = cli.fails("coordinator", "synthetic", "--max-trials", "4", "--db", url)
+    assert "pool_mode = session" in line and "coordinators" in line
+    with connect(db_url) as conn:
+        assert run_rows(conn) == 0  # refused before it created a run
+
+        # Resuming a run is refused the same way, and the run is left as it was.
+        run = insert_run(conn, problem_args={"duration": 0.01})
+        ids = insert_trials(conn, run, synthetic_configs(2))
+        line = cli.fails("coordinator", "--resume", str(run), "--db", url)
+        assert "pool_mode = session" in line
+        row = conn.execute(
+            "SELECT state, coordinator_id FROM tunefleet.run WHERE id = %s", (run,)
+        ).fetchone()
+        assert row is not None and row["coordinator_id"] is None
+        assert set(trial_states(conn, ids).values()) == {"pending"}
+
+
+def test_coordinator_behind_session_pooling_drives_its_run(
+    db_url: str, session_pooler: Pooler, cli: CLI, tmp_path: Path
+) -> None:
+    url = session_pooler(db_url)
+    with worker_through(url, tmp_path):
+        out = cli.ok("coordinator", "synthetic", "--max-trials", "4", "--db", url)
+    assert out.startswith("run ") and " finished: " in out.splitlines()[0], out
+    with connect(db_url) as conn:
+        states = conn.execute("SELECT state FROM tunefleet.trial").fetchall()
+        assert len(states) >= 4 and {r["state"] for r in states} <= {"done", "invalid"}
 
 
 def test_pooler_refusing_the_session_options_is_a_permanent_one_line_error(
@@ -216,6 +241,23 @@ def test_pooler_refusing_the_session_options_is_a_permanent_one_line_error(
     assert "ignore_startup_parameters = options" in str(caught.value)
     assert "\n" not in str(caught.value)
     assert not caught.value.transient  # waiting never fixes it: no endless reconnect
+
+
+@contextlib.contextmanager
+def worker_through(
+    url: str, tmp_path: Path, *, drain: bool = False, **kwargs: Any
+) -> Iterator[WorkerProcess]:
+    """A worker process on ``url`` (no code-generation pool), killed if still alive after."""
+    w = start_worker(url, log_path=tmp_path / "w.log", drain=drain, prepare_workers=0, **kwargs)
+    try:
+        yield w
+    finally:
+        w.kill()
+
+
+def run_rows(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute("SELECT count(*) AS n FROM tunefleet.run").fetchone()
+    return int(row["n"]) if row else 0
 
 
 def worker_rows(conn: psycopg.Connection[Any]) -> int:

@@ -8,7 +8,10 @@ a dead worker's lock goes when its server connection is reset). **Transaction** 
 notifications then go to whichever client holds that server connection at the moment, and a
 device lock stays with the server connection — a second worker lent it holds the "same"
 lock too (advisory locks are re-entrant within a session), and a dead worker's lock never
-goes away. Neither breaks loudly, so a worker checks at connect time.
+goes away. Neither breaks loudly, so a worker checks at connect time. A coordinator holds a
+session-level advisory lock on the run it drives: behind such a pooler a second coordinator
+lent the same server connection "holds" it too and drives the run at the same time, and the
+lock outlives a coordinator that died; it checks the same way before it writes anything.
 
 The check: the session asks which server process serves it (``pg_backend_pid()``), a second
 short session asks the same, then the first asks again. A session kept on one server
@@ -37,19 +40,34 @@ class PooledPerTransaction(DatabaseProblem):
     connection (PgBouncer ``pool_mode = transaction`` or ``statement``)."""
 
 
-MESSAGE = (
-    "the database connection goes through a connection pooler in transaction or statement "
-    "mode (two sessions were served by one server process), which breaks LISTEN wake-ups "
-    "and the device lock: set pool_mode = session for this database in PgBouncer, or "
-    "connect workers to PostgreSQL directly"
-)
+#: What each side keeps on its session, named in the error.
+WORKER_NEEDS = "LISTEN wake-ups and the device lock"
+COORDINATOR_NEEDS = "the lock that lets one coordinator alone drive a run"
+
+
+def message(needs: str = WORKER_NEEDS, who: str = "workers") -> str:
+    """The one-line error: what breaks, and the setting that fixes it."""
+    return (
+        "the database connection goes through a connection pooler in transaction or statement "
+        f"mode (two sessions were served by one server process), which breaks {needs}: set "
+        "pool_mode = session for this database in PgBouncer, or connect "
+        f"{who} to PostgreSQL directly"
+    )
+
+
+MESSAGE = message()
 
 
 def require_session_pooling(
-    conn: psycopg.Connection[Any], open_probe: Callable[[], psycopg.Connection[Any]]
+    conn: psycopg.Connection[Any],
+    open_probe: Callable[[], psycopg.Connection[Any]],
+    *,
+    needs: str = WORKER_NEEDS,
+    who: str = "workers",
 ) -> None:
-    """Raise :class:`PooledPerTransaction` when ``conn`` is not kept on one server
-    connection; ``open_probe`` opens the short second session (closed here)."""
+    """Raise :class:`PooledPerTransaction` (its message names ``needs``, what the caller keeps
+    on its session, and ``who`` should connect directly instead) when ``conn`` is not kept on
+    one server connection; ``open_probe`` opens the short second session (closed here)."""
     first = backend_pid(conn)
     probe = open_probe()
     try:
@@ -58,4 +76,4 @@ def require_session_pooling(
         probe.close()
     again = backend_pid(conn)
     if other == first or again != first:
-        raise PooledPerTransaction(MESSAGE)
+        raise PooledPerTransaction(message(needs, who))
