@@ -223,6 +223,11 @@ class VirtualWorker(threading.Thread):
         self.sample(kind, ms, n)
         return out
 
+    def as_me(self, kind: str, fn: Any, **kwargs: Any) -> Any:
+        """One of the worker's statements about its own claims (claim, complete, release),
+        timed: they all name this worker."""
+        return self.timed(kind, fn, worker_id=self.worker_id, **kwargs)
+
     def _on_connect(self, conn: Any) -> None:
         got = queue.try_lock_device(
             conn, host=self.node, fingerprint=self.device.fingerprint, index=self.device.index
@@ -330,10 +335,9 @@ class VirtualWorker(threading.Thread):
                 self.timed("reap", queue.reap_expired_leases)
             room = self.capacity - self.held_count()
             if room > 0 and now >= self.next_claim:
-                claims = self.timed(
+                claims = self.as_me(
                     "claim",
                     queue.claim_trials,
-                    worker_id=self.worker_id,
                     secret=self.secret,
                     device_classes=self.classes,
                     limit=room,
@@ -356,13 +360,12 @@ class VirtualWorker(threading.Thread):
         while self.finished:
             claim, _ = self.finished[0]
             t = objective(claim.config)
-            state = self.timed(
+            state = self.as_me(
                 "complete",
                 queue.complete_trial,
                 trial_id=claim.trial_id,
                 attempt=claim.attempt,
                 token=claim.lease_token,
-                worker_id=self.worker_id,
                 state="done",
                 measurement=queue.MeasurementRow(
                     median_s=t,
@@ -433,7 +436,7 @@ class VirtualWorker(threading.Thread):
                 for k in held:
                     self.leases.remove(k)  # first, or a heartbeat in flight calls them lost
                 if held:
-                    self.timed("release", queue.release_trials, worker_id=self.worker_id, held=held)
+                    self.as_me("release", queue.release_trials, held=held)
                 self.queued.clear()
                 self.running = None
                 self.next_claim = 0.0
