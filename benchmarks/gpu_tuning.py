@@ -261,10 +261,10 @@ def tune(
                     "evaluations": result.trials,
                     "evaluations_per_minute": result.trials / (wall / 60.0),
                     "states": states,
-                    "best_config": best["config"] if best else None,
-                    "best_median_s": best["median_s"] if best else None,
-                    "best_gflops": best["gflops"] if best else None,
-                    "best_gbps": best["gbps"] if best else None,
+                    "best_config": best.config if best else None,
+                    "best_median_s": best.median_s if best else None,
+                    "best_gflops": best.gflops if best else None,
+                    "best_gbps": best.gbps if best else None,
                     "byte_count": rows[0]["byte_count"] if rows else None,
                     "seed_gflops": next(
                         (r["gflops"] for r in rows if seeds and r["config"] == seeds[0]), None

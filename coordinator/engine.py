@@ -37,6 +37,7 @@ already has.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -123,10 +124,10 @@ class RunResult:
     cached: int
     failed: int
     cancelled: int
-    best_config: Config | None
-    best_median_s: float | None
-    best_gflops: float | None
-    best_trial_id: int | None
+    best_config: Config | None = None
+    best_median_s: float | None = None
+    best_gflops: float | None = None
+    best_trial_id: int | None = None
     #: The best was re-measured (``confirmed_*``: the confirmation's figures), how far apart
     #: the two measurements are (``spread``, relative) and whether that exceeds the noise of
     #: their samples or the re-measurement failed (``disagrees``).
@@ -195,7 +196,7 @@ def create_run(
             "seeds": len(seeds),
             "warm_start_from": settings.warm_start_from,
         }
-        with conn.transaction():
+        with conn.transaction():  # the run and its seeds, or nothing
             run_id = q.insert_run(
                 conn,
                 name=settings.name,
@@ -211,36 +212,98 @@ def create_run(
                 target_gflops=settings.target_gflops,
                 patience=settings.patience,
             )
-            unique = {config_hash(c): c for c in seeds}
-            hits = q.insert_cached_trials(conn, run_id, device_class, key, list(unique))
-            for hit in hits:
-                unique.pop(hit["config_hash"], None)
-            known = q.known_invalid(conn, run_id, key, list(unique))
-            q.insert_invalid_trials(
+            enqueue(
                 conn,
                 run_id,
                 device_class,
-                [_cached_invalid(unique.pop(row["config_hash"]), row) for row in known],
-            )
-            q.insert_trials(
-                conn,
-                run_id,
-                device_class,
-                [{"config": c, "config_hash": h, "source": "seed"} for h, c in unique.items()],
+                key,
+                {config_hash(c): NewTrial(c, "seed") for c in seeds},
+                timeout_s=None,  # nothing measured yet: the workers' own default
                 max_attempts=settings.max_attempts,
             )
     _log.info("created run %d (%s, class %s, %d seeds)", run_id, key, device_class, len(seeds))
     return run_id
 
 
-def _cached_invalid(config: Config, known: Mapping[str, Any]) -> dict[str, Any]:
-    """An ``invalid`` trial answered from another run's verdict (source ``cache``)."""
-    return {
-        "config": config,
-        "config_hash": known["config_hash"],
-        "source": "cache",
-        "error": f"invalid in run {known['run_id']}: {known['error'] or 'no reason given'}",
-    }
+# --- the enqueue pipeline -------------------------------------------------------------------
+@dataclass(frozen=True)
+class NewTrial:
+    """A configuration about to enter a run."""
+
+    config: Config
+    #: ``seed`` or ``search``.
+    source: str
+    #: Why the problem's own rules reject it (it becomes ``invalid`` at once), or None.
+    illegal: str | None = None
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    """What :func:`enqueue` did with each configuration."""
+
+    #: Finished at once: illegal, found invalid by another run, or answered from the cache.
+    answered: list[q.TrialOutcome]
+    #: Pending trials for the workers.
+    queued: list[q.Queued]
+    #: Hashes the run already holds in a state that is not revived (nothing was written).
+    skipped: list[str]
+
+
+def enqueue(
+    conn: psycopg.Connection[Any],
+    run_id: int,
+    device_class: str,
+    cache_key: str,
+    trials: Mapping[str, NewTrial],
+    *,
+    timeout_s: float | None,
+    max_attempts: int,
+) -> Enqueued:
+    """The one way configurations (keyed by hash) enter a run, at its creation and all
+    through its search. In this order: an illegal configuration becomes an ``invalid`` trial;
+    one another run with the same cache key found invalid too (source ``cache``); one measured
+    under the cache key becomes a ``done`` trial with a copy of that measurement; the rest
+    become pending trials, with one NOTIFY. A configuration the run already has stays as it
+    is (a ``cancelled`` one is revived). Three to four statements whatever the batch size."""
+    todo = dict(trials)
+    invalid: list[dict[str, Any]] = [
+        {"config": t.config, "config_hash": h, "source": t.source, "error": t.illegal}
+        for h, t in todo.items()
+        if t.illegal is not None
+    ]
+    legal = [h for h, t in todo.items() if t.illegal is None]
+    invalid += [
+        {
+            "config": todo[k.config_hash].config,
+            "config_hash": k.config_hash,
+            "source": "cache",
+            "error": f"invalid in run {k.run_id}: {k.error or 'no reason given'}",
+        }
+        for k in q.known_invalid(conn, run_id, cache_key, legal)
+    ]
+    answered = q.insert_invalid_trials(conn, run_id, device_class, invalid)
+    skipped = [item["config_hash"] for item in invalid]
+    for item in invalid:
+        del todo[item["config_hash"]]
+    answered += q.insert_cached_trials(conn, run_id, device_class, cache_key, list(todo))
+    for outcome in answered:
+        todo.pop(outcome.config_hash, None)
+    queued = q.insert_trials(
+        conn,
+        run_id,
+        device_class,
+        [{"config": t.config, "config_hash": h, "source": t.source} for h, t in todo.items()],
+        timeout_s=timeout_s,
+        max_attempts=max_attempts,
+    )
+    for row in queued:
+        del todo[row.config_hash]
+    written = {o.config_hash for o in answered}
+    return Enqueued(
+        answered=answered,
+        queued=queued,
+        skipped=[h for h in skipped if h not in written] + list(todo),
+    )
 
 
 def _args_and_space(
@@ -335,7 +398,7 @@ def _warm_start_seeds(
     seeds = []
     for row in rows:
         try:
-            seeds.append(space.check(row["config"]))
+            seeds.append(space.check(row.config))
         except InvalidConfiguration:
             continue  # measured under an older space definition
     if not seeds:
@@ -390,6 +453,13 @@ class Coordinator:
     def request_stop(self) -> None:
         self._stop.set()
 
+    def stop_requested(self) -> bool:
+        return self._stop.is_set()
+
+    def wait_for_stop(self, timeout_s: float) -> bool:
+        """Sleep up to ``timeout_s``, waking at once when a stop is requested."""
+        return self._stop.wait(timeout_s)
+
     def run(
         self,
         run_id: int | None = None,
@@ -423,7 +493,8 @@ class Coordinator:
                     lost_at = None
                     backoff.reset()
                     try:
-                        return _Session(self, conn, run_id, progress_callback).drive()
+                        session = _Session.take(self, conn, run_id, progress_callback)
+                        return session.drive()
                     finally:
                         try:
                             q.unlock_run(conn, run_id)
@@ -460,16 +531,16 @@ class Coordinator:
     def _own(
         self, conn: psycopg.Connection[Any], run_id: int, *, ours_may_linger: bool = False
     ) -> None:
-        run = q.get_run(conn, run_id)
+        run = q.run_owner(conn, run_id)
         if run is None:
             raise RunError(f"run {run_id} does not exist; check the id with `tunefleet status`")
         if not self._lock(conn, run_id):
-            if ours_may_linger and run["coordinator_id"] == self.coordinator_id:
+            if ours_may_linger and run.coordinator_id == self.coordinator_id:
                 # Our previous session is still ending on the server (its lock goes with it).
                 raise _OwnLockLingers
-            beat = run["coordinator_heartbeat_at"]
+            beat = run.coordinator_heartbeat_at
             raise RunError(
-                f"run {run_id} is already driven by coordinator {run['coordinator_id']} "
+                f"run {run_id} is already driven by coordinator {run.coordinator_id} "
                 f"(last heartbeat {beat:%Y-%m-%d %H:%M:%S %Z}); stop that one first"
                 if beat is not None
                 else f"run {run_id} is already driven by another coordinator; stop that one first"
@@ -487,22 +558,21 @@ class Coordinator:
 
 
 class _Session:
-    """The state of one coordinator driving one run (lives for one :meth:`Coordinator.run`)."""
+    """The state of one coordinator driving one run (lives for one :meth:`Coordinator.run`).
+    Made by :meth:`take`, which marks the run as driven by this coordinator."""
 
-    def __init__(
-        self,
+    @classmethod
+    def take(
+        cls,
         owner: Coordinator,
         conn: psycopg.Connection[Any],
         run_id: int,
         progress_callback: Callable[[Progress], None] | None,
-    ) -> None:
+    ) -> _Session:
+        """Mark the run as ours (budget values from the settings replace the stored ones) and
+        start a session on what the database says the run is. Call holding the run's lock."""
         s = owner.settings
-        self.owner = owner
-        self.settings = s
-        self.conn = conn
-        self.run_id = run_id
-        self.progress_callback = progress_callback
-        row = q.take_run(
+        run = q.take_run(
             conn,
             run_id,
             owner.coordinator_id,
@@ -511,25 +581,41 @@ class _Session:
             target_gflops=s.target_gflops,
             patience=s.patience,
         )
-        if row is None:
+        if run is None:
             raise RunError(f"run {run_id} disappeared while it was being taken over")
-        self.device_class: str = row["device_class"]
-        self.cache_key: str = row["cache_key"]
-        self.protocol: dict[str, Any] = dict(row["protocol"] or {})
+        return cls(owner, conn, run_id, run, progress_callback)
+
+    def __init__(
+        self,
+        owner: Coordinator,
+        conn: psycopg.Connection[Any],
+        run_id: int,
+        run: q.DrivenRun,
+        progress_callback: Callable[[Progress], None] | None,
+    ) -> None:
+        s = owner.settings
+        self.owner = owner
+        self.settings = s
+        self.conn = conn
+        self.run_id = run_id
+        self.progress_callback = progress_callback
+        self.device_class = run.device_class
+        self.cache_key = run.cache_key
+        self.protocol: dict[str, Any] = dict(run.protocol or {})
         self.budget = Budget(
-            max_trials=row["max_trials"],
-            max_seconds=row["max_seconds"],
-            target_gflops=row["target_gflops"],
-            patience=row["patience"],
+            max_trials=run.max_trials,
+            max_seconds=run.max_seconds,
+            target_gflops=run.target_gflops,
+            patience=run.patience,
         )
         try:
-            self.space = Space.from_json(row["space"])
+            self.space = Space.from_json(run.space)
         except ProblemError as exc:
             raise RunError(f"run {run_id} has an unreadable space: {exc}") from None
         self.space_size = self.space.size()
-        self.problem_args: dict[str, Any] = dict(row["problem_args"] or {})
-        self.problem = _rules_of(row["problem"])
-        techniques = s.techniques or tuple((row["search"] or {}).get("techniques") or ())
+        self.problem_args: dict[str, Any] = dict(run.problem_args or {})
+        self.problem = _rules_of(run.problem)
+        techniques = s.techniques or tuple((run.search or {}).get("techniques") or ())
         from .tuner import Tuner
 
         self.tuner = Tuner(self.space, techniques)
@@ -546,7 +632,7 @@ class _Session:
         self.target = 0
         self.unserved: str | None = None
         self._unserved_since: float | None = None
-        self._elapsed_at = (float(row["elapsed_s"]), time.monotonic())
+        self._elapsed_at = (float(run.elapsed_s), time.monotonic())
         self._rng = random.Random(run_id)
         self._walk: Iterator[tuple[Any, ...]] | None = None
 
@@ -560,11 +646,11 @@ class _Session:
 
     def _resume(self) -> None:
         """Adopt the run's queue and re-learn its outcomes (a fresh run has only seeds)."""
-        for row in q.in_flight_trials(self.conn, self.run_id):
-            if row["purpose"] == "confirm":
-                self.confirming.add(row["id"])
+        for trial in q.in_flight_trials(self.conn, self.run_id):
+            if trial.purpose == "confirm":
+                self.confirming.add(trial.id)
             else:
-                self.flights[row["config_hash"]] = _Flight(row["id"], row["config"])
+                self.flights[trial.config_hash] = _Flight(trial.id, trial.config)
         self._absorb(q.reported_outcomes(self.conn, self.run_id))
         self._absorb(q.fetch_unreported(self.conn, self.run_id))
         if self.stats.finished or self.flights:
@@ -596,7 +682,7 @@ class _Session:
             outcomes = q.fetch_unreported(self.conn, self.run_id)
             self.rate.add(now, len(outcomes))  # what the workers finish, for the queue depth
             self._absorb(outcomes)
-            if self.owner._stop.is_set():
+            if self.owner.stop_requested():
                 reason, state = "user", RunState.STOPPED
                 break
             reason = stop_reason(
@@ -615,7 +701,7 @@ class _Session:
                 last_progress = now
                 self.progress_callback(self._progress())
             if not outcomes and not moved:
-                self.owner._stop.wait(s.poll_s)
+                self.owner.wait_for_stop(s.poll_s)
         return self._finish(reason, state)
 
     def _check_served(self, now: float) -> None:
@@ -635,8 +721,8 @@ class _Session:
             first = aside[0]
             why = (
                 f"every live worker of class {self.device_class} stands aside from it "
-                f"({len(aside)}; worker {first['worker_id']} on host {first['host']} cannot "
-                f"run this problem: {first['reason']})"
+                f"({len(aside)}; worker {first.worker_id} on host {first.host} cannot "
+                f"run this problem: {first.reason})"
             )
         elif now - self._unserved_since >= self.settings.unserved_s:
             why = (
@@ -679,7 +765,7 @@ class _Session:
             outcomes = q.fetch_unreported(self.conn, self.run_id)
             self._absorb(outcomes)
             self._refresh_flights()
-            if self.owner._stop.is_set():
+            if self.owner.stop_requested():
                 return "user"
             if self.live_workers == 0:
                 # Nobody would measure (or reap) anything: end as the search did before.
@@ -692,7 +778,7 @@ class _Session:
             moved = 0
             if not self.flights:
                 candidates = q.confirmation_candidates(self.conn, self.run_id, s.confirm)
-                todo = [c for c in candidates if c["confirm_state"] in (None, TrialState.CANCELLED)]
+                todo = [c for c in candidates if c.confirm_state in (None, TrialState.CANCELLED)]
                 todo = todo[: max(0, 2 * s.confirm - enqueued)]
                 if todo:
                     moved = len(self._enqueue_confirmations(todo))
@@ -703,20 +789,22 @@ class _Session:
                 last_progress = now
                 self.progress_callback(self._progress())
             if not outcomes and not moved:
-                self.owner._stop.wait(s.poll_s)
+                self.owner.wait_for_stop(s.poll_s)
 
     def _refresh_flights(self) -> None:
         """Keep ``flights`` and ``confirming`` to what the database has in flight now."""
         search, confirming = set(), set()
-        for row in q.in_flight_trials(self.conn, self.run_id):
-            if row["purpose"] == "confirm":
-                confirming.add(row["id"])
+        for trial in q.in_flight_trials(self.conn, self.run_id):
+            if trial.purpose == "confirm":
+                confirming.add(trial.id)
             else:
-                search.add(row["config_hash"])
+                search.add(trial.config_hash)
         self.flights = {h: f for h, f in self.flights.items() if h in search}
         self.confirming = confirming
 
-    def _enqueue_confirmations(self, candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _enqueue_confirmations(
+        self, candidates: list[q.ConfirmCandidate]
+    ) -> list[q.QueuedConfirmation]:
         timeout = trial_timeout(
             self.stats.best_seconds,
             self.stats.max_compile_s,
@@ -727,14 +815,14 @@ class _Session:
         base = int(self.protocol.get("seed") or 0)
         items = []
         for c in candidates:
-            measured = c["input_seed"] if c["input_seed"] is not None else base
+            measured = c.input_seed if c.input_seed is not None else base
             items.append(
                 {
-                    "trial_id": c["trial_id"],
-                    "config": c["config"],
-                    "config_hash": c["config_hash"],
-                    "avoid_worker": c["worker_id"],
-                    "input_seed": fresh_input_seed(int(measured), int(c["trial_id"])),
+                    "trial_id": c.trial_id,
+                    "config": c.config,
+                    "config_hash": c.config_hash,
+                    "avoid_worker": c.worker_id,
+                    "input_seed": fresh_input_seed(measured, c.trial_id),
                 }
             )
         rows = q.insert_confirmations(
@@ -746,26 +834,26 @@ class _Session:
             timeout_s=timeout,
             max_attempts=self.settings.max_attempts,
         )
-        self.confirming.update(int(r["id"]) for r in rows)
+        self.confirming.update(r.id for r in rows)
         _log.info(
             "run %d: confirming %d of its best configurations (trials %s)",
             self.run_id,
             len(rows),
-            ", ".join(str(r["confirms_trial_id"]) for r in rows),
+            ", ".join(str(r.confirms_trial_id) for r in rows),
         )
         return rows
 
     def _heartbeat(self) -> RunResult | None:
         """Refresh our heartbeat; a RunResult when someone else ended the run meanwhile."""
-        row = q.heartbeat_run(self.conn, self.run_id, self.owner.coordinator_id)
-        if row is not None and row["state"] == RunState.RUNNING:
-            self._elapsed_at = (float(row["elapsed_s"]), time.monotonic())
+        beat = q.heartbeat_run(self.conn, self.run_id, self.owner.coordinator_id)
+        if beat is not None and beat.state == RunState.RUNNING:
+            self._elapsed_at = (beat.elapsed_s, time.monotonic())
             return None
-        run = q.get_run(self.conn, self.run_id)
+        run = q.run_owner(self.conn, self.run_id)
         if run is None:
             raise RunError(f"run {self.run_id} was deleted while it was being driven")
-        _log.warning("run %d was ended from outside (%s)", self.run_id, run["state"])
-        return self._result(run["state"], run["stop_reason"] or "user", cancelled=0)
+        _log.warning("run %d was ended from outside (%s)", self.run_id, run.state)
+        return self._result(run.state, run.stop_reason or "user", cancelled=0)
 
     def _elapsed(self) -> float:
         base, at = self._elapsed_at
@@ -781,7 +869,7 @@ class _Session:
 
     def _result(self, state: str, reason: str, cancelled: int) -> RunResult:
         best = q.best_of_run(self.conn, self.run_id)
-        return RunResult(
+        result = RunResult(
             run_id=self.run_id,
             state=state,
             stop_reason=reason,
@@ -789,16 +877,21 @@ class _Session:
             cached=self.stats.cached,
             failed=self.stats.failed,
             cancelled=cancelled,
-            best_config=best["config"] if best else None,
-            best_median_s=best["median_s"] if best else None,
-            best_gflops=best["gflops"] if best else None,
-            best_trial_id=best["trial_id"] if best else None,
-            confirmed=bool(best and best["confirmed"]),
-            confirmed_median_s=best["confirmed_median_s"] if best else None,
-            confirmed_gflops=best["confirmed_gflops"] if best else None,
-            spread=best["spread"] if best else None,
-            noise=best["noise"] if best else None,
-            disagrees=best["disagrees"] if best else None,
+        )
+        if best is None:
+            return result
+        return dataclasses.replace(
+            result,
+            best_config=best.config,
+            best_median_s=best.median_s,
+            best_gflops=best.gflops,
+            best_trial_id=best.trial_id,
+            confirmed=best.confirmed,
+            confirmed_median_s=best.confirmed_median_s,
+            confirmed_gflops=best.confirmed_gflops,
+            spread=best.spread,
+            noise=best.noise,
+            disagrees=best.disagrees,
         )
 
     def _progress(self) -> Progress:
@@ -821,32 +914,31 @@ class _Session:
         )
 
     # --- outcomes -----------------------------------------------------------------------
-    def _absorb(self, rows: list[dict[str, Any]]) -> None:
+    def _absorb(self, outcomes: list[q.TrialOutcome]) -> None:
         """Count finished trials and tell the search, in one batch."""
         told: list[tuple[Any, float | None]] = []
         learned: list[tuple[Config, float | None]] = []
-        for row in rows:
-            if row.get("purpose") == "confirm":
+        for o in outcomes:
+            if o.purpose == "confirm":
                 # A re-measurement: the best_per_run ranking reads it from the database; the
                 # search and the budget never hear of it.
-                self.confirming.discard(row["id"])
+                self.confirming.discard(o.id)
                 continue
-            h = row["config_hash"]
-            seconds = row["median_s"] if row["state"] == TrialState.DONE else None
-            flight = self.flights.pop(h, None)
+            seconds = o.median_s if o.state == TrialState.DONE else None
+            flight = self.flights.pop(o.config_hash, None)
             self.stats.record(
-                h,
-                row["config"],
+                o.config_hash,
+                o.config,
                 seconds,
-                trial_id=row["id"],
-                gflops=row["gflops"],
-                compile_s=row["compile_s"],
-                cached=row.get("source") == "cache",
+                trial_id=o.id,
+                gflops=o.gflops,
+                compile_s=o.compile_s,
+                cached=o.source == "cache",
             )
             if flight is not None and flight.suggestions:
                 told += [(sug, seconds) for sug in flight.suggestions]
             else:
-                learned.append((row["config"], seconds))
+                learned.append((o.config, seconds))
         if told:
             self.tuner.tell_many(told)
         if learned:
@@ -907,23 +999,7 @@ class _Session:
         return self._enqueue(batch) if batch else 0
 
     def _enqueue(self, batch: dict[str, _Flight]) -> int:
-        moved = self._reject_illegal(batch)
-        if batch:
-            moved += self._reject_known_invalid(batch)
-        if not batch:
-            return moved
-        hits = q.insert_cached_trials(
-            self.conn, self.run_id, self.device_class, self.cache_key, list(batch)
-        )
-        if hits:
-            for hit in hits:
-                hit["state"], hit["source"] = TrialState.DONE, "cache"
-                # Route the answer to the suggestions waiting for it.
-                self.flights[hit["config_hash"]] = batch.pop(hit["config_hash"])
-            self._absorb(hits)
-            moved += len(hits)
-        if not batch:
-            return moved
+        """Put the batch into the run (:func:`enqueue`); returns how many trials it added."""
         timeout = trial_timeout(
             self.stats.best_seconds,
             self.stats.max_compile_s,
@@ -931,46 +1007,43 @@ class _Session:
             self.settings.trial_timeout_min_s,
             self.settings.trial_timeout_max_s,
         )
-        rows = q.insert_trials(
+        illegal = self._illegal(batch)
+        done = enqueue(
             self.conn,
             self.run_id,
             self.device_class,
-            [
-                {"config": f.config, "config_hash": h, "source": _source(f)}
-                for h, f in batch.items()
-            ],
+            self.cache_key,
+            {h: NewTrial(f.config, _source(f), illegal.get(h)) for h, f in batch.items()},
             timeout_s=timeout,
             max_attempts=self.settings.max_attempts,
         )
-        for row in rows:
-            flight = batch.pop(row["config_hash"])
-            flight.trial_id = row["id"]
-            self.flights[row["config_hash"]] = flight
-        for h, flight in batch.items():
+        for outcome in done.answered:
+            # Route the answer to the suggestions waiting for it.
+            self.flights[outcome.config_hash] = batch.pop(outcome.config_hash)
+        self._absorb(done.answered)
+        for row in done.queued:
+            flight = batch.pop(row.config_hash)
+            flight.trial_id = row.id
+            self.flights[row.config_hash] = flight
+        for h in done.skipped:
             # The run already holds this configuration in a state we did not expect (someone
             # else wrote to it): never wait for it, never measure it twice.
             _log.warning("run %d: configuration %s is already in the run; skipped", self.run_id, h)
-            self.tuner.tell_many([(sug, None) for sug in flight.suggestions])
-        return moved + len(rows)
+            self.tuner.tell_many([(sug, None) for sug in batch.pop(h).suggestions])
+        return len(done.answered) + len(done.queued)
 
-    def _reject_illegal(self, batch: dict[str, _Flight]) -> int:
-        """Configurations the problem's device-free rules reject (divisibility, register
-        budget, ...) become ``invalid`` trials at once: no worker spends a build on them."""
+    def _illegal(self, batch: Mapping[str, _Flight]) -> dict[str, str]:
+        """Why the problem's device-free rules (divisibility, register budget, ...) reject
+        configurations of the batch, by hash: they become ``invalid`` trials at once and no
+        worker spends a build on them."""
         if self.problem is None:
-            return 0
-        illegal = []
+            return {}
+        illegal = {}
         for h, flight in batch.items():
             try:
                 self.problem.check_config(self.problem_args, flight.config)
             except InvalidConfiguration as exc:
-                illegal.append(
-                    {
-                        "config": flight.config,
-                        "config_hash": h,
-                        "source": _source(flight),
-                        "error": str(exc),
-                    }
-                )
+                illegal[h] = str(exc)
             except Exception as exc:  # a user problem's own bug: let the workers judge
                 _log.warning(
                     "run %d: check_config raised %s; configurations go to the workers unchecked",
@@ -978,40 +1051,8 @@ class _Session:
                     _one_line(exc),
                 )
                 self.problem = None
-                return 0
-        return self._record_invalid(batch, illegal)
-
-    def _reject_known_invalid(self, batch: dict[str, _Flight]) -> int:
-        """The cache for illegal points: a configuration a worker found ``invalid`` in
-        another run with the same cache key (loopy could not build it, the device refused
-        it, it computed wrong numbers) is recorded ``invalid`` (source ``cache``) at once."""
-        known = q.known_invalid(self.conn, self.run_id, self.cache_key, list(batch))
-        return self._record_invalid(
-            batch, [_cached_invalid(batch[row["config_hash"]].config, row) for row in known]
-        )
-
-    def _record_invalid(self, batch: dict[str, _Flight], invalid: list[dict[str, Any]]) -> int:
-        """Write ``invalid`` trials for these batch items and tell the search at once."""
-        if not invalid:
-            return 0
-        rows = q.insert_invalid_trials(self.conn, self.run_id, self.device_class, invalid)
-        source = {item["config_hash"]: item["source"] for item in invalid}
-        for row in rows:
-            row.update(
-                state=TrialState.INVALID,
-                source=source[row["config_hash"]],
-                median_s=None,
-                gflops=None,
-                compile_s=None,
-            )
-            self.flights[row["config_hash"]] = batch.pop(row["config_hash"])
-        self._absorb(rows)
-        for item in invalid:  # already in the run in another state: never queue it again
-            if item["config_hash"] in batch:
-                self.tuner.tell_many(
-                    [(s, None) for s in batch.pop(item["config_hash"]).suggestions]
-                )
-        return len(rows)
+                return {}
+        return illegal
 
     def _unexplored(self, need: int, taken: Mapping[str, _Flight]) -> dict[str, _Flight]:
         """Up to ``need`` configurations without an outcome, not in flight, not in ``taken``."""

@@ -148,7 +148,7 @@ def test_the_lucky_configuration_is_measured_again_and_not_called_best(db_url, d
     assert (progress["confirmed"], progress["confirming"]) == (len(seen), 0)
     # Every done search trial among the three best by confirmed figure was confirmed.
     top = q.confirmation_candidates(db, result.run_id, 3)
-    assert all(c["confirm_state"] == "done" for c in top)
+    assert all(c.confirm_state == "done" for c in top)
 
 
 def test_confirm_zero_reports_the_lucky_measurement(db_url, db, tmp_path):
@@ -239,7 +239,7 @@ def test_a_stop_during_confirmation_cancels_it_and_resume_finishes_it(db_url, db
     # Cancelled confirmations were queued again, not duplicated.
     assert len({r["confirms_trial_id"] for r in rows}) == len(rows)
     top = q.confirmation_candidates(db, resumed.run_id, 3)
-    assert all(c["confirm_state"] == "done" for c in top)
+    assert all(c.confirm_state == "done" for c in top)
     assert resumed.trials == 8
 
 
@@ -293,7 +293,7 @@ def _confirmation(db: Any, avoid: uuid.UUID, avoid_s: float = 60.0) -> int:
         ],
         avoid_s=avoid_s,
     )
-    return int(row["id"])
+    return row.id
 
 
 def _claim(db: Any, worker: uuid.UUID) -> list[queue.ClaimedTrial]:

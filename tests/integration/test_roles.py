@@ -342,7 +342,7 @@ def test_coordinator_role_runs_the_real_search_statements(roles, db):
         )
         assert len(queued) == 3
         hits = search.insert_cached_trials(c, run_id, "any", "ck", ["hot", "cold"])
-        assert [h["config_hash"] for h in hits] == ["hot"]
+        assert [h.config_hash for h in hits] == ["hot"]
         search.count_live_workers(c, "any", 60.0)
         search.queue_depth(c, run_id)
         search.fetch_unreported(c, run_id)

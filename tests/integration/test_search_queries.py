@@ -79,7 +79,7 @@ def test_a_batch_insert_sends_one_notification_and_skips_what_the_run_has(db_url
     rows = q.insert_trials(db, run_id, "nvidia-h200", items(1, 2, 3, 4, 5), timeout_s=12.0)
     assert len(rows) == 5
     again = q.insert_trials(db, run_id, "nvidia-h200", items(4, 5, 6))
-    assert [r["config_hash"] for r in again] == [config_hash({"x": 6})]
+    assert [r.config_hash for r in again] == [config_hash({"x": 6})]
     nothing = q.insert_trials(db, run_id, "nvidia-h200", items(1, 2))
     assert nothing == []
     # A marker sent last: notifications arrive in commit order, so everything the inserts
@@ -115,13 +115,13 @@ def test_cancelled_trials_come_back_when_asked_again(db):
     assert q.cancel_pending(db, run_id) == 2
     assert q.queue_depth(db, run_id) == 0
     revived = q.insert_trials(db, run_id, "any", items(1))
-    assert revived == [{"id": first["id"], "config_hash": first["config_hash"]}]
+    assert revived == [q.Queued(first.id, first.config_hash)]
     assert q.queue_depth(db, run_id) == 1
 
 
 def test_cancel_leaves_running_and_finished_trials_alone(db):
     run_id = new_run(db)
-    ids = [r["id"] for r in q.insert_trials(db, run_id, "any", items(1, 2, 3))]
+    ids = [r.id for r in q.insert_trials(db, run_id, "any", items(1, 2, 3))]
     owner = register_worker(db)  # a registered worker to own the lease
     db.execute(
         "UPDATE tunefleet.trial SET state = 'running', lease_owner = %s, attempt = 1, "
@@ -137,36 +137,37 @@ def test_cancel_leaves_running_and_finished_trials_alone(db):
 
 def test_unreported_outcomes_are_read_once_with_their_numbers(db):
     run_id = new_run(db)
-    ids = [r["id"] for r in q.insert_trials(db, run_id, "any", items(1, 2, 3))]
+    ids = [r.id for r in q.insert_trials(db, run_id, "any", items(1, 2, 3))]
     finish(db, ids[0], "done", 0.25)
     finish(db, ids[1], "invalid")
     got = q.fetch_unreported(db, run_id)
-    assert [(r["id"], r["state"], r["median_s"]) for r in got] == [
+    assert [(r.id, r.state, r.median_s) for r in got] == [
         (ids[0], "done", 0.25),
         (ids[1], "invalid", None),
     ]
     assert q.fetch_unreported(db, run_id) == []
     finish(db, ids[2], "timed_out")
-    assert [r["id"] for r in q.fetch_unreported(db, run_id)] == [ids[2]]
+    assert [r.id for r in q.fetch_unreported(db, run_id)] == [ids[2]]
     # The resume read sees every reported outcome, in finishing order.
-    assert [r["id"] for r in q.reported_outcomes(db, run_id)] == ids
+    assert [r.id for r in q.reported_outcomes(db, run_id)] == ids
     assert q.in_flight_trials(db, run_id) == []
     best = q.best_of_run(db, run_id)
-    assert (best["trial_id"], best["config"], best["median_s"]) == (ids[0], {"x": 1}, 0.25)
+    assert best is not None
+    assert (best.trial_id, best.config, best.median_s) == (ids[0], {"x": 1}, 0.25)
 
 
 def test_the_cache_answers_from_any_run_with_the_same_key_only(db):
     old = new_run(db)
-    ids = [r["id"] for r in q.insert_trials(db, old, "any", items(1, 2))]
+    ids = [r.id for r in q.insert_trials(db, old, "any", items(1, 2))]
     finish(db, ids[0], "done", 0.125)
     finish(db, ids[1], "invalid")  # no measurement: not cached
     key = db.execute("SELECT cache_key FROM tunefleet.run WHERE id = %s", (old,)).fetchone()
     run_id = new_run(db)
     hashes = [config_hash({"x": x}) for x in (1, 2, 3)]
     hits = q.insert_cached_trials(db, run_id, "any", key["cache_key"], hashes)
-    assert [(h["config_hash"], h["median_s"]) for h in hits] == [(hashes[0], 0.125)]
+    assert [(h.config_hash, h.median_s, h.state, h.source) for h in hits] == [(hashes[0], 0.125, "done", "cache")]
     row = db.execute(
-        "SELECT * FROM tunefleet.results WHERE trial_id = %s", (hits[0]["id"],)
+        "SELECT * FROM tunefleet.results WHERE trial_id = %s", (hits[0].id,)
     ).fetchone()
     assert (row["run_id"], row["state"], row["source"], row["median_s"]) == (
         run_id,
@@ -197,9 +198,10 @@ def test_taking_a_run_sets_the_owner_and_replaces_only_given_budget_values(db):
     run_id = new_run(db)
     me = uuid.uuid4()
     row = q.take_run(db, run_id, me, patience=5)
-    assert (row["coordinator_id"], row["max_trials"], row["patience"]) == (me, 10, 5)
+    assert row is not None
+    assert (row.coordinator_id, row.max_trials, row.patience) == (me, 10, 5)
     assert q.heartbeat_run(db, run_id, uuid.uuid4()) is None
-    assert q.heartbeat_run(db, run_id, me)["state"] == "running"
+    assert q.heartbeat_run(db, run_id, me).state == "running"
     assert q.finish_run(db, run_id, me, "patience")
     run = q.get_run(db, run_id)
     assert (run["state"], run["stop_reason"], run["coordinator_id"]) == (
@@ -226,10 +228,10 @@ def test_live_workers_are_counted_per_class_and_by_heartbeat(db):
 @pytest.mark.parametrize("limit", [1, 3])
 def test_warm_start_reads_the_fastest_distinct_configurations_of_a_class(db, limit):
     source = new_run(db, "nvidia-a100")
-    ids = [r["id"] for r in q.insert_trials(db, source, "nvidia-a100", items(1, 2, 3, 4))]
+    ids = [r.id for r in q.insert_trials(db, source, "nvidia-a100", items(1, 2, 3, 4))]
     for trial_id, t in zip(ids, (0.4, 0.1, 0.3, 0.2), strict=True):
         finish(db, trial_id, "done", t)
     rows = q.warm_start_configs(db, "analytic", {"n": 64}, "nvidia-a100", limit)
-    assert [r["config"] for r in rows] == [{"x": 2}, {"x": 4}, {"x": 3}][:limit]
+    assert [r.config for r in rows] == [{"x": 2}, {"x": 4}, {"x": 3}][:limit]
     assert q.warm_start_configs(db, "analytic", {"n": 32}, "nvidia-a100", limit) == []
     assert q.measured_device_classes(db, "analytic", {"n": 64}) == ["nvidia-a100"]

@@ -1,8 +1,11 @@
 """Every SQL statement of the coordinator: runs, ownership, trial insertion, outcomes, the
 cross-run cache, stop and resume reads, warm-start seeds.
 
-One function per statement; each takes an open autocommit psycopg connection with dict rows
-(``tunefleet.db.engine.connect``), so each statement is its own short transaction. Locking is
+One function per statement; each takes an open autocommit psycopg connection
+(``tunefleet.db.engine.connect``), so each statement is its own short transaction. What the
+coordinator's loop reads comes back as the frozen row types below (``class_row``), built here
+at the query boundary, so the engine never fills in or fakes a column; the readers outside the
+loop (budget edits, tests) get dict rows. Locking is
 stated per function. Only the coordinator that holds a run's advisory lock
 (:func:`try_lock_run`) writes that run's trials, which is why no statement here needs a row
 lock held across statements.
@@ -12,13 +15,16 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, NamedTuple
 
 import psycopg
+from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
 from tunefleet.db.schema import NOTIFY_CHANNEL
-from tunefleet.vocabulary import RunState
+from tunefleet.vocabulary import RunState, TrialState
 
 Row = dict[str, Any]
 Conn = psycopg.Connection[Any]
@@ -26,6 +32,165 @@ Conn = psycopg.Connection[Any]
 #: First key of the two-key advisory lock that marks a run as driven (second key: run id).
 #: The two-key form never collides with single-key advisory locks used elsewhere.
 RUN_LOCK_NAMESPACE = 0x7466  # "tf"
+
+
+# --- the rows the coordinator's loop reads ---------------------------------------------------
+@dataclass(frozen=True)
+class DrivenRun:
+    """The run as :func:`take_run` leaves it: what a coordinator needs to drive it."""
+
+    coordinator_id: uuid.UUID
+    problem: str
+    problem_args: dict[str, Any]
+    space: dict[str, Any]
+    device_class: str
+    protocol: dict[str, Any]
+    cache_key: str
+    search: dict[str, Any]
+    max_trials: int | None
+    max_seconds: float | None
+    target_gflops: float | None
+    patience: int | None
+    #: The run's age in seconds on the database clock.
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
+class RunOwner:
+    """Who drives the run, and how it stands (:func:`run_owner`)."""
+
+    state: str
+    stop_reason: str | None
+    coordinator_id: uuid.UUID | None
+    coordinator_heartbeat_at: datetime | None
+
+
+@dataclass(frozen=True)
+class RunBeat:
+    """The run's state and age after its coordinator's heartbeat (:func:`heartbeat_run`)."""
+
+    state: str
+    stop_reason: str | None
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
+class StandingAside:
+    """A live worker that stands aside from the run (:func:`standing_aside`)."""
+
+    worker_id: uuid.UUID
+    host: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """A configuration measured on another device class (:func:`warm_start_configs`)."""
+
+    config: dict[str, Any]
+    config_hash: str
+    median_s: float
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    """A finished trial as the coordinator learns it: from the queue (:func:`fetch_unreported`,
+    :func:`reported_outcomes`) or answered at once when enqueued (a cache hit, an illegal or
+    known-invalid configuration). The numbers are those of its measurement (None without one)."""
+
+    id: int
+    config: dict[str, Any]
+    config_hash: str
+    state: TrialState
+    #: ``search``, ``seed`` or ``cache`` (answered from another run's measurement or verdict).
+    source: str
+    #: ``search``, or ``confirm`` for a re-measurement of ``confirms_trial_id``.
+    purpose: str
+    median_s: float | None
+    gflops: float | None
+    compile_s: float | None
+    error: str | None
+    confirms_trial_id: int | None
+
+    def __post_init__(self) -> None:
+        # The column is text; the loop compares members of the vocabulary.
+        object.__setattr__(self, "state", TrialState(self.state))
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A pending or running trial of the run (:func:`in_flight_trials`)."""
+
+    id: int
+    config: dict[str, Any]
+    config_hash: str
+    state: str
+    purpose: str
+    confirms_trial_id: int | None
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A trial now pending (:func:`insert_trials`)."""
+
+    id: int
+    config_hash: str
+
+
+@dataclass(frozen=True)
+class KnownInvalid:
+    """The earliest ``invalid`` verdict on a configuration under the same cache key, in
+    another run (:func:`known_invalid`)."""
+
+    config_hash: str
+    config: dict[str, Any]
+    error: str | None
+    run_id: int
+
+
+@dataclass(frozen=True)
+class RunBest:
+    """The run's best as ``best_per_run`` ranks it, with its confirmation's figures."""
+
+    trial_id: int
+    config: dict[str, Any]
+    source: str
+    median_s: float
+    min_s: float | None
+    gflops: float | None
+    gbps: float | None
+    confirmed: bool
+    confirm_trial_id: int | None
+    confirmed_median_s: float | None
+    confirmed_gflops: float | None
+    spread: float | None
+    noise: float | None
+    disagrees: bool | None
+
+
+@dataclass(frozen=True)
+class ConfirmCandidate:
+    """One of the run's best search trials, with what a confirmation of it needs
+    (:func:`confirmation_candidates`)."""
+
+    trial_id: int
+    config: dict[str, Any]
+    config_hash: str
+    #: The worker that measured it, and the input seed it was measured with (None: the
+    #: protocol's default).
+    worker_id: uuid.UUID | None
+    median_s: float
+    input_seed: int | None
+    confirm_trial_id: int | None
+    confirm_state: str | None
+
+
+@dataclass(frozen=True)
+class QueuedConfirmation:
+    """A confirmation now pending (:func:`insert_confirmations`)."""
+
+    id: int
+    confirms_trial_id: int
 
 
 # --- runs -------------------------------------------------------------------------------------
@@ -88,6 +253,20 @@ def get_run(conn: Conn, run_id: int) -> Row | None:
     return row
 
 
+def run_owner(conn: Conn, run_id: int) -> RunOwner | None:
+    """The run's state and the coordinator that drives it, for taking it over or noticing it
+    was ended from outside. Locks: none."""
+    cur = conn.cursor(row_factory=class_row(RunOwner))
+    return cur.execute(
+        """
+        SELECT state, stop_reason, coordinator_id, coordinator_heartbeat_at
+          FROM tunefleet.run
+         WHERE id = %s
+        """,
+        (run_id,),
+    ).fetchone()
+
+
 def try_lock_run(conn: Conn, run_id: int) -> bool:
     """Take the session-level advisory lock that says "this run is driven".
 
@@ -120,11 +299,12 @@ def take_run(
     max_seconds: float | None = None,
     target_gflops: float | None = None,
     patience: int | None = None,
-) -> Row | None:
+) -> DrivenRun | None:
     """Mark the run as driven by ``coordinator_id`` (state ``running``, stop reason cleared,
     heartbeat now) and replace any budget value given. Call only while holding
     :func:`try_lock_run`. Locks: the run row, for this statement. None if no such run."""
-    row: Row | None = conn.execute(
+    cur = conn.cursor(row_factory=class_row(DrivenRun))
+    return cur.execute(
         """
         UPDATE tunefleet.run
            SET coordinator_id = %(coordinator)s,
@@ -137,7 +317,9 @@ def take_run(
                target_gflops = coalesce(%(target)s, target_gflops),
                patience = coalesce(%(patience)s, patience)
          WHERE id = %(run)s
-        RETURNING *, extract(epoch FROM now() - created_at)::float8 AS elapsed_s
+        RETURNING coordinator_id, problem, problem_args, space, device_class, protocol,
+                  cache_key, search, max_trials, max_seconds, target_gflops, patience,
+                  extract(epoch FROM now() - created_at)::float8 AS elapsed_s
         """,
         {
             "coordinator": coordinator_id,
@@ -148,14 +330,14 @@ def take_run(
             "patience": patience,
         },
     ).fetchone()
-    return row
 
 
-def heartbeat_run(conn: Conn, run_id: int, coordinator_id: uuid.UUID) -> Row | None:
+def heartbeat_run(conn: Conn, run_id: int, coordinator_id: uuid.UUID) -> RunBeat | None:
     """Refresh the coordinator heartbeat; return the run's state and age (seconds, database
     clock). None when the run is gone or another coordinator took it over.
     Locks: the run row, for this statement."""
-    row: Row | None = conn.execute(
+    cur = conn.cursor(row_factory=class_row(RunBeat))
+    return cur.execute(
         """
         UPDATE tunefleet.run
            SET coordinator_heartbeat_at = now()
@@ -164,7 +346,6 @@ def heartbeat_run(conn: Conn, run_id: int, coordinator_id: uuid.UUID) -> Row | N
         """,
         (run_id, coordinator_id),
     ).fetchone()
-    return row
 
 
 def finish_run(
@@ -219,10 +400,11 @@ def count_live_workers(
     return LiveWorkers(int(row["n"]), int(row["capacity"])) if row else LiveWorkers(0, 0)
 
 
-def standing_aside(conn: Conn, run_id: int, alive_s: float) -> list[Row]:
-    """The live workers standing aside from the run, earliest first: ``worker_id``, ``host``,
-    ``reason``. Locks: none (stand_aside_run_idx)."""
-    return conn.execute(
+def standing_aside(conn: Conn, run_id: int, alive_s: float) -> list[StandingAside]:
+    """The live workers standing aside from the run, earliest first.
+    Locks: none (stand_aside_run_idx)."""
+    cur = conn.cursor(row_factory=class_row(StandingAside))
+    return cur.execute(
         """
         SELECT s.worker_id, w.host, s.reason
           FROM tunefleet.stand_aside s
@@ -269,15 +451,15 @@ def insert_trials(
     *,
     timeout_s: float | None = None,
     max_attempts: int = 3,
-) -> list[Row]:
+) -> list[Queued]:
     """Enqueue configurations as pending trials of the run, then one
     ``NOTIFY tunefleet_trials, <device_class>`` for the whole batch (delivered at commit,
     i.e. when this statement ends; PostgreSQL folds repeats within a transaction into one).
 
     ``trials`` items: ``config``, ``config_hash``, ``source`` (``search`` or ``seed``).
     A configuration the run already has is left alone, except a ``cancelled`` one (from an
-    earlier stop), which is queued again with its attempt history. Returns ``id``,
-    ``config_hash`` of the rows now pending. Locks: the inserted/revived rows, for this
+    earlier stop), which is queued again with its attempt history. Returns the rows now
+    pending. Locks: the inserted/revived rows, for this
     statement; conflicting rows are only read."""
     if not trials:
         return []
@@ -285,7 +467,8 @@ def insert_trials(
         {"config": t["config"], "config_hash": t["config_hash"], "source": t.get("source")}
         for t in trials
     ]
-    rows = conn.execute(
+    cur = conn.cursor(row_factory=class_row(Queued))
+    return cur.execute(
         """
         WITH ins AS (
             INSERT INTO tunefleet.trial AS t
@@ -314,7 +497,6 @@ def insert_trials(
             "channel": NOTIFY_CHANNEL,
         },
     ).fetchall()
-    return rows
 
 
 def insert_cached_trials(
@@ -323,7 +505,7 @@ def insert_cached_trials(
     device_class: str,
     cache_key: str,
     config_hashes: Sequence[str],
-) -> list[Row]:
+) -> list[TrialOutcome]:
     """The cache: for each hash already measured under ``cache_key`` (same problem,
     arguments, device class and protocol) in any run, or imported, insert the run's trial
     directly as
@@ -333,12 +515,12 @@ def insert_cached_trials(
     answer (``source`` ``measured``: a lease holder's completion, or a copy of one) or that
     an import made (``imported``); an ``unverified`` row never does.
 
-    Returns one row per cache hit: ``id`` (trial), ``config_hash``, ``config``, ``median_s``,
-    ``gflops``, ``compile_s``. Locks: the inserted rows, for this statement; measurements
-    are only read (measurement_cache_idx)."""
+    Returns one outcome per cache hit (state ``done``, source ``cache``). Locks: the
+    inserted rows, for this statement; measurements are only read (measurement_cache_idx)."""
     if not config_hashes:
         return []
-    rows = conn.execute(
+    cur = conn.cursor(row_factory=class_row(TrialOutcome))
+    return cur.execute(
         """
         WITH hit AS (
             SELECT DISTINCT ON (m.config_hash) m.*
@@ -372,7 +554,10 @@ def insert_cached_trials(
               FROM ins JOIN hit USING (config_hash)
             RETURNING trial_id, config_hash, config, median_s, gflops, compile_s
         )
-        SELECT trial_id AS id, config_hash, config, median_s, gflops, compile_s FROM copy
+        SELECT trial_id AS id, config, config_hash, 'done' AS state, 'cache' AS source,
+               'search' AS purpose, median_s, gflops, compile_s, NULL::text AS error,
+               NULL::bigint AS confirms_trial_id
+          FROM copy
         """,
         {
             "key": cache_key,
@@ -381,20 +566,20 @@ def insert_cached_trials(
             "class": device_class,
         },
     ).fetchall()
-    return rows
 
 
 def known_invalid(
     conn: Conn, run_id: int, cache_key: str, config_hashes: Sequence[str]
-) -> list[Row]:
+) -> list[KnownInvalid]:
     """Configurations a worker already found ``invalid`` under ``cache_key`` (same problem,
     arguments, device class and protocol) in another run: an illegal configuration stays
     illegal, so the cache answers them like measurements. One row per hash, the earliest
-    verdict: ``config_hash``, ``config``, ``error``, ``run_id``. Read-only, no locks
+    verdict. Read-only, no locks
     (run_cache_key_idx, then each run's (run_id, config_hash) key)."""
     if not config_hashes:
         return []
-    return conn.execute(
+    cur = conn.cursor(row_factory=class_row(KnownInvalid))
+    return cur.execute(
         """
         SELECT DISTINCT ON (t.config_hash) t.config_hash, t.config, t.error, t.run_id
           FROM tunefleet.run r
@@ -410,13 +595,13 @@ def known_invalid(
 
 def insert_invalid_trials(
     conn: Conn, run_id: int, device_class: str, trials: Sequence[Mapping[str, Any]]
-) -> list[Row]:
+) -> list[TrialOutcome]:
     """Record configurations the coordinator already knows to be illegal (the problem's
     device-free rules rejected them) as ``invalid`` trials, reported, never queued.
 
     ``trials`` items: ``config``, ``config_hash``, ``source``, ``error``. A configuration the
-    run already has is left alone, except a ``cancelled`` one. Returns ``id``,
-    ``config_hash``, ``config``, ``error`` of the rows written. Locks: those rows, for this
+    run already has is left alone, except a ``cancelled`` one. Returns the outcomes written
+    (state ``invalid``, no numbers). Locks: those rows, for this
     statement."""
     if not trials:
         return []
@@ -429,7 +614,8 @@ def insert_invalid_trials(
         }
         for t in trials
     ]
-    return conn.execute(
+    cur = conn.cursor(row_factory=class_row(TrialOutcome))
+    return cur.execute(
         """
         INSERT INTO tunefleet.trial AS t
                (run_id, device_class, config, config_hash, state, source, reported,
@@ -441,7 +627,9 @@ def insert_invalid_trials(
         ON CONFLICT (run_id, config_hash) WHERE purpose = 'search' DO UPDATE
            SET state = 'invalid', reported = true, finished_at = now(), error = excluded.error
          WHERE t.state = 'cancelled'
-        RETURNING t.id, t.config_hash, t.config, t.error
+        RETURNING t.id, t.config, t.config_hash, t.state, t.source, t.purpose,
+                  NULL::float8 AS median_s, NULL::float8 AS gflops, NULL::float8 AS compile_s,
+                  t.error, t.confirms_trial_id
         """,
         {"run": run_id, "class": device_class, "trials": Jsonb(payload)},
     ).fetchall()
@@ -464,13 +652,14 @@ def cancel_pending(conn: Conn, run_id: int, purpose: str | None = None) -> int:
 
 
 # --- outcomes ---------------------------------------------------------------------------------
-def fetch_unreported(conn: Conn, run_id: int) -> list[Row]:
+def fetch_unreported(conn: Conn, run_id: int) -> list[TrialOutcome]:
     """Finished trials of the run the coordinator has not been told about, marked reported in
     the same statement, in finishing order, with their measurement (NULLs for invalid, failed
     and timed-out trials) and ``purpose`` (a ``confirm`` trial names the search trial it
     re-measured in ``confirms_trial_id``; it is never told to the search). Locks: those trial
     rows, for this statement (trial_unreported_idx); workers never touch finished rows."""
-    return conn.execute(
+    cur = conn.cursor(row_factory=class_row(TrialOutcome))
+    return cur.execute(
         """
         WITH o AS (
             UPDATE tunefleet.trial t
@@ -489,11 +678,12 @@ def fetch_unreported(conn: Conn, run_id: int) -> list[Row]:
     ).fetchall()
 
 
-def reported_outcomes(conn: Conn, run_id: int) -> list[Row]:
+def reported_outcomes(conn: Conn, run_id: int) -> list[TrialOutcome]:
     """Resume read: every finished trial of the run already marked reported (the ones not
     yet reported come from :func:`fetch_unreported`), in finishing order, with their
     measurement. Locks: none."""
-    return conn.execute(
+    cur = conn.cursor(row_factory=class_row(TrialOutcome))
+    return cur.execute(
         """
         SELECT o.id, o.config, o.config_hash, o.state, o.source, o.error, o.purpose,
                o.confirms_trial_id, m.median_s, m.gflops, m.compile_s
@@ -507,10 +697,10 @@ def reported_outcomes(conn: Conn, run_id: int) -> list[Row]:
     ).fetchall()
 
 
-def in_flight_trials(conn: Conn, run_id: int) -> list[Row]:
-    """Pending and running trials of the run (``id``, ``config``, ``config_hash``, ``state``,
-    ``purpose``, ``confirms_trial_id``). Locks: none."""
-    return conn.execute(
+def in_flight_trials(conn: Conn, run_id: int) -> list[InFlight]:
+    """Pending and running trials of the run, in id order. Locks: none."""
+    cur = conn.cursor(row_factory=class_row(InFlight))
+    return cur.execute(
         """
         SELECT id, config, config_hash, state, purpose, confirms_trial_id
           FROM tunefleet.trial
@@ -521,10 +711,11 @@ def in_flight_trials(conn: Conn, run_id: int) -> list[Row]:
     ).fetchall()
 
 
-def best_of_run(conn: Conn, run_id: int) -> Row | None:
+def best_of_run(conn: Conn, run_id: int) -> RunBest | None:
     """The run's best done trial as ``best_per_run`` ranks it (by its confirmed figure where
     a confirmation measured one), with its numbers and its confirmation's. Locks: none."""
-    row: Row | None = conn.execute(
+    cur = conn.cursor(row_factory=class_row(RunBest))
+    return cur.execute(
         """
         SELECT b.trial_id, t.config, t.source, b.median_s, b.min_s, b.gflops, b.gbps,
                coalesce(b.confirmed, false) AS confirmed, b.confirm_trial_id,
@@ -535,18 +726,17 @@ def best_of_run(conn: Conn, run_id: int) -> Row | None:
         """,
         (run_id,),
     ).fetchone()
-    return row
 
 
 # --- confirmations ----------------------------------------------------------------------------
-def confirmation_candidates(conn: Conn, run_id: int, limit: int) -> list[Row]:
+def confirmation_candidates(conn: Conn, run_id: int, limit: int) -> list[ConfirmCandidate]:
     """The ``limit`` best done search trials of the run, ranked as ``best_per_run`` ranks
     them (confirmed figure where one exists, failed re-measurements last), with what a
-    confirmation of each needs: ``trial_id``, ``config``, ``config_hash``, the worker that
-    measured it (``worker_id``), its input seed (``input_seed``, from the protocol it was
-    measured with) and its confirmation so far (``confirm_trial_id``, ``confirm_state``;
-    NULL when none). Locks: none."""
-    return conn.execute(
+    confirmation of each needs: the worker that measured it, its input seed (from the
+    protocol it was measured with) and its confirmation so far (None when none).
+    Locks: none."""
+    cur = conn.cursor(row_factory=class_row(ConfirmCandidate))
+    return cur.execute(
         """
         SELECT t.id AS trial_id, t.config, t.config_hash, m.worker_id, m.median_s,
                (m.protocol->>'seed')::bigint AS input_seed,
@@ -573,7 +763,7 @@ def insert_confirmations(
     avoid_s: float,
     timeout_s: float | None = None,
     max_attempts: int = 3,
-) -> list[Row]:
+) -> list[QueuedConfirmation]:
     """Enqueue re-measurements of search trials (purpose ``confirm``, ahead of search trials:
     priority -1), then one ``NOTIFY`` for the batch. They bypass the cache: each is a
     pending trial for a worker, never answered from a measurement.
@@ -582,8 +772,8 @@ def insert_confirmations(
     ``avoid_worker`` (the worker that measured it; the claim leaves the confirmation to
     another live worker for ``avoid_s`` seconds) and ``input_seed`` (the fresh inputs).
     A search trial that has a confirmation keeps it, except a ``cancelled`` one (a stop
-    during confirmation), which is queued again. Returns ``id``, ``confirms_trial_id`` of
-    the rows now pending. Locks: the inserted/revived rows, for this statement."""
+    during confirmation), which is queued again. Returns the rows now pending.
+    Locks: the inserted/revived rows, for this statement."""
     if not confirmations:
         return []
     payload = [
@@ -596,7 +786,8 @@ def insert_confirmations(
         }
         for c in confirmations
     ]
-    return conn.execute(
+    cur = conn.cursor(row_factory=class_row(QueuedConfirmation))
+    return cur.execute(
         """
         WITH ins AS (
             INSERT INTO tunefleet.trial AS t
@@ -639,11 +830,12 @@ def warm_start_configs(
     problem_args: Mapping[str, Any],
     device_class: str,
     limit: int,
-) -> list[Row]:
+) -> list[WarmStart]:
     """The fastest distinct configurations measured for the same problem and arguments on
-    another device class (the class of the measuring device or of its run), best first:
-    ``config``, ``config_hash``, ``median_s``; never an ``unverified`` row. Locks: none."""
-    return conn.execute(
+    another device class (the class of the measuring device or of its run), best first;
+    never an ``unverified`` row. Locks: none."""
+    cur = conn.cursor(row_factory=class_row(WarmStart))
+    return cur.execute(
         """
         SELECT config, config_hash, median_s FROM (
             SELECT DISTINCT ON (m.config_hash) m.config, m.config_hash, m.median_s
