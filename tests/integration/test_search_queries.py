@@ -10,6 +10,7 @@ from psycopg.types.json import Jsonb
 
 from tests.helpers.coordinator import register_worker
 from tests.helpers.queue_data import wait_until
+from tunefleet.coordinator.engine import NewTrial, enqueue
 from tunefleet.db.engine import connect
 from tunefleet.db.schema import NOTIFY_CHANNEL
 from tunefleet.problems.base import Protocol, cache_key
@@ -165,7 +166,9 @@ def test_the_cache_answers_from_any_run_with_the_same_key_only(db):
     run_id = new_run(db)
     hashes = [config_hash({"x": x}) for x in (1, 2, 3)]
     hits = q.insert_cached_trials(db, run_id, "any", key["cache_key"], hashes)
-    assert [(h.config_hash, h.median_s, h.state, h.source) for h in hits] == [(hashes[0], 0.125, "done", "cache")]
+    assert [(h.config_hash, h.median_s, h.state, h.source) for h in hits] == [
+        (hashes[0], 0.125, "done", "cache")
+    ]
     row = db.execute(
         "SELECT * FROM tunefleet.results WHERE trial_id = %s", (hits[0].id,)
     ).fetchone()
@@ -235,3 +238,58 @@ def test_warm_start_reads_the_fastest_distinct_configurations_of_a_class(db, lim
     assert [r.config for r in rows] == [{"x": 2}, {"x": 4}, {"x": 3}][:limit]
     assert q.warm_start_configs(db, "analytic", {"n": 32}, "nvidia-a100", limit) == []
     assert q.measured_device_classes(db, "analytic", {"n": 64}) == ["nvidia-a100"]
+
+
+def test_the_enqueue_pipeline_answers_what_it_can_and_queues_the_rest(db):
+    """Every way a configuration enters a run (``create_run``'s seeds and the search's
+    batches go through the same function): illegal, invalid elsewhere, cached, already in
+    the run (left alone), cancelled earlier (revived), new (queued)."""
+    old = new_run(db)
+    [measured, broken] = [r.id for r in q.insert_trials(db, old, "any", items(1, 2))]
+    finish(db, measured, "done", 0.125)
+    finish(db, broken, "invalid")
+    db.execute("UPDATE tunefleet.trial SET error = 'bad tile' WHERE id = %s", (broken,))
+    run_id = new_run(db)
+    [running, cancelled, running_illegal] = q.insert_trials(db, run_id, "any", items(5, 6, 7))
+    owner = register_worker(db)
+    db.execute(
+        "UPDATE tunefleet.trial SET state = 'running', lease_owner = %s, attempt = 1, "
+        "lease_expires_at = now() + interval '1 minute' WHERE id = ANY(%s)",
+        (owner, [running.id, running_illegal.id]),
+    )
+    q.cancel_pending(db, run_id)
+    key = db.execute("SELECT cache_key FROM tunefleet.run WHERE id = %s", (run_id,)).fetchone()
+
+    def h(x: int) -> str:
+        return config_hash({"x": x})
+
+    trials = {h(x): NewTrial({"x": x}, "search") for x in (1, 2, 4, 5, 6)}
+    trials[h(3)] = NewTrial({"x": 3}, "seed", illegal="x must be even")
+    trials[h(7)] = NewTrial({"x": 7}, "search", illegal="x must be even")
+    done = enqueue(db, run_id, "any", key["cache_key"], trials, timeout_s=9.0, max_attempts=2)
+
+    answered = {o.config["x"]: (o.state, o.source, o.median_s, o.error) for o in done.answered}
+    assert answered == {
+        3: ("invalid", "seed", None, "x must be even"),
+        2: ("invalid", "cache", None, f"invalid in run {old}: bad tile"),
+        1: ("done", "cache", 0.125, None),
+    }
+    assert sorted(r.config_hash for r in done.queued) == sorted([h(4), h(6)])
+    assert cancelled.id in {r.id for r in done.queued}  # revived, its history kept
+    assert sorted(done.skipped) == sorted([h(5), h(7)])
+    rows = db.execute(
+        "SELECT config->>'x' AS x, state, source, reported, timeout_s, max_attempts "
+        "FROM tunefleet.trial WHERE run_id = %s ORDER BY (config->>'x')::int",
+        (run_id,),
+    ).fetchall()
+    assert [(int(r["x"]), r["state"], r["source"], r["reported"]) for r in rows] == [
+        (1, "done", "cache", True),
+        (2, "invalid", "cache", True),
+        (3, "invalid", "seed", True),
+        (4, "pending", "search", False),
+        (5, "running", "search", False),
+        (6, "pending", "search", False),
+        (7, "running", "search", False),
+    ]
+    assert {r["timeout_s"] for r in rows if r["state"] == "pending"} == {9.0}
+    assert q.fetch_unreported(db, run_id) == []  # what was answered is never told twice
