@@ -434,6 +434,58 @@ class _OwnLockLingers(Exception):
     """The run's lock is held by this coordinator's own lost session, which is still ending."""
 
 
+class _Outage:
+    """How a coordinator rides out losing the database mid-run: it reconnects with the shared
+    backoff for up to RECONNECT_FOR_S, or for _STOP_RECONNECT_S once a stop was requested (so
+    that a lost session still gets the run marked stopped), then gives up."""
+
+    def __init__(self, run_id: int, stop: threading.Event) -> None:
+        self.run_id = run_id
+        self.stop = stop
+        self.backoff = Backoff()  # the reconnect defaults, as the worker's links
+        self.lost_at: float | None = None
+        self.stop_seen_at: float | None = None
+
+    @property
+    def ongoing(self) -> bool:
+        return self.lost_at is not None
+
+    def over(self) -> None:
+        """The database answers again (or never went away)."""
+        if self.lost_at is not None:
+            _log.warning(
+                "run %d: database reachable again after %.1f s; resuming",
+                self.run_id,
+                time.monotonic() - self.lost_at,
+            )
+        self.lost_at = None
+        self.backoff.reset()
+
+    def wait(self, reason: str) -> None:
+        """Wait before the next attempt; DatabaseUnavailable once it is time to give up."""
+        now = time.monotonic()
+        if self.lost_at is None:
+            self.lost_at = now
+            _log.warning("run %d: database connection lost (%s); reconnecting", self.run_id, reason)
+        if self.stop.is_set() and self.stop_seen_at is None:
+            self.stop_seen_at = now
+        stop_gives_up = (
+            self.stop_seen_at is not None and now - self.stop_seen_at > _STOP_RECONNECT_S
+        )
+        if stop_gives_up or now - self.lost_at > RECONNECT_FOR_S:
+            why = "a stop was requested" if stop_gives_up else "giving up"
+            raise DatabaseUnavailable(
+                f"lost the database while driving run {self.run_id} ({reason}); {why} after "
+                f"{now - self.lost_at:.0f} s; the run is intact: continue it with --resume "
+                f"{self.run_id} once the database is back"
+            )
+        delay = self.backoff.next()
+        if self.stop_seen_at is None:
+            self.stop.wait(delay)
+        else:
+            time.sleep(delay)  # the stop event is set: waiting on it would not wait
+
+
 class Coordinator:
     """Drives one run at a time. ``request_stop()`` may be called from any thread (or a
     signal handler): the loop then cancels pending trials and marks the run ``stopped``."""
@@ -474,24 +526,15 @@ class Coordinator:
         # Once the run is ours, a lost connection (server restart, failover, a terminated
         # session) is survived like a crash: reconnect, take the run again and resume it from
         # the database, which holds everything the search knows.
-        lost_at: float | None = None
-        stop_seen_at: float | None = None
-        backoff = Backoff()  # the reconnect defaults, as the worker's links
+        outage = _Outage(run_id, self._stop)
         connected = False
         while True:
             try:
                 with connect(self.db_url, self.db_settings) as conn:
                     connected = True
                     _require_session_pooling(conn, self.db_url, self.db_settings)
-                    self._own(conn, run_id, ours_may_linger=lost_at is not None)
-                    if lost_at is not None:
-                        _log.warning(
-                            "run %d: database reachable again after %.1f s; resuming",
-                            run_id,
-                            time.monotonic() - lost_at,
-                        )
-                    lost_at = None
-                    backoff.reset()
+                    self._own(conn, run_id, ours_may_linger=outage.ongoing)
+                    outage.over()
                     try:
                         session = _Session.take(self, conn, run_id, progress_callback)
                         return session.drive()
@@ -503,30 +546,9 @@ class Coordinator:
             except (psycopg.OperationalError, psycopg.InterfaceError, DatabaseUnavailable) as exc:
                 if not connected:
                     raise  # never reached the database: the caller's error (bad URL, down)
-                reason = first_line(exc)
+                outage.wait(first_line(exc))
             except _OwnLockLingers:
-                reason = "the lock of our lost session is not released yet"
-            now = time.monotonic()
-            if lost_at is None:
-                lost_at = now
-                _log.warning("run %d: database connection lost (%s); reconnecting", run_id, reason)
-            if self._stop.is_set() and stop_seen_at is None:
-                stop_seen_at = now
-            # A stop still tries to reconnect for a few seconds, so that the run is marked
-            # stopped and its pending trials cancelled when the outage is only a lost session.
-            stop_gives_up = stop_seen_at is not None and now - stop_seen_at > _STOP_RECONNECT_S
-            if stop_gives_up or now - lost_at > RECONNECT_FOR_S:
-                why = "a stop was requested" if stop_gives_up else "giving up"
-                raise DatabaseUnavailable(
-                    f"lost the database while driving run {run_id} ({reason}); {why} after "
-                    f"{now - lost_at:.0f} s; the run is intact: continue it with --resume "
-                    f"{run_id} once the database is back"
-                )
-            delay = backoff.next()
-            if stop_seen_at is None:
-                self._stop.wait(delay)
-            else:
-                time.sleep(delay)  # the stop event is set: waiting on it would not wait
+                outage.wait("the lock of our lost session is not released yet")
 
     def _own(
         self, conn: psycopg.Connection[Any], run_id: int, *, ours_may_linger: bool = False
