@@ -1,4 +1,5 @@
-"""The database's vocabulary: the states of trials, runs and workers, each spelled once here.
+"""The database's vocabulary: the states of trials, runs and workers and how a trial's
+attempts end, each spelled once here.
 
 Every Python module compares and writes these members, never the bare strings
 (tests/unit/test_vocabulary.py greps the source for that). The schema's CHECK constraints are
@@ -47,6 +48,23 @@ FAULT_TRIAL_STATES: tuple[TrialState, ...] = (
     TrialState.FAILED,
     TrialState.TIMED_OUT,
 )
+
+
+class AttemptOutcome(StrEnum):
+    """How one claim of a trial ended (``attempt.outcome``; NULL while it runs)."""
+
+    #: The claim's worker finished the trial in this state (the trial's own state).
+    DONE = TrialState.DONE.value
+    INVALID = TrialState.INVALID.value
+    FAILED = TrialState.FAILED.value
+    TIMED_OUT = TrialState.TIMED_OUT.value
+    #: The reaper took the trial back from a worker whose lease ran out.
+    LEASE_EXPIRED = "lease_expired"
+    #: Its worker gave the trial back on a graceful stop (the attempt does not count).
+    RELEASED = "released"
+    #: Allowed since the first schema for a claim whose end nobody saw; nothing writes it
+    #: today (an expired lease is ``lease_expired``).
+    LOST = "lost"
 
 
 class RunState(StrEnum):

@@ -16,9 +16,10 @@ import psycopg
 import pytest
 
 from tunefleet.db.schema import metadata
-from tunefleet.vocabulary import RunState, TrialState, WorkerState
+from tunefleet.vocabulary import AttemptOutcome, RunState, TrialState, WorkerState
 
 CONSTRAINTS = [
+    ("attempt", "attempt_outcome_valid", AttemptOutcome),
     ("trial", "trial_state_valid", TrialState),
     ("run", "run_state_valid", RunState),
     ("worker", "worker_state_valid", WorkerState),
@@ -26,7 +27,8 @@ CONSTRAINTS = [
 
 
 def _allowed(definition: str) -> set[str]:
-    """The quoted values of a ``CHECK (state IN (...))`` or ``= ANY (ARRAY[...])`` text."""
+    """The quoted values of a ``CHECK (state IN (...))`` or ``= ANY (ARRAY[...])`` text
+    (``outcome IS NULL OR ...`` quotes only the values)."""
     return set(re.findall(r"'([a-z_]+)'", definition))
 
 

@@ -25,12 +25,19 @@ from pathlib import Path
 
 import pytest
 
-from tunefleet.vocabulary import RunState, TrialState, WorkerState
+from tunefleet.vocabulary import (
+    FINISHED_TRIAL_STATES,
+    AttemptOutcome,
+    RunState,
+    TrialState,
+    WorkerState,
+)
 from tunefleet.worker.vocabulary import ReplyKind, Stage, Verdict
 
 ROOT = Path(__file__).resolve().parents[2]
 
-DATABASE_VALUES = {str(v) for enum in (TrialState, RunState, WorkerState) for v in enum}
+DATABASE_ENUMS = (TrialState, RunState, WorkerState, AttemptOutcome)
+DATABASE_VALUES = {str(v) for enum in DATABASE_ENUMS for v in enum}
 WORKER_VALUES = DATABASE_VALUES | {str(v) for enum in (Stage, ReplyKind, Verdict) for v in enum}
 VOCABULARY_MODULES = {"tunefleet/vocabulary.py", "worker/vocabulary.py"}
 
@@ -41,6 +48,13 @@ NOT_A_STATE = {
     ("tunefleet/problems/synthetic.py", 'FAULTS = ("none", "invalid", "fail", "hang")'),
     ("tunefleet/problems/synthetic.py", '("invalid", args["invalid_rate"]),'),
     ("tunefleet/problems/synthetic.py", 'if fault == "invalid":'),
+    # A worker's liveness as status shows it (active but silent), not an attempt's outcome.
+    (
+        "tunefleet/cli/front.py",
+        'row["liveness"] = "lost"  # active but silent: killed without a goodbye',
+    ),
+    # The text of a connection error that has none, not an attempt's outcome.
+    ("tunefleet/dashboard/server.py", 'first = first_line(exc, "lost")'),
 }
 
 _KEY_CALLS = {"get", "pop", "setdefault"}
@@ -149,6 +163,11 @@ def test_no_worker_stage_or_reply_kind_is_spelled_outside_its_enum() -> None:
     assert found == []
 
 
+def test_an_attempt_ends_in_every_finished_state_of_its_trial() -> None:
+    """A worker's completion writes the trial's state into the attempt's outcome."""
+    assert {str(s) for s in FINISHED_TRIAL_STATES} <= {str(o) for o in AttemptOutcome}
+
+
 def test_every_allowance_is_still_needed() -> None:
     """An exception whose line is gone or changed is removed, not left to excuse another."""
     texts = dict(_sources("tunefleet", "coordinator", "worker"))
@@ -157,8 +176,9 @@ def test_every_allowance_is_still_needed() -> None:
 
 
 # --- SQL --------------------------------------------------------------------------------
-_SQL_EQ = re.compile(r"\b\w*state\s*(?:=|<>|!=)\s*'([a-z_]+)'")
-_SQL_IN = re.compile(r"\b\w*state\s+(?:NOT\s+)?IN\s*\(\s*('[a-z_]+'(?:\s*,\s*'[a-z_]+')*)\s*\)")
+_SQL_COLUMN = r"\b\w*(?:state|outcome)"
+_SQL_EQ = re.compile(_SQL_COLUMN + r"\s*(?:=|<>|!=|IS\s+(?:NOT\s+)?DISTINCT\s+FROM)\s*'([a-z_]+)'")
+_SQL_IN = re.compile(_SQL_COLUMN + r"\s+(?:NOT\s+)?IN\s*\(\s*('[a-z_]+'(?:\s*,\s*'[a-z_]+')*)\s*\)")
 
 
 def sql_state_literals(text: str) -> set[str]:
@@ -180,10 +200,14 @@ def test_sql_literals_of_states_are_members() -> None:
         "running",
         "x",
     }
+    assert sql_state_literals("a.outcome IS DISTINCT FROM 'released' OR outcome = 'y'") == {
+        "released",
+        "y",
+    }
     found: dict[str, set[str]] = {}
     for rel, text in _sources("tunefleet", "coordinator", "worker", "migrations"):
         for literal in (lit for s in _strings(text) for lit in sql_state_literals(s)):
             found.setdefault(literal, set()).add(rel)
-    assert {"pending", "running", "done", "active"} <= set(found)  # the scan sees SQL
+    assert {"pending", "running", "done", "active", "released"} <= set(found)  # it sees SQL
     strays = {lit: sorted(files) for lit, files in found.items() if lit not in DATABASE_VALUES}
     assert strays == {}

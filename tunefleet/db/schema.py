@@ -40,7 +40,12 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, BYTEA, DOUBLE_PRECISION, JSONB, UUID
 
-from tunefleet.vocabulary import FINISHED_TRIAL_STATES, RunState, TrialState, WorkerState
+from tunefleet.vocabulary import (
+    AttemptOutcome,
+    RunState,
+    TrialState,
+    WorkerState,
+)
 
 SCHEMA = "tunefleet"
 
@@ -49,9 +54,9 @@ SCHEMA = "tunefleet"
 #: worker, before the run reports its best; never told to the search, never a trial of the
 #: budget).
 TRIAL_PURPOSES = ("search", "confirm")
-#: How an attempt ended. ``lease_expired`` is written by the reaper, ``released`` by a worker
-#: that gave a trial back on graceful shutdown (no attempt counted).
-ATTEMPT_OUTCOMES = (*FINISHED_TRIAL_STATES, "lease_expired", "released", "lost")
+#: How an attempt ended (:class:`~tunefleet.vocabulary.AttemptOutcome`, in the order the
+#: CHECK constraint has listed them since the first migration).
+ATTEMPT_OUTCOMES = tuple(AttemptOutcome)
 #: Where a measurement row came from; :data:`CACHE_SOURCES` are the ones the cache serves.
 MEASUREMENT_SOURCES = ("measured", "imported", "unverified")
 CACHE_SOURCES = ("measured", "imported")

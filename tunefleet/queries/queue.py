@@ -40,7 +40,7 @@ from psycopg.types.json import Jsonb
 from tunefleet.db.schema import NOTIFY_CHANNEL
 from tunefleet.devices import DeviceInfo
 from tunefleet.settings import COORDINATOR_ALIVE_S, WORKER_ALIVE_S
-from tunefleet.vocabulary import FINISHED_TRIAL_STATES, TrialState
+from tunefleet.vocabulary import FINISHED_TRIAL_STATES, AttemptOutcome, TrialState
 
 #: Key of the transaction-level advisory lock that serialises the reaper across the fleet
 #: (taken inside ``tunefleet.reap_expired_leases``; the migration spells the same text).
@@ -517,7 +517,7 @@ def complete_trial(
 
 def attempt_outcome(
     conn: psycopg.Connection[Any], *, trial_id: int, attempt: int, worker_id: UUID
-) -> str | None:
+) -> AttemptOutcome | None:
     """How our claim ``(trial, attempt)`` ended, if it did: lets a worker whose completion
     was sent but unacknowledged (connection lost) tell "recorded" from "fenced out".
 
@@ -531,7 +531,7 @@ def attempt_outcome(
         """,
         (trial_id, attempt, worker_id),
     ).fetchone()
-    return None if row is None or row["outcome"] is None else str(row["outcome"])
+    return None if row is None or row["outcome"] is None else AttemptOutcome(row["outcome"])
 
 
 def release_trials(
