@@ -98,14 +98,14 @@ def _coordinator(args: argparse.Namespace) -> int:
         confirm=args.confirm,
     )
 
+    from tunefleet.cli.progress import ProgressReader
     from tunefleet.db.engine import database_url
     from tunefleet.settings import DatabaseSettings
 
-    url = database_url(
-        DatabaseSettings.build(
-            args.db, wait_s=wait_for_db_s(args), application_name="tunefleet-coordinator"
-        )
+    db = DatabaseSettings.build(
+        args.db, wait_s=wait_for_db_s(args), application_name="tunefleet-coordinator"
     )
+    url = database_url(db)
 
     from .engine import Coordinator, Progress, create_run
 
@@ -123,24 +123,21 @@ def _coordinator(args: argparse.Namespace) -> int:
         signal.signal(sig, on_signal)
 
     last = [0.0]
+    reader = ProgressReader(db, url, run_id)
 
     def progress(p: Progress) -> None:
         now = time.monotonic()
         if now - last[0] < 2.0:
             return
         last[0] = now
-        best = "-" if p.best_seconds is None else f"{p.best_seconds * 1e3:.4g} ms"
-        if p.best_gflops is not None:
-            best += f" ({p.best_gflops:.4g} GFLOP/s)"
-        print(
-            f"run {p.run_id}: {p.finished} trials ({p.cached} cached, {p.failed} failed), "
-            f"{p.in_flight} in flight for {p.live_workers} workers, best {best}, "
-            f"{p.elapsed_s:.0f} s" + (f"; {p.unserved}" if p.unserved else ""),
-            file=sys.stderr,
-            flush=True,
-        )
+        line = reader.line(p.unserved)
+        if line is not None:
+            print(line, file=sys.stderr, flush=True)
 
-    result = coordinator.run(run_id, progress_callback=progress)
+    try:
+        result = coordinator.run(run_id, progress_callback=progress)
+    finally:
+        reader.close()
     from .rules import STOP_REASONS
 
     why = STOP_REASONS.get(result.stop_reason, result.stop_reason)

@@ -6,7 +6,8 @@ import io
 
 import pytest
 
-from tunefleet.cli.tune import ProgressDisplay, plan_workers, progress_line
+from tunefleet.cli.progress import progress_line
+from tunefleet.cli.tune import ProgressDisplay, plan_workers
 from tunefleet.devices import DeviceInfo
 from tunefleet.errors import DeviceError, UsageError
 from tunefleet.worker import device as worker_device
@@ -95,16 +96,17 @@ PROGRESS = {
     "best_gflops": 14.25,
     "evaluations_per_minute": 8.04,
     "elapsed_s": 95.0,
+    "servable_workers": 2,
 }
 
 
 def test_progress_line_has_every_number_a_user_watches():
-    assert progress_line(PROGRESS, 2) == (
+    assert progress_line(PROGRESS) == (
         "run 4: 12/30 done, 2 running, 3 pending, 1 invalid, 1 failed, 1 timed out"
         " | best 14.2 GFLOP/s | 8.0 eval/min | 2 workers | 95.0 s"
     )
     # Zero timed-out trials (the usual case) keep the line short.
-    quiet = progress_line({**PROGRESS, "timed_out": 0}, 1)
+    quiet = progress_line({**PROGRESS, "timed_out": 0, "servable_workers": 1})
     assert "timed out" not in quiet and "1 failed | best" in quiet and "| 1 worker |" in quiet
 
 

@@ -35,7 +35,8 @@ from typing import Any, TextIO
 from tunefleet.cli import flags
 from tunefleet.cli.args import add_problem_flags, raw_problem_args
 from tunefleet.cli.db import add_db_flag
-from tunefleet.cli.output import args_text, gflops, seconds
+from tunefleet.cli.output import args_text, seconds
+from tunefleet.cli.progress import ProgressReader
 from tunefleet.errors import DeviceError, RunError, TunefleetError, UsageError
 from tunefleet.processes import die_with_parent
 from tunefleet.settings import DatabaseSettings, home_dir
@@ -269,26 +270,6 @@ def last_line(path: Path) -> str:
 # --- progress -----------------------------------------------------------------------------
 
 
-def progress_line(p: dict[str, Any], workers_alive: int, unserved: str | None = None) -> str:
-    """One line of progress: counts by state, best so far, rate, workers, elapsed; then,
-    when workers stand aside from the run, how many, and why nobody can serve it (the
-    coordinator's ``unserved``) when that is so."""
-    budget = f"/{p['max_trials']}" if p.get("max_trials") else ""
-    return (
-        f"run {p['run_id']}: {p['done']}{budget} done, {p['running']} running, "
-        f"{p['pending']} pending, {p['invalid']} invalid, {p['failed']} failed"
-        + (f", {p['timed_out']} timed out" if p.get("timed_out") else "")
-        + (f", {p['cached']} cached" if p.get("cached") else "")
-        + (f", confirming {p['confirming']}" if p.get("confirming") else "")
-        + f" | best {gflops(p['best_gflops'])} GFLOP/s"
-        + f" | {float(p['evaluations_per_minute']):.1f} eval/min"
-        + f" | {workers_alive} worker{'s' if workers_alive != 1 else ''}"
-        + f" | {seconds(p['elapsed_s'])}"
-        + (f" | {p['standing_aside']} standing aside" if p.get("standing_aside") else "")
-        + (f" | {unserved}" if unserved else "")
-    )
-
-
 class ProgressDisplay:
     """Rewrites one line on a terminal; prints a plain line every ``every`` seconds
     otherwise (logs, CI, pipes)."""
@@ -415,6 +396,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             raise KeyboardInterrupt  # a second one: stop waiting
         coordinator.request_stop()
 
+    reader = ProgressReader(settings, url, run_id)
     with connect(url, settings) as conn:
         last_poll = 0.0
 
@@ -424,11 +406,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
             if now - last_poll < 0.5:
                 return
             last_poll = now
-            p = report.run_progress(conn, run_id)
-            fleet = report.fleet(conn, run_id=run_id, include_stopped=False)
-            if p is not None:
-                alive = sum(1 for w in fleet if w["alive"])
-                display.show(progress_line(p, alive, progress.unserved))
+            line = reader.line(progress.unserved)
+            if line is not None:
+                display.show(line)
             exited = workers.exited()
             if plan.devices and len(exited) == len(plan.devices) and not failure:
                 rc, log = exited[0]
@@ -452,9 +432,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
             workers.stop()
             display.end()
             _cancel_leftovers(url, engine_db, run_id)
-        p = report.run_progress(conn, run_id)
-        if p is not None:
-            display.show(progress_line(p, 0), force=True)
+        line = reader.line()
+        reader.close()
+        if line is not None:
+            display.show(line, force=True)
             display.end()
 
     if failure:

@@ -1,0 +1,103 @@
+"""The one progress line (``tunefleet tune`` and ``tunefleet coordinator``) says what the
+database holds: counts per state, the best, the rate, the workers able to serve the run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from tests.helpers.coordinator import register_worker
+from tests.helpers.queue_data import insert_run, insert_trials, synthetic_configs
+from tunefleet.cli.progress import ProgressReader
+from tunefleet.settings import DatabaseSettings
+
+
+def _finish(db: psycopg.Connection[Any], trial_id: int, state: str, median_s: float = 0) -> None:
+    db.execute(
+        "UPDATE tunefleet.trial SET state = %s, finished_at = now(), reported = true WHERE id = %s",
+        (state, trial_id),
+    )
+    if median_s:
+        db.execute(
+            """
+            INSERT INTO tunefleet.measurement (trial_id, run_id, cache_key, config_hash, problem,
+                   problem_args, config, median_s, min_s, samples_s, gflops, protocol)
+            SELECT t.id, t.run_id, r.cache_key, t.config_hash, r.problem, r.problem_args,
+                   t.config, %(s)s, %(s)s, ARRAY[%(s)s], 1.0 / %(s)s, r.protocol
+              FROM tunefleet.trial t JOIN tunefleet.run r ON r.id = t.run_id
+             WHERE t.id = %(id)s
+            """,
+            {"s": median_s, "id": trial_id},
+        )
+
+
+def test_the_progress_line_counts_what_the_database_holds(db_url, db):
+    run = insert_run(db)
+    ids = insert_trials(db, run, synthetic_configs(9))
+    for trial_id, median_s in zip(ids[:3], (0.5, 0.25, 1.0), strict=True):
+        _finish(db, trial_id, "done", median_s)  # best: 4 GFLOP/s
+    _finish(db, ids[3], "invalid")
+    _finish(db, ids[4], "failed")
+    _finish(db, ids[5], "timed_out")
+    live = [register_worker(db, "host-cpu") for _ in range(3)]
+    register_worker(db, "host-cpu", age_s=3600)  # silent for an hour: not live
+    db.execute(
+        "UPDATE tunefleet.trial SET state = 'running', lease_owner = %s, attempt = 1, "
+        "lease_expires_at = now() + interval '1 minute' WHERE id = %s",
+        (live[0], ids[6]),
+    )
+    db.execute("UPDATE tunefleet.trial SET state = 'cancelled' WHERE id = %s", (ids[8],))
+    db.execute(
+        "INSERT INTO tunefleet.stand_aside (worker_id, run_id, reason) VALUES (%s, %s, 'no')",
+        (live[2], run),
+    )
+    # Two minutes of run time, fixed (a finished_at), so the rate is exact: 6 in 2 min.
+    db.execute(
+        "UPDATE tunefleet.run SET max_trials = 20, created_at = now() - interval '2 min', "
+        "finished_at = now() WHERE id = %s",
+        (run,),
+    )
+    db.execute(
+        "UPDATE tunefleet.run SET finished_at = created_at + interval '2 min' WHERE id = %s",
+        (run,),
+    )
+    reader = ProgressReader(DatabaseSettings(url=db_url), db_url, run)
+    try:
+        line = reader.line("nobody can serve it: test")
+    finally:
+        reader.close()
+    assert line == (
+        f"run {run}: 3/20 done, 1 running, 1 pending, 1 invalid, 1 failed, 1 timed out"
+        " | best 4.00 GFLOP/s | 3.0 eval/min | 2 workers | 2m00s | 1 standing aside"
+        " | nobody can serve it: test"
+    )
+
+
+def test_a_progress_line_is_skipped_while_the_database_is_away(db_url, db):
+    """Progress never stops a run: an unreachable database gives no line, not an error, and
+    the next read connects again."""
+    run = insert_run(db)
+    settings = DatabaseSettings(url=db_url, application_name="tunefleet-progress-test")
+    reader = ProgressReader(settings, db_url, run)
+
+    def counts(line: str | None) -> str:
+        assert line is not None
+        return line.rsplit(" | ", 1)[0]  # all but the elapsed time
+
+    try:
+        first = counts(reader.line())
+        assert first.startswith(f"run {run}: 0 done, 0 running, 0 pending")
+        ended = db.execute(
+            "SELECT count(pg_terminate_backend(pid, 30000)) AS n FROM pg_stat_activity "
+            "WHERE application_name = %s",
+            (settings.application_name,),
+        ).fetchone()
+        assert ended is not None and ended["n"] == 1
+        assert reader.line() is None  # its session ended (the call waited for that)
+        assert counts(reader.line()) == first  # connected again
+    finally:
+        reader.close()
+    gone = ProgressReader(DatabaseSettings(url=db_url), db_url, run + 1000)
+    assert gone.line() is None  # no such run
+    gone.close()
