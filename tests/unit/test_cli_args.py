@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
 
 from tunefleet.cli import build_parser
-from tunefleet.cli.args import command_line_args, raw_problem_args
+from tunefleet.cli.args import command_line_args, problem_sizes, raw_problem_args
 from tunefleet.cli.output import Column, seconds, table
 from tunefleet.cli.plot import utilisation
 from tunefleet.errors import UsageError
@@ -110,3 +112,51 @@ def test_durations_and_tables_read_well():
         [Column("A", "a", right=True), Column("B", "b")],
     )
     assert text.splitlines() == ["  A  B", "  1  -", "100  x"]
+
+
+def test_only_the_problems_sizes_print_as_size_flags():
+    """An integer ``--arg`` (a seed, a batch count) prints as ``--arg``: as ``--size`` it
+    would read as a size, and one above the size limit would not parse at all."""
+    args = {"n": 256, "batch": 4, "seed": 3_000_000_000, "dtype": "float32"}
+    words = command_line_args(args, sizes={"n"})
+    assert words == [
+        "--arg",
+        "batch=4",
+        "--dtype",
+        "float32",
+        "--size",
+        "n=256",
+        "--arg",
+        "seed=3000000000",
+    ]
+    assert raw_problem_args(parse(*words)) == args
+    # A problem not known here: integers --size accepts are taken for sizes, no other.
+    unknown = command_line_args(args)
+    assert unknown[unknown.index("n=256") - 1] == "--size"
+    assert unknown[unknown.index("seed=3000000000") - 1] == "--arg"
+    assert raw_problem_args(parse(*unknown)) == args
+
+
+def test_a_builtin_problem_names_its_sizes_and_a_user_problem_is_not_loaded(tmp_path):
+    assert problem_sizes("gemm") == {"n", "m", "k"}
+    assert problem_sizes("synthetic") == frozenset()  # duration, seed, ...: no sizes
+    assert problem_sizes("feinsum") == frozenset()  # its index sizes live in its einsum
+    marker = tmp_path / "ran"
+    user = tmp_path / "mine.py"
+    user.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    assert problem_sizes(str(user)) is None
+    assert not marker.exists()  # printing a command line runs no user code
+
+
+def test_the_reproduce_command_prints_an_integer_argument_as_it_was_given():
+    from tunefleet.cli.front import reproduce_command
+
+    run = {
+        "problem": "synthetic",
+        "problem_args": {"duration": 0.005, "seed": 3},
+        "device_class": "any",
+        "protocol": {},
+    }
+    words = shlex.split(reproduce_command(run, {"config": {"x": 1}, "protocol": {}}))
+    assert words[words.index("seed=3") - 1] == "--arg"
+    assert "--size" not in words

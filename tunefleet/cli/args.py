@@ -18,10 +18,10 @@ import argparse
 import json
 import math
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from tunefleet.errors import UsageError
+from tunefleet.errors import ProblemError, UsageError
 
 #: Largest ``--size``: loopy's generated kernels index with 32-bit integers.
 MAX_SIZE = 2**31 - 1
@@ -124,19 +124,42 @@ def raw_problem_args(args: argparse.Namespace) -> dict[str, Any]:
     return raw
 
 
-def command_line_args(problem_args: Mapping[str, Any]) -> list[str]:
-    """Stored (normalised) arguments back as flags: ints as ``--size``, ``dtype`` as
-    ``--dtype``, everything else as ``--arg KEY=JSON``."""
+def command_line_args(
+    problem_args: Mapping[str, Any], sizes: Collection[str] | None = None
+) -> list[str]:
+    """Stored (normalised) arguments back as flags: ``dtype`` as ``--dtype``, the problem's
+    sizes (``sizes``: the names its arguments mark as sizes) as ``--size``, everything else
+    as ``--arg KEY=JSON``. Without ``sizes`` (a problem that cannot be loaded here) every
+    integer that ``--size`` accepts is taken for a size."""
     out: list[str] = []
     for key, value in sorted(problem_args.items()):
         if key == "dtype" and isinstance(value, str):
             out += ["--dtype", value]
-        elif isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        elif _is_size(value) and (sizes is None or key in sizes):
             out += ["--size", f"{key}={value}"]
         else:
             text = value if isinstance(value, str) and _value(value) == value else None
             out += ["--arg", f"{key}={text if text is not None else json.dumps(value)}"]
     return out
+
+
+def problem_sizes(problem: str) -> frozenset[str] | None:
+    """The names of a built-in problem's size arguments; None for any other problem (a user
+    problem: its code is not run just to print a command line, and may live on the workers
+    only)."""
+    from tunefleet.problems.registry import builtin_names, get_problem
+
+    if problem not in builtin_names():
+        return None
+    try:
+        specs = get_problem(problem).arguments
+    except ProblemError:  # a built-in whose dependencies are missing here
+        return None
+    return frozenset(spec.name for spec in specs if spec.size)
+
+
+def _is_size(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_SIZE
 
 
 def shell_join(words: Sequence[str]) -> str:

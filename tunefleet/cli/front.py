@@ -21,7 +21,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tunefleet.cli.args import add_problem_flags, command_line_args, raw_problem_args, shell_join
+from tunefleet.cli.args import (
+    add_problem_flags,
+    command_line_args,
+    problem_sizes,
+    raw_problem_args,
+    shell_join,
+)
 from tunefleet.cli.db import add_db_flag
 from tunefleet.cli.output import (
     Column,
@@ -384,7 +390,8 @@ def reproduce_command(run: Row, best: Row) -> str:
     """The exact command that rebuilds and times this configuration on this kind of device."""
     from tunefleet.problems.base import Protocol
 
-    words = ["tunefleet", "measure", run["problem"], *command_line_args(run["problem_args"])]
+    flags = command_line_args(run["problem_args"], problem_sizes(run["problem"]))
+    words = ["tunefleet", "measure", run["problem"], *flags]
     words += ["--config", json.dumps(best["config"], sort_keys=True, separators=(",", ":"))]
     if run["device_class"] != "any" and best.get("device_name"):
         words += ["--device", best["device_name"]]
@@ -704,14 +711,15 @@ def cmd_problems(args: argparse.Namespace) -> int:
             continue
         device = "an OpenCL device" if r["needs_opencl"] else "no OpenCL (host pseudo-device)"
         if r["arguments"]:
+            sizes = {spec["name"] for spec in r["arguments"] if spec.get("size")}
             for i, spec in enumerate(r["arguments"]):
-                flag = " ".join(command_line_args({spec["name"]: spec["default"]}))
+                flag = " ".join(command_line_args({spec["name"]: spec["default"]}, sizes))
                 choices = spec.get("choices")
                 extra = f" (one of {', '.join(map(str, choices))})" if choices else ""
                 label = "arguments" if i == 0 else ""
                 _out(f"  {label:<10} {flag:<28} {spec.get('help', '')}{extra}".rstrip())
         else:
-            defaults = " ".join(command_line_args(r["default_args"])) or "(none)"
+            defaults = " ".join(command_line_args(r["default_args"], ())) or "(none)"
             _out(f"  arguments  {defaults}")
         if r.get("space_error"):
             _out(f"  space      not known here: {r['space_error']}")

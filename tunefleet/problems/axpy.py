@@ -25,7 +25,7 @@ class Axpy(KernelProblem):
     name = "axpy"
     description = "in-place update u[i] += alpha * v[i] (u is read and written; memory-bound)"
     arguments = (
-        ArgSpec("n", 1 << 24, "length of u and v", minimum=1),
+        ArgSpec("n", 1 << 24, "length of u and v", minimum=1, size=True),
         ArgSpec("alpha", 0.5, "the factor of v"),
         ArgSpec("dtype", "float32", "element type", choices=("float32", "float64")),
     )

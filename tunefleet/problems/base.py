@@ -109,7 +109,9 @@ class Outcome:
 @dataclass(frozen=True)
 class ArgSpec:
     """One problem argument: its name, default (whose type is the argument's type), a
-    one-line help, and optionally the allowed choices and integer bounds."""
+    one-line help, and optionally the allowed choices and integer bounds. ``size`` marks a
+    problem size (an extent of its arrays): command lines print it as ``--size``, every
+    other argument as ``--arg`` (``--dtype`` for ``dtype``)."""
 
     name: str
     default: Any
@@ -117,6 +119,7 @@ class ArgSpec:
     choices: tuple[Any, ...] = ()
     minimum: int | None = None
     maximum: int | None = None
+    size: bool = False
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"name": self.name, "default": self.default, "help": self.help}
@@ -126,6 +129,8 @@ class ArgSpec:
             data["minimum"] = self.minimum
         if self.maximum is not None:
             data["maximum"] = self.maximum
+        if self.size:
+            data["size"] = True
         return data
 
     def convert(self, problem: str, value: Any) -> Any:

@@ -124,8 +124,10 @@ class DGDiff(_DGOperator):
     name = "dg_diff"
     description = "batched small-matrix operator out[e,i] = sum_j D[i,j] u[e,j] (ij,ej->ei)"
     arguments = (
-        ArgSpec("n_elements", 262144, "number of elements", minimum=1),
-        ArgSpec("n_dofs", 35, "nodes per element (35: 3D order 4)", minimum=1, maximum=512),
+        ArgSpec("n_elements", 262144, "number of elements", minimum=1, size=True),
+        ArgSpec(
+            "n_dofs", 35, "nodes per element (35: 3D order 4)", minimum=1, maximum=512, size=True
+        ),
         ArgSpec("dtype", "float64", "element type", choices=("float32", "float64")),
     )
 
@@ -238,11 +240,11 @@ class FaceMass(_DGOperator):
         "(ifj,fe,fej->ei over n_fields fields)"
     )
     arguments = (
-        ArgSpec("n_elements", 131072, "number of elements", minimum=1),
+        ArgSpec("n_elements", 131072, "number of elements", minimum=1, size=True),
         ArgSpec("n_fields", 4, "fields the operator is applied to at once", minimum=1),
-        ArgSpec("n_voldofs", 35, "volume nodes per element (35: 3D order 4)", minimum=1),
-        ArgSpec("n_faces", 4, "faces per element", minimum=1),
-        ArgSpec("n_facedofs", 15, "nodes per face (15: 3D order 4)", minimum=1),
+        ArgSpec("n_voldofs", 35, "volume nodes per element (35: 3D order 4)", minimum=1, size=True),
+        ArgSpec("n_faces", 4, "faces per element", minimum=1, size=True),
+        ArgSpec("n_facedofs", 15, "nodes per face (15: 3D order 4)", minimum=1, size=True),
         ArgSpec("dtype", "float64", "element type", choices=("float32", "float64")),
     )
 

@@ -31,9 +31,9 @@ class Gemm(KernelProblem):
     name = "gemm"
     description = "dense matrix product c = a @ b (einsum ik,kj->ij), register-blocked tiles"
     arguments = (
-        ArgSpec("n", 2048, "rows of a and c", minimum=1),
-        ArgSpec("m", 2048, "columns of b and c", minimum=1),
-        ArgSpec("k", 2048, "columns of a, rows of b (the summed index)", minimum=1),
+        ArgSpec("n", 2048, "rows of a and c", minimum=1, size=True),
+        ArgSpec("m", 2048, "columns of b and c", minimum=1, size=True),
+        ArgSpec("k", 2048, "columns of a, rows of b (the summed index)", minimum=1, size=True),
         ArgSpec("dtype", "float32", "element type", choices=("float32", "float64")),
     )
 

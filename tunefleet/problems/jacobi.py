@@ -29,8 +29,8 @@ class Jacobi(KernelProblem):
         "unwritten and unchecked; memory-bound)"
     )
     arguments = (
-        ArgSpec("n", 4096, "rows of the grid", minimum=3),
-        ArgSpec("m", 4096, "columns of the grid", minimum=3),
+        ArgSpec("n", 4096, "rows of the grid", minimum=3, size=True),
+        ArgSpec("m", 4096, "columns of the grid", minimum=3, size=True),
         ArgSpec("dtype", "float32", "element type", choices=("float32", "float64")),
     )
 

@@ -25,8 +25,8 @@ class Transpose(KernelProblem):
     name = "transpose"
     description = "matrix transpose out[j,i] = a[i,j] (memory-bound)"
     arguments = (
-        ArgSpec("n", 8192, "rows of a", minimum=1),
-        ArgSpec("m", 8192, "columns of a", minimum=1),
+        ArgSpec("n", 8192, "rows of a", minimum=1, size=True),
+        ArgSpec("m", 8192, "columns of a", minimum=1, size=True),
         ArgSpec("dtype", "float32", "element type", choices=("float32", "float64")),
     )
 
