@@ -367,7 +367,12 @@ Index("measurement_run_idx", measurement.c.run_id)
 # --- Views: the SQL people type. Created by the migrations, documented in the README. -------
 
 VIEWS: dict[str, str] = {
-    # One row per finished trial with its numbers, flat: the table to query.
+    # What the search found: one row per finished search trial (done, invalid, failed,
+    # timed out; never a confirmation, never a trial still queued), with its numbers and where
+    # it was measured, flat (scalars only: no samples, code or protocol) so that it loads into
+    # a spreadsheet or a data frame as it is. `tunefleet export` writes it (plus the raw
+    # samples), the dashboard pages through it and sums its failures. `trial_details` is the
+    # wide view of any one trial.
     "results": """
 SELECT t.run_id,
        t.id AS trial_id,
