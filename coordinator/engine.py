@@ -7,6 +7,12 @@ Public API (what ``tunefleet coordinator`` and ``tunefleet tune`` call)::
     result = Coordinator(settings, db_url).run(run_id, progress_callback=print)
     result.best_config, result.stop_reason
 
+Read top to bottom: run creation, then :func:`enqueue` (the one way configurations enter a
+run: seeds at creation, the search's batches later), then :class:`Coordinator` (ownership of
+the run and riding out a lost database, :class:`_Outage`), then :class:`_Session` (one
+coordinator driving one run: resume, the loop, confirmation, outcomes, dispatch). Every row
+it reads is a frozen dataclass of :mod:`tunefleet.queries.search`.
+
 One loop iteration, with a handful of statements however many trials move:
 
 1. read finished-but-unreported trials (one UPDATE ... RETURNING) and tell OpenTuner;
