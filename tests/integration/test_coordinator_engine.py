@@ -77,10 +77,10 @@ def test_run_converges_to_the_known_optimum(db_url, db, tmp_path):
     assert (run["state"], run["stop_reason"]) == ("finished", "target_gflops")
     assert run["coordinator_id"] is None and run["finished_at"] is not None
     assert counts.get("pending", 0) == 0
-    # The queue followed the live workers: 2 x 3 heartbeating workers, plus what they finish
-    # during one poll of the coordinator.
+    # The queue followed the live workers: 2 x 3 heartbeating workers (plus what they finish
+    # during one poll, which a run that may end at its first outcomes need not show: see the
+    # prefetch test below).
     assert max(p.queue_target - p.queue_slack for p in seen) == 6
-    assert max(p.queue_slack for p in seen) >= 1
     assert {w["capacity"] for w in db.execute("SELECT capacity FROM tunefleet.worker")} == {2}
     best = db.execute(
         "SELECT config FROM tunefleet.best_per_run WHERE run_id = %s", (result.run_id,)
@@ -119,6 +119,10 @@ def test_the_queue_covers_what_prefetching_workers_hold(db_url, db, tmp_path):
     rows = db.execute("SELECT capacity FROM tunefleet.worker").fetchall()
     assert [r["capacity"] for r in rows] == [5, 5]
     assert max(p.queue_target - p.queue_slack for p in seen) == 10
+    # While trials finish, the queue also covers what the fleet finishes during one poll: a
+    # snapshot follows every fetch that brought outcomes, and 60 trials take several fetches
+    # (the queue holds far fewer), so some snapshot before the end has the slack.
+    assert any(p.queue_slack >= 1 for p in seen if 0 < p.finished < 60), seen
     assert measured_twice(db) == []
 
 
