@@ -724,7 +724,7 @@ class _Session:
                     if ended == "user":
                         reason, state = "user", RunState.STOPPED
                 break
-            moved = self._dispatch()
+            moved = self._dispatch(now)
             if self.progress_callback and (outcomes or moved or now - last_progress > 1.0):
                 last_progress = now
                 self.progress_callback(self._progress())
@@ -978,13 +978,16 @@ class _Session:
                 )
 
     # --- dispatch -----------------------------------------------------------------------
-    def _dispatch(self) -> int:
+    def _dispatch(self, polled_at: float) -> int:
         """Top the queue up; returns how many trials were added (queued or cache hits)."""
         s = self.settings
         left = None
         if self.budget.max_trials is not None:
             left = self.budget.max_trials - self.stats.finished
-        rate = self.rate.per_second(time.monotonic())
+        # The rate as of the poll that counted the outcomes: telling the search can take
+        # longer than the rate's window on a loaded machine, and the slack must not vanish
+        # exactly when the coordinator is slow.
+        rate = self.rate.per_second(polled_at)
         self.slack = poll_slack(rate, s.poll_s)
         self.target = queue_target(
             self.live_workers,
