@@ -153,7 +153,12 @@ def test_the_lucky_configuration_is_measured_again_and_not_called_best(db_url, d
 
 def test_confirm_zero_reports_the_lucky_measurement(db_url, db, tmp_path):
     result = drive(db_url, lucky_settings(confirm=0), tmp_path / "logs", workers=1)
-    assert result.best_config == LUCKY  # what confirmation exists to prevent
+    # What confirmation exists to prevent: a lucky measurement reported as the best, faster
+    # than the optimum can be. Usually the seeded LUCKY; another lucky configuration among the
+    # search's random ones may measure faster still (about one in a hundred is lucky).
+    args = Synthetic().normalise_args(LUCKY_ARGS)
+    assert result.best_config is not None and is_lucky(args, result.best_config)
+    assert result.best_config != OPTIMUM and result.best_median_s < OPTIMUM_SECONDS
     assert not result.confirmed and result.spread is None
     n = db.execute("SELECT count(*) AS n FROM tunefleet.trial WHERE purpose = 'confirm'")
     assert n.fetchone()["n"] == 0
