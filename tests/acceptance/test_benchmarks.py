@@ -11,9 +11,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -280,12 +282,14 @@ def _alive(pid: int) -> bool:
     ids=["own embedded server", "tune's embedded server"],
 )
 def test_sigterm_stops_the_embedded_server_a_script_started(
-    tmp_path: Path, argv: list[str]
+    tmp_path: Path, request: pytest.FixtureRequest, argv: list[str]
 ) -> None:
     """``kill`` (or a batch system's time limit) while a script holds an embedded server: the
     server stops and its temporary folder goes, instead of running on as a daemon."""
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
+    # A short TMPDIR of its own: the servers' Unix sockets go under it, and a socket path is
+    # limited to ~107 bytes (a parallel session's tmp_path is too deep for one).
+    scratch = Path(tempfile.mkdtemp(prefix="tf-sigterm-"))
+    request.addfinalizer(lambda: shutil.rmtree(scratch, ignore_errors=True))
     env = dict(os.environ, TMPDIR=str(scratch))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     out = tmp_path / "out.json"
