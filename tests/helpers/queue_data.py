@@ -159,3 +159,11 @@ def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}")
         time.sleep(interval)
+
+
+def waiting_on_a_lock(db: Any, pid: int) -> bool:
+    """The backend ``pid`` is blocked on a lock (``pg_stat_activity``), seen from ``db``."""
+    row = db.execute(
+        "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
+    ).fetchone()
+    return row is not None and row["wait_event_type"] == "Lock"

@@ -32,19 +32,13 @@ from tests.helpers.queue_data import (
     synthetic_configs,
     trial_states,
     wait_until,
+    waiting_on_a_lock,
 )
 from tests.integration.test_queue import claim, make_worker
 from tunefleet.db.engine import connect
 from tunefleet.queries import queue
 
 DEADLINE_S = 60.0
-
-
-def waiting_on_a_lock(db: Any, pid: int) -> bool:
-    row = db.execute(
-        "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
-    ).fetchone()
-    return row is not None and row["wait_event_type"] == "Lock"
 
 
 class Statement(threading.Thread):

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.helpers.queue_data import wait_until
+from tests.helpers.queue_data import wait_until, waiting_on_a_lock
 from tunefleet.devices import DeviceInfo
 from tunefleet.errors import DeviceError
 from tunefleet.queries import queue
@@ -88,13 +88,6 @@ def test_device_lock_taken_during_an_outage_is_fatal_on_reconnect(db_url, db):
 # --- a deadlock is a statement failure, not a lost connection -------------------------------
 
 DEADLINE_S = 60.0
-
-
-def waiting_on_a_lock(db: Any, pid: int) -> bool:
-    row = db.execute(
-        "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
-    ).fetchone()
-    return row is not None and row["wait_event_type"] == "Lock"
 
 
 class OppositeOrder(threading.Thread):
