@@ -219,8 +219,12 @@ def _status(cli) -> dict[str, object]:
     return info
 
 
-def test_cli_start_status_url_stop(cli, cli_env) -> None:
+def test_cli_start_status_url_stop(cli, cli_env, tmp_path: Path) -> None:
     home = Path(cli_env["TUNEFLEET_HOME"])
+    # A batch job's TMPDIR can be deeper than a Unix socket path may be long.
+    deep = tmp_path / ("t" * 60) / ("u" * 60)
+    deep.mkdir(parents=True)
+    cli_env["TMPDIR"] = str(deep)
     assert _status(cli)["running"] is False
     out = cli.ok("db", "start")
     assert str(home / "postgres" / "data") in out

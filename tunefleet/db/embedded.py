@@ -54,6 +54,16 @@ DEFAULT_PORT = 5432
 
 _log = logging.getLogger("tunefleet.db")
 
+#: The longest Unix socket path Linux takes (``sun_path`` is 108 bytes with its NUL).
+SOCKET_PATH_MAX = 107
+#: Where the socket goes when ``TMPDIR`` is too deep for it.
+SHORT_TEMP_DIRS = ("/tmp",)
+
+
+def _fits_a_socket_path(socket_dir: Path) -> bool:
+    # The socket and PostgreSQL's lock file beside it, on the longest port number.
+    return len(os.fsencode(socket_dir / ".s.PGSQL.65535.lock")) <= SOCKET_PATH_MAX
+
 
 #: The wheel of the ``embedded`` extra, and the one it replaced (PostgreSQL 16.2, Python <= 3.12),
 #: which is still looked at: its binaries can serve, or carry forward, a PostgreSQL 16 directory.
@@ -261,12 +271,22 @@ class EmbeddedServer:
     def socket_dir(self) -> Path:
         """The private directory of the server's Unix socket: the recorded one while it is
         usable (a restart from a shell with another ``TMPDIR`` must not move it), else a short
-        one derived from the data directory (socket paths are limited to ~107 bytes)."""
+        one derived from the data directory, in the temporary directory or, where that is too
+        deep for a socket path (a batch job's per-job ``TMPDIR``), in ``/tmp``."""
         recorded = self.recorded_address().get("socket_dir")
         if isinstance(recorded, str) and recorded and Path(recorded).parent.is_dir():
             return Path(recorded)
         digest = hashlib.sha1(str(self.data_dir).encode()).hexdigest()[:12]
-        return Path(tempfile.gettempdir()) / f"tunefleet-{digest}"
+        temp = tempfile.gettempdir()
+        for base in (temp, *SHORT_TEMP_DIRS):
+            candidate = Path(base) / f"tunefleet-{digest}"
+            if _fits_a_socket_path(candidate) and Path(base).is_dir():
+                return candidate
+        raise EmbeddedServerError(
+            f"the temporary directory {temp} is too long for the embedded server's socket "
+            f"(a socket path takes at most {SOCKET_PATH_MAX} bytes); set TMPDIR to a shorter "
+            "directory"
+        )
 
     # --- locking and commands -----------------------------------------------------------
     def _unusable(self, path: Path, exc: OSError) -> EmbeddedServerError:
