@@ -23,6 +23,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.helpers.launch import process_alive
+
 pytestmark = [pytest.mark.acceptance, pytest.mark.benchmark]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -265,14 +267,6 @@ def _postmasters(folder: Path) -> dict[Path, int]:
     return found
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 @pytest.mark.parametrize(
     "argv",
     [
@@ -318,9 +312,9 @@ def test_sigterm_stops_the_embedded_server_a_script_started(
     try:
         assert proc.returncode != 0, output  # stopped, not finished
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and any(_alive(pid) for pid in servers.values()):
+        while time.monotonic() < deadline and any(process_alive(pid) for pid in servers.values()):
             time.sleep(0.2)
-        assert not [pid for pid in servers.values() if _alive(pid)], output
+        assert not [pid for pid in servers.values() if process_alive(pid)], output
         assert not list(scratch.iterdir()), (sorted(scratch.rglob("*"))[:10], output)
     finally:
         for pid in servers.values():  # a failed run must not leave its daemon behind

@@ -164,3 +164,14 @@ def wait_all(workers: Sequence[WorkerProcess], timeout: float) -> list[int]:
 
     deadline = time.monotonic() + timeout
     return [w.wait(max(deadline - time.monotonic(), 0.01)) for w in workers]
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs: a zombie (exited, not yet reaped by its parent, which for
+    a daemon may be a container's init that never reaps) counts as gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    # The command name in parentheses may hold spaces; the state follows its closing one.
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.launch import process_alive
 from tunefleet.db.engine import connect
 
 
@@ -220,7 +221,7 @@ def test_workers_stop_when_tune_is_killed_outright(home):
                 row = conn.execute(
                     "SELECT count(*) AS n FROM tunefleet.worker WHERE state = 'active'"
                 ).fetchone()
-            return row["n"] == 0 and not any(_alive(pid) for pid in pids)
+            return row["n"] == 0 and not any(process_alive(pid) for pid in pids)
 
         try:
             _wait_for(workers_gone, 60, "the orphaned worker to stop")
@@ -230,7 +231,7 @@ def test_workers_stop_when_tune_is_killed_outright(home):
         if proc.poll() is None:
             proc.kill()
         for pid in pids:
-            if _alive(pid):
+            if process_alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
@@ -250,14 +251,6 @@ def _fleet_report(env: dict[str, str], pids: list[int]) -> str:
     for log in sorted((Path(env["TUNEFLEET_HOME"]) / "logs").glob("*/*.log")):
         lines.append(f"--- {log.name}\n" + "\n".join(log.read_text().splitlines()[-15:]))
     return "\n".join(lines)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_workers_zero_drives_the_search_for_workers_started_elsewhere(home):

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.launch import process_alive
+
 ROOT = Path(__file__).resolve().parents[2]
 SLURM = ROOT / "examples" / "slurm" / "tunefleet-workers.sbatch"
 FLEET = ROOT / "examples" / "ssh" / "tunefleet-fleet.sh"
@@ -208,23 +210,10 @@ def test_ssh_launcher_starts_reports_and_stops_workers(fakes):
     assert stopped.returncode == 0, stopped.stderr
     assert "stopped" in stopped.stdout
     for pid in pids:
-        assert not _alive(pid)
+        assert not process_alive(pid)
     assert list(log_dir.glob("worker-*.pid")) == []
     assert all("terminated gracefully" in r for r in _records(fakes["record"]))
     assert sorted(p.name for p in log_dir.glob("worker-*.log")) == ["worker-0.log", "worker-1.log"]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie child of an exited shell is gone for our purposes.
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
-    except (FileNotFoundError, IndexError):
-        return False
-    return state != "Z"
 
 
 @pytest.mark.parametrize(
