@@ -38,8 +38,8 @@ _DROP = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    """This interpreter's commands first on ``PATH``; as root, this session's temporary files
-    out of the shared ``pytest-of-root``.
+    """This interpreter's commands first on ``PATH``; throw-away embedded servers; our code
+    compiled once; as root, this session's temporary files out of the shared ``pytest-of-root``.
 
     Tests start the installed commands by name (``tunefleet``, and the deployment scripts'
     ``python3``), as users do. Run as ``.venv/bin/python -m pytest`` without activating the
@@ -49,15 +49,37 @@ def pytest_configure(config: pytest.Config) -> None:
     the parents of its data directory. Every pytest session that starts resets
     ``pytest-of-root`` to mode 0700, which would cut off the servers of sessions running in
     parallel on the same machine. A private base directory per session avoids that.
+
+    Nothing a test's server holds must survive an operating-system crash, so every embedded
+    server the tests start, in this process or in the commands they run, never waits for the
+    disk (``TUNEFLEET_PG_NO_SYNC``): on a slow or shared disk each initdb's flush and every
+    commit's stalled the tests (a test that needs the durable default says so).
+
+    The suite starts thousands of Python processes (commands, workers, their device and
+    code-generation children). With ``PYTHONDONTWRITEBYTECODE`` set (as on CI machines) each
+    of them compiled our modules from source again, seconds of CPU per test on two cores; so
+    the checkout's own packages are compiled to ``__pycache__`` once, before any test starts.
     """
     bin_dir = str(Path(sys.executable).parent)
     if os.environ.get("PATH", "").split(os.pathsep)[0] != bin_dir:
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+    os.environ.setdefault("TUNEFLEET_PG_NO_SYNC", "1")
+    if not hasattr(config, "workerinput"):
+        _compile_our_packages()
     if os.geteuid() != 0 or config.option.basetemp or hasattr(config, "workerinput"):
         return
     base = tempfile.mkdtemp(prefix="tunefleet-pytest-")
     config.option.basetemp = base
     config.add_cleanup(lambda: shutil.rmtree(base, ignore_errors=True))
+
+
+def _compile_our_packages() -> None:
+    # py_compile writes even where sys.dont_write_bytecode is set; the processes that import
+    # the modules only need to read the files.
+    import compileall
+
+    for package in ("tunefleet", "coordinator", "worker", "benchmarks", "tests/helpers"):
+        compileall.compile_dir(ROOT / package, quiet=1, workers=1)
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
@@ -124,18 +146,12 @@ def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         return
     from tunefleet.db.embedded import EmbeddedServer
 
-    server = EmbeddedServer(tmp_path_factory.mktemp("pg") / "data")
+    # Throw-away (see pytest_configure): each test's CREATE DATABASE and every commit would
+    # otherwise flush to the disk, which on a shared or slow one stalled workers' heartbeats.
+    server = EmbeddedServer(tmp_path_factory.mktemp("pg") / "data", no_sync=True)
     server.start()
     try:
-        url = server.admin_url()
-        # A throw-away server: nothing it holds must survive a crash, so no waiting on the
-        # disk. Each test's CREATE DATABASE and every commit no longer flush to it, which on
-        # a shared or slow disk stalled workers' heartbeats and cost minutes of the suite.
-        with psycopg.connect(url, autocommit=True) as conn:
-            for name in ("fsync", "synchronous_commit", "full_page_writes"):
-                conn.execute(sql.SQL("ALTER SYSTEM SET {} = off").format(sql.Identifier(name)))
-            conn.execute("SELECT pg_reload_conf()")
-        yield url
+        yield server.admin_url()
     finally:
         server.stop()
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from tests.helpers.ports import free_port
 from tunefleet.db.embedded import REMOTE_ROLE, EmbeddedServer
@@ -303,6 +304,45 @@ def test_cli_listen_remote_url_has_no_password(cli, cli_env, tmp_path: Path) -> 
     assert "password authentication failed" in line and "PGPASSWORD" in line
     line = cli.fails("db", "upgrade", "--db", remote, env={"PGPASSFILE": str(no_file)})
     assert "no password supplied" in line and "PGPASSFILE" in line
+
+
+def _settings(server: EmbeddedServer, *names: str) -> list[str]:
+    with psycopg.connect(server.admin_url()) as conn:
+        return [
+            conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(n))).fetchone()[0] for n in names
+        ]
+
+
+def test_no_sync_is_a_throw_away_server_for_one_start_and_the_default_is_durable(
+    tmp_path: Path,
+) -> None:
+    names = ("fsync", "full_page_writes", "synchronous_commit")
+    data = tmp_path / "pg" / "data"
+    # A commit still reaches the operating system before it returns: a killed server keeps
+    # it (test_server_killed_with_sigkill_is_reported_stale_and_starts_again runs no_sync).
+    for no_sync, expected in ((False, "on"), (True, "off"), (False, "on")):
+        server = EmbeddedServer(data, no_sync=no_sync)
+        server.start()
+        try:
+            assert _settings(server, *names) == [expected, expected, "on"], f"{no_sync=}"
+        finally:
+            server.stop()
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"), [("1", True), ("on", True), ("0", False), ("", False)]
+)
+def test_no_sync_comes_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, raw: str, expected: bool
+) -> None:
+    monkeypatch.setenv("TUNEFLEET_PG_NO_SYNC", raw)
+    assert EmbeddedServer(tmp_path / "data").no_sync is expected
+
+
+def test_cli_bad_no_sync_variable_is_one_line_and_creates_nothing(cli, cli_env) -> None:
+    line = cli.fails("db", "start", env={"TUNEFLEET_PG_NO_SYNC": "maybe"}, code=2)
+    assert "TUNEFLEET_PG_NO_SYNC='maybe'" in line
+    assert not (Path(cli_env["TUNEFLEET_HOME"]) / "postgres" / "data").exists()
 
 
 def test_cli_bad_port_flag(cli) -> None:

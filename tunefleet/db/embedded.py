@@ -16,6 +16,10 @@ Local connections go through a Unix socket in a private short directory (trust a
 directory is only reachable by the owner). ``start(listen=HOST, port=P)`` also serves TCP with
 SCRAM passwords: the role ``tunefleet`` gets a generated password kept in a ``pgpass`` file
 (mode 0600) beside the data, which is what ``tunefleet db url`` points remote workers at.
+
+``TUNEFLEET_PG_NO_SYNC=1`` makes a throw-away server (CI, a test suite, a demo in ``/tmp``):
+initdb, pg_upgrade and the server stop waiting for the disk (``fsync`` off). A killed server
+still loses no commit; an operating-system crash or a power cut can corrupt the data directory.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from typing import Any
 from urllib.parse import quote
 
 from tunefleet.errors import EmbeddedServerError
+from tunefleet.settings import parse_bool, resolve
 
 DATABASE = "tunefleet"
 SUPERUSER = "postgres"
@@ -216,11 +221,25 @@ class ServerStatus:
 class EmbeddedServer:
     """One private PostgreSQL server living in ``data_dir``."""
 
-    def __init__(self, data_dir: Path, bin_dir: Path | None = None) -> None:
+    def __init__(
+        self, data_dir: Path, bin_dir: Path | None = None, *, no_sync: bool | None = None
+    ) -> None:
         self.data_dir = Path(data_dir).expanduser().resolve()
         self.base = self.data_dir.parent
         self._binaries = Binaries(Path(bin_dir), "given") if bin_dir is not None else None
         self.run_as = ROOT_RUN_AS if os.geteuid() == 0 else None
+        #: A throw-away server that never waits for the disk (``TUNEFLEET_PG_NO_SYNC``).
+        self.no_sync = resolve(no_sync, "PG_NO_SYNC", False, parse_bool)
+
+    def _server_options(self) -> str:
+        """``postgres -c`` settings of every start: none, or no waiting for the disk. They
+        are given at each start, not written to the directory, so a server made throw-away
+        once is durable again when started without ``TUNEFLEET_PG_NO_SYNC``."""
+        if not self.no_sync:
+            return ""
+        # Not synchronous_commit = off: a commit would then return before its WAL reaches
+        # the operating system, and a killed server would lose it.
+        return " -c fsync=off -c full_page_writes=off"
 
     # --- paths --------------------------------------------------------------------------
     @property
@@ -587,6 +606,7 @@ class EmbeddedServer:
                 str(_free_port()),
                 "--new-port",
                 str(_free_port()),
+                *(["--no-sync"] if self.no_sync else []),
                 timeout=6 * 3600,
                 cwd=work,
             )
@@ -637,7 +657,10 @@ class EmbeddedServer:
 
         sock = self._prepare_socket_dir()
         port = _free_port()
-        opts = f"-c listen_addresses='' -c port={port} -c unix_socket_directories='{sock}'"
+        opts = (
+            f"-c listen_addresses='' -c port={port} -c unix_socket_directories='{sock}'"
+            + self._server_options()
+        )
         args = ("-D", str(data_dir), "-l", str(self.log_path))
         self._run("pg_ctl", "start", "-w", "-t", "120", *args, "-o", opts, bin_dir=bin_dir)
         try:
@@ -675,6 +698,7 @@ class EmbeddedServer:
                 "--auth-host=scram-sha-256",
                 *(options or ("--encoding=UTF8",)),
                 "--no-instructions",
+                *(["--no-sync"] if self.no_sync else []),
             )
         except EmbeddedServerError:
             # Leave no half-initialised directory behind: the next start would refuse it.
@@ -727,7 +751,7 @@ class EmbeddedServer:
             chosen_port = DEFAULT_PORT if served else _free_port()
         opts = (
             f"-c listen_addresses='{served}' -c port={int(chosen_port)} "
-            f"-c unix_socket_directories='{sock}'"
+            f"-c unix_socket_directories='{sock}'" + self._server_options()
         )
         try:
             self._run(
