@@ -50,9 +50,9 @@ import _harness as h
 from psycopg.types.json import Jsonb
 
 from tunefleet.db.engine import connect, normalise_url
-from tunefleet.db.schema import ANY_DEVICE_CLASS
 from tunefleet.queries import bench as bq
 from tunefleet.queries import search
+from tunefleet.vocabulary import ANY_DEVICE_CLASS
 
 NAME = "raw_queue"
 #: Trials of this class are served by no real worker: the benchmark's clients own them.

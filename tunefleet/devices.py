@@ -16,7 +16,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tunefleet.db.schema import ANY_DEVICE_CLASS
+from tunefleet.vocabulary import ANY_DEVICE_CLASS
 
 __all__ = ["ANY_DEVICE_CLASS", "DeviceInfo", "device_class_of"]
 

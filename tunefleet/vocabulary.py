@@ -16,6 +16,15 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+# Plain names the worker needs as well: here, not in tunefleet.db.schema, so that a worker
+# and each of its device and code-generation processes never import SQLAlchemy (0.6 s of CPU
+# each).
+
+#: ``device_class`` value of a run that any worker may serve (the synthetic problem uses it).
+ANY_DEVICE_CLASS = "any"
+#: NOTIFY channel: one notification per inserted batch, payload = device class.
+NOTIFY_CHANNEL = "tunefleet_trials"
+
 
 class TrialState(StrEnum):
     """``pending -> running -> done | invalid | failed | timed_out``; ``running -> pending``

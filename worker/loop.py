@@ -71,7 +71,6 @@ import psycopg
 from tunefleet import __version__
 from tunefleet.db import pooler
 from tunefleet.db.engine import connect
-from tunefleet.db.schema import ANY_DEVICE_CLASS
 from tunefleet.devices import HOST_DEVICE, DeviceInfo
 from tunefleet.errors import (
     DatabaseProblem,
@@ -84,7 +83,7 @@ from tunefleet.errors import (
 from tunefleet.problems.base import Outcome, Protocol
 from tunefleet.queries import queue
 from tunefleet.queries.queue import ClaimedTrial, MeasurementRow
-from tunefleet.vocabulary import TrialState
+from tunefleet.vocabulary import ANY_DEVICE_CLASS, TrialState
 
 from .heartbeat import Heartbeat, HeldLeases, Key
 from .link import DatabaseDown, Link

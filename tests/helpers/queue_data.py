@@ -11,10 +11,10 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from tunefleet.db.schema import ANY_DEVICE_CLASS
 from tunefleet.problems.base import Protocol, cache_key
 from tunefleet.problems.synthetic import Synthetic, fault_of
 from tunefleet.space import config_hash
+from tunefleet.vocabulary import ANY_DEVICE_CLASS
 
 #: A protocol that keeps synthetic measurements tiny.
 FAST_PROTOCOL = Protocol(warmup=0, min_launches=3, min_seconds=0.0, max_launches=3)

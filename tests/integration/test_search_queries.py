@@ -12,10 +12,10 @@ from tests.helpers.coordinator import register_worker
 from tests.helpers.queue_data import wait_until
 from tunefleet.coordinator.engine import NewTrial, enqueue
 from tunefleet.db.engine import connect
-from tunefleet.db.schema import NOTIFY_CHANNEL
 from tunefleet.problems.base import Protocol, cache_key
 from tunefleet.queries import search as q
 from tunefleet.space import config_hash
+from tunefleet.vocabulary import NOTIFY_CHANNEL
 
 PROTOCOL = Protocol().to_json()
 

@@ -7,7 +7,8 @@ modules are covered the day they are added):
 - the shared core (``tunefleet`` outside those two and ``tunefleet.migrations``) imports
   neither of the two, nor OpenCL at import time
   (the ``tunefleet.cli`` aggregator excepted: it registers both components' subcommands);
-- the ``tunefleet`` command itself loads without OpenCL.
+- the ``tunefleet`` command itself loads without OpenCL;
+- the worker loads without SQLAlchemy.
 
 Two checks each: the source (every import statement, also those inside functions) and a real
 import of every module in a fresh interpreter where the forbidden packages cannot load.
@@ -201,6 +202,13 @@ def test_coordinator_modules_import_without_worker_or_opencl() -> None:
 
 def test_worker_modules_import_without_coordinator() -> None:
     assert _import_blocked({"coordinator"}, _modules("worker")) == []
+
+
+def test_worker_modules_import_without_sqlalchemy() -> None:
+    """A worker, and each device and code-generation process it spawns, talks to the queue
+    through psycopg alone: SQLAlchemy (the schema's definition, for migrations and people)
+    cost each of those processes 0.6 s of CPU at start."""
+    assert _import_blocked({"sqlalchemy"}, _modules("worker")) == []
 
 
 def test_shared_core_imports_without_opencl_or_components() -> None:

@@ -60,10 +60,6 @@ ATTEMPT_OUTCOMES = tuple(AttemptOutcome)
 #: Where a measurement row came from; :data:`CACHE_SOURCES` are the ones the cache serves.
 MEASUREMENT_SOURCES = ("measured", "imported", "unverified")
 CACHE_SOURCES = ("measured", "imported")
-#: ``device_class`` value of a run that any worker may serve (the synthetic problem uses it).
-ANY_DEVICE_CLASS = "any"
-#: NOTIFY channel: one notification per inserted batch, payload = device class.
-NOTIFY_CHANNEL = "tunefleet_trials"
 
 
 def _in(column: str, values: Iterable[str]) -> str:

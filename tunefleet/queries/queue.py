@@ -37,10 +37,9 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from tunefleet.db.schema import NOTIFY_CHANNEL
 from tunefleet.devices import DeviceInfo
 from tunefleet.settings import COORDINATOR_ALIVE_S, WORKER_ALIVE_S
-from tunefleet.vocabulary import FINISHED_TRIAL_STATES, AttemptOutcome, TrialState
+from tunefleet.vocabulary import FINISHED_TRIAL_STATES, NOTIFY_CHANNEL, AttemptOutcome, TrialState
 
 #: Key of the transaction-level advisory lock that serialises the reaper across the fleet
 #: (taken inside ``tunefleet.reap_expired_leases``; the migration spells the same text).

@@ -23,8 +23,7 @@ import psycopg
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
-from tunefleet.db.schema import NOTIFY_CHANNEL
-from tunefleet.vocabulary import RunState, TrialState
+from tunefleet.vocabulary import NOTIFY_CHANNEL, RunState, TrialState
 
 Row = dict[str, Any]
 Conn = psycopg.Connection[Any]
