@@ -219,10 +219,14 @@ def check_at_head(conn: psycopg.Connection[Any], url_hint: str = "") -> str:
 
     ``url_hint`` is the (redacted) URL to put into the fixing command of the message.
     """
+    from tunefleet.migrations import HEAD
+
+    current = current_revision(conn)
+    if current == HEAD:
+        return HEAD
     from tunefleet.db.migrate import head_revision, is_known_revision
 
     head = head_revision()
-    current = current_revision(conn)
     if current == head:
         return head
     fix = "tunefleet db upgrade" + (f" --db {shlex.quote(url_hint)}" if url_hint else "")
