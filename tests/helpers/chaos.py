@@ -216,14 +216,45 @@ class ChaosRun:
     def inject(self, fault: str) -> None:
         getattr(self, fault)()
 
-    def kill_worker(self) -> None:
-        """SIGKILL a random live worker (its leases expire; its trials are requeued) and start
-        a replacement."""
+    def _held_by(self, pid: int) -> list[tuple[int, int]]:
+        """(trial, attempt) of the running trials whose lease the worker process ``pid`` holds."""
+        rows = self.query(
+            """
+            SELECT t.id, t.attempt FROM tunefleet.trial t JOIN tunefleet.worker w
+                ON w.id = t.lease_owner
+             WHERE t.state = 'running' AND w.pid = %s
+            """,
+            (pid,),
+        )
+        return [(int(r["id"]), int(r["attempt"])) for r in rows]
+
+    def _frozen_holder(self) -> tuple[WorkerProcess, list[tuple[int, int]]] | None:
+        """A live worker, stopped (SIGSTOP) while it holds a running trial, and what it holds;
+        ``None`` while none holds one (the workers tried are let go again)."""
         live = self.live_workers()
-        victim = self.rng.choice(live)
+        for victim in self.rng.sample(live, len(live)):
+            victim.send(signal.SIGSTOP)
+            # Stopped for sure before we look: it can then neither finish nor claim a trial.
+            self.wait_for(lambda v=victim: _state(v.pid) in {"T", None}, 10, "the SIGSTOP")
+            held = self._held_by(victim.pid)
+            if held:
+                return victim, held
+            victim.send(signal.SIGCONT)
+        return None
+
+    def kill_worker(self) -> None:
+        """SIGKILL a live worker while it holds a running trial (its leases expire; the reaper
+        requeues its trials) and start a replacement.
+
+        The victim is frozen before its claims are read: a worker killed between two trials
+        holds nothing, and a run whose kills all fell there exercised no lease expiry (seen
+        once in a loaded fresh clone)."""
+        victim, held = self.wait_for(
+            self._frozen_holder, timeout=60, what=f"a worker holding a trial\n{self.report()}"
+        )
         n = self.workers.index(victim)
         victim.kill()
-        self.log(f"SIGKILL worker {n} (pid {victim.pid})")
+        self.log(f"SIGKILL worker {n} (pid {victim.pid}) holding trials/attempts {held}")
         self.start_worker()
 
     def stop_worker_past_lease(self) -> None:
@@ -244,15 +275,8 @@ class ChaosRun:
         victim = self.rng.choice([w for w in live if w.pid in holders] or live)
         n = self.workers.index(victim)
         victim.send(signal.SIGSTOP)
-        held = self.query(
-            """
-            SELECT t.id, t.attempt FROM tunefleet.trial t JOIN tunefleet.worker w
-                ON w.id = t.lease_owner
-             WHERE t.state = 'running' AND w.pid = %s
-            """,
-            (victim.pid,),
-        )
-        claims = [(int(r["id"]), int(r["attempt"])) for r in held]
+        self.wait_for(lambda: _state(victim.pid) in {"T", None}, 10, "the SIGSTOP")
+        claims = self._held_by(victim.pid)
         self.log(f"SIGSTOP worker {n} (pid {victim.pid}) holding trials/attempts {claims}")
         if claims:
             self.frozen_claims[n] = claims
@@ -498,3 +522,12 @@ def violations(db: psycopg.Connection[Any], run_id: int, max_trials: int) -> lis
     if not best["confirmed"]:
         bad.append("the run's best was not confirmed by a re-measurement")
     return bad
+
+
+def _state(pid: int) -> str | None:
+    """The process's state letter from /proc (``T``: stopped), ``None`` once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return stat.rsplit(")", 1)[1].split()[0]
