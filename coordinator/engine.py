@@ -701,15 +701,17 @@ class _Session:
                 external = self._heartbeat()
                 if external is not None:
                     return external
+            outcomes = q.fetch_unreported(self.conn, self.run_id)
+            self.rate.add(now, len(outcomes))  # what the workers finish, for the queue depth
+            self._absorb(outcomes)
+            # After the outcomes: a worker that finished the last trial in flight and left
+            # (``--drain``) must not make the run look unserved.
             if now - last_live >= s.heartbeat_s:
                 last_live = now
                 self.live_workers, self.live_capacity = q.count_live_workers(
                     self.conn, self.device_class, s.worker_alive_s, self.run_id
                 )
                 self._check_served(now)
-            outcomes = q.fetch_unreported(self.conn, self.run_id)
-            self.rate.add(now, len(outcomes))  # what the workers finish, for the queue depth
-            self._absorb(outcomes)
             if self.owner.stop_requested():
                 reason, state = "user", RunState.STOPPED
                 break
@@ -890,6 +892,10 @@ class _Session:
     def _finish(self, reason: str, state: str) -> RunResult:
         cancelled = self.cancelled + q.cancel_pending(self.conn, self.run_id)
         q.finish_run(self.conn, self.run_id, self.owner.coordinator_id, reason, state)
+        if not self.flights:
+            # Nothing is left to serve; a run that ends with work nobody could take keeps
+            # saying so on its last line.
+            self.unserved = None
         if self.progress_callback:
             self.progress_callback(self._progress())
         _log.info("run %d %s: %s (%d pending cancelled)", self.run_id, state, reason, cancelled)

@@ -5,7 +5,9 @@ worker process."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,9 @@ from tests.helpers.launch import start_worker
 from tests.helpers.queue_data import wait_until
 from tunefleet.cli.front import status_text
 from tunefleet.coordinator.engine import Coordinator, Progress, RunResult, create_run
+from tunefleet.db.engine import connect
+from tunefleet.devices import DeviceInfo
+from tunefleet.queries import queue
 from tunefleet.queries import search as q
 
 PROBLEM = str(Path(__file__).resolve().parents[1] / "acceptance" / "environment_problem.py")
@@ -91,3 +96,81 @@ def test_a_run_nobody_can_serve_is_reported_until_a_healthy_worker_finishes_it(
         (run_id,),
     ).fetchone()
     assert (measured["configs"], measured["n"]) == (8, 8)
+
+
+def test_a_run_whose_last_worker_leaves_with_its_last_result_ends_served(db_url, db) -> None:
+    """The worker that finishes a run's last trials may be gone (``--drain``) before the
+    coordinator reads them: the run must not end saying nobody can serve it. Seen in a loaded
+    fresh clone: the live-worker count, read before the outcomes, still saw the trials in
+    flight and only a worker standing aside."""
+    s = dataclasses.replace(settings(max_trials=2, unserved_s=0.5, confirm=0), heartbeat_s=0.02)
+    run_id = create_run(s, db_url)
+    ghost = register_worker(db)
+    db.execute(
+        "INSERT INTO tunefleet.stand_aside (worker_id, run_id, reason) VALUES (%s, %s, %s)",
+        (ghost, run_id, "needs libfoo"),
+    )
+    worker = uuid.uuid4()
+    secret = queue.register_worker(
+        db,
+        worker_id=worker,
+        host="node",
+        pid=1,
+        device_id=queue.register_device(
+            db, DeviceInfo(platform="P", vendor="V", name="G", driver_version="1")
+        ),
+        device_class="host-cpu",
+        version="t",
+    )
+    coordinator = Coordinator(s, db_url)
+    seen: list[Progress] = []
+    outcome: list[RunResult] = []
+    thread = threading.Thread(target=lambda: outcome.append(coordinator.run(run_id, seen.append)))
+    thread.start()
+    try:
+        claims = wait_until(
+            lambda: (
+                queue.claim_trials(
+                    db,
+                    worker_id=worker,
+                    secret=secret,
+                    device_classes=["any"],
+                    limit=2,
+                    lease_s=60,
+                )
+                or None
+            ),
+            timeout=60,
+            what="the run's trials to be queued",
+        )
+        claims += queue.claim_trials(
+            db, worker_id=worker, secret=secret, device_classes=["any"], limit=2, lease_s=60
+        )
+        assert len(claims) == 2
+        wait_until(
+            lambda: any(p.in_flight == 2 and p.live_workers == 1 for p in seen),
+            timeout=60,
+            what="the coordinator to see both trials held by a live worker",
+        )
+        # The last results and the worker's exit, seen by the coordinator at the same time.
+        with connect(db_url) as w, w.transaction():
+            for c in claims:
+                queue.complete_trial(
+                    w,
+                    trial_id=c.trial_id,
+                    attempt=c.attempt,
+                    token=c.lease_token,
+                    worker_id=worker,
+                    state="invalid",
+                    error="invalid by the test",
+                )
+            assert queue.stop_worker(w, worker, secret)
+        thread.join(60)
+        assert not thread.is_alive()
+    finally:
+        coordinator.request_stop()
+        thread.join(30)
+    [result] = outcome
+    assert (result.state, result.trials) == ("finished", 2)
+    assert seen[-1].in_flight == 0
+    assert seen[-1].unserved is None, seen[-1].unserved
