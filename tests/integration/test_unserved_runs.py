@@ -24,16 +24,24 @@ from tunefleet.queries import search as q
 PROBLEM = str(Path(__file__).resolve().parents[1] / "acceptance" / "environment_problem.py")
 
 
+def _drive(
+    coordinator: Coordinator, run_id: int
+) -> tuple[threading.Thread, list[Progress], list[RunResult]]:
+    """Drive the run in a thread; its progress snapshots and (at the end) its result."""
+    seen: list[Progress] = []
+    outcome: list[RunResult] = []
+    thread = threading.Thread(target=lambda: outcome.append(coordinator.run(run_id, seen.append)))
+    thread.start()
+    return thread, seen, outcome
+
+
 def test_a_run_nobody_can_serve_is_reported_until_a_healthy_worker_finishes_it(
     db_url, db, tmp_path
 ):
     s = settings(problem=PROBLEM, problem_args={}, max_trials=8, unserved_s=0.5)
     run_id = create_run(s, db_url)
     coordinator = Coordinator(s, db_url)
-    seen: list[Progress] = []
-    outcome: list[RunResult] = []
-    thread = threading.Thread(target=lambda: outcome.append(coordinator.run(run_id, seen.append)))
-    thread.start()
+    thread, seen, outcome = _drive(coordinator, run_id)
     try:
         # No worker at all, for longer than unserved_s.
         wait_until(
@@ -123,10 +131,7 @@ def test_a_run_whose_last_worker_leaves_with_its_last_result_ends_served(db_url,
         version="t",
     )
     coordinator = Coordinator(s, db_url)
-    seen: list[Progress] = []
-    outcome: list[RunResult] = []
-    thread = threading.Thread(target=lambda: outcome.append(coordinator.run(run_id, seen.append)))
-    thread.start()
+    thread, seen, outcome = _drive(coordinator, run_id)
     try:
         claims = wait_until(
             lambda: (
