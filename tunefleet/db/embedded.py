@@ -374,30 +374,7 @@ class EmbeddedServer:
         """
         if self.run_as is None:
             return
-        import pwd
-
-        if _user_missing(self.run_as):
-            created = subprocess.run(
-                [
-                    "useradd",
-                    "--system",
-                    "--no-create-home",
-                    "--shell",
-                    "/usr/sbin/nologin",
-                    self.run_as,
-                ],
-                check=False,
-                capture_output=True,
-                text=True,
-            )
-            # Exit 9: another process created it a moment ago.
-            if created.returncode not in (0, 9):
-                raise EmbeddedServerError(
-                    f"PostgreSQL does not run as root and creating the system user "
-                    f"{self.run_as!r} failed: {_last_lines(created.stderr)}; "
-                    "run tunefleet as an ordinary user"
-                )
-        entry = pwd.getpwnam(self.run_as)
+        entry = ensure_system_user(self.run_as)
         for path in (self.base, self.bin_dir, *more_bin_dirs):
             for parent in [path, *path.parents]:
                 mode = parent.stat().st_mode
@@ -900,14 +877,47 @@ def _is_postgres(pid: int) -> bool:
     return state not in {"Z", "X"} and comm.startswith("postgres")
 
 
-def _user_missing(name: str) -> bool:
+_USERADD = ("useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin")
+
+
+def ensure_system_user(name: str) -> Any:
+    """The password entry of system user ``name``, created first when missing (root only).
+
+    Several tunefleet processes on a fresh machine (the test sessions of ``pytest -n``, two
+    commands started at once) find the user missing together. Their ``useradd`` calls race on
+    the account files: one fails half-way and is rolled back while another process has
+    already read the rolled-back entry and handed its uid to a data directory. So creation
+    is serialised by an exclusive lock on ``/etc/passwd`` (advisory: the account tools lock
+    other files, so nothing else waits on it) and the user is looked up again under it.
+    """
     import pwd
 
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        return True
-    return False
+    with contextlib.suppress(KeyError):
+        return pwd.getpwnam(name)
+    with open("/etc/passwd", "rb") as accounts:
+        fcntl.flock(accounts, fcntl.LOCK_EX)
+        try:
+            with contextlib.suppress(KeyError):
+                return pwd.getpwnam(name)
+            try:
+                created = subprocess.run(
+                    [*_USERADD, name],
+                    check=False,
+                    capture_output=True,
+                    text=True,
+                )
+                # Exit 9: a process outside tunefleet created it a moment ago.
+                reason = "" if created.returncode in (0, 9) else _last_lines(created.stderr)
+            except FileNotFoundError:
+                reason = "this system has no useradd"
+            if reason:
+                raise EmbeddedServerError(
+                    f"PostgreSQL does not run as root and creating the system user "
+                    f"{name!r} failed: {reason}; run tunefleet as an ordinary user"
+                )
+            return pwd.getpwnam(name)
+        finally:
+            fcntl.flock(accounts, fcntl.LOCK_UN)
 
 
 def _size(path: Path) -> int:
