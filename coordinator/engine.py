@@ -891,6 +891,10 @@ class _Session:
 
     def _finish(self, reason: str, state: str) -> RunResult:
         cancelled = self.cancelled + q.cancel_pending(self.conn, self.run_id)
+        # A stop can land between the poll and the stop check (while the search is being
+        # told): what finished since that poll belongs to this run's count and best, not to
+        # whoever resumes it.
+        self._absorb(q.fetch_unreported(self.conn, self.run_id))
         q.finish_run(self.conn, self.run_id, self.owner.coordinator_id, reason, state)
         if not self.flights:
             # Nothing is left to serve; a run that ends with work nobody could take keeps
