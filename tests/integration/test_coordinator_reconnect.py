@@ -63,6 +63,10 @@ def finished(db: Any, run_id: int) -> int:
     return int(row["n"])
 
 
+def _count(caplog: pytest.LogCaptureFixture, text: str) -> int:
+    return sum(text in r.getMessage() for r in list(caplog.records))
+
+
 class Driver(threading.Thread):
     def __init__(self, coordinator: Coordinator, run_id: int) -> None:
         super().__init__(daemon=True)
@@ -86,15 +90,28 @@ def test_terminated_sessions_are_survived_and_nothing_is_measured_twice(
     driver = Driver(Coordinator(s, db_url), run_id)
     with fleet(db_url, 2, tmp_path) as procs:
         driver.start()
-        for due in (8, 16, 24):
+        terminated: set[int] = set()
+        for outage, due in enumerate((8, 16, 24), start=1):
             wait_until(
                 lambda due=due: finished(db, run_id) >= due,
                 timeout=60,
                 what=f"{due} finished trials\n{logs(procs)}",
             )
-            pids = wait_until(lambda: coordinator_sessions(db), what="the coordinator session")
+            # A session opened after the last outage ended: terminating the old one again,
+            # or the new one while it reconnects, would be one outage, not two (a loaded
+            # fresh clone counted two losses for three terminations).
+            pids = wait_until(
+                lambda: [p for p in coordinator_sessions(db) if p not in terminated],
+                what="the coordinator's new session",
+            )
             for pid in pids:
                 db.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            terminated.update(pids)
+            wait_until(
+                lambda outage=outage: _count(caplog, "reachable again") >= outage,
+                timeout=60,
+                what=f"the coordinator to resume after outage {outage}",
+            )
         driver.join(60)
     assert not driver.is_alive()
     assert driver.error is None, repr(driver.error)
