@@ -14,10 +14,11 @@ import pwd
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.queue_data import wait_until
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("useradd") is None or shutil.which("userdel") is None,
@@ -57,11 +58,12 @@ def test_processes_creating_the_server_user_at_once_all_get_the_one_account(
         for i in range(6)
     ]
     try:
-        deadline = time.monotonic() + 120
-        while len(list(tmp_path.glob("ready-*"))) < len(children):
+
+        def ready() -> bool:
             assert all(child.poll() is None for child in children), "a child exited early"
-            assert time.monotonic() < deadline, "the children did not get ready in 120 s"
-            time.sleep(0.01)
+            return len(list(tmp_path.glob("ready-*"))) == len(children)
+
+        wait_until(ready, timeout=120, interval=0.01, what="the children to get ready")
         go.touch()
         results = [child.communicate(timeout=120) for child in children]
         for child, (_, err) in zip(children, results, strict=True):
