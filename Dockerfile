@@ -15,7 +15,7 @@ RUN mkdir -p /etc/OpenCL/vendors \
 
 WORKDIR /opt/tunefleet
 COPY pyproject.toml README.md ./
-COPY tunefleet ./tunefleet
+COPY src ./src
 COPY coordinator ./coordinator
 COPY worker ./worker
 COPY migrations ./migrations

@@ -78,7 +78,7 @@ def _compile_our_packages() -> None:
     # the modules only need to read the files.
     import compileall
 
-    for package in ("tunefleet", "coordinator", "worker", "benchmarks", "tests/helpers"):
+    for package in ("src/tunefleet", "coordinator", "worker", "benchmarks", "tests/helpers"):
         compileall.compile_dir(ROOT / package, quiet=1, workers=1)
 
 

@@ -96,7 +96,7 @@ def test_dockerfile_installs_pocl_and_the_linker_and_runs_unprivileged():
     assert "binutils" in text  # PoCL links kernels with the system ld
     user_lines = [ln for ln in text.splitlines() if ln.startswith("USER ")]
     assert user_lines and user_lines[-1] != "USER root"
-    for path in ("tunefleet", "coordinator", "worker", "migrations", "pyproject.toml"):
+    for path in ("src", "coordinator", "worker", "migrations", "pyproject.toml"):
         assert any(ln.startswith(f"COPY {path}") for ln in text.splitlines()), path
 
 

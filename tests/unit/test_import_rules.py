@@ -30,8 +30,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# The repository folders installed as tunefleet.<name> (pyproject.toml's package-dir).
+# The repository folders installed as tunefleet.<name> (pyproject.toml's package-dir); the
+# core itself is src/tunefleet.
 COMPONENTS = ("coordinator", "worker", "migrations")
+FOLDERS = {"tunefleet": ROOT / "src" / "tunefleet"} | {c: ROOT / c for c in COMPONENTS}
 
 
 def area(module: str) -> str:
@@ -74,6 +76,8 @@ print(json.dumps(sorted(n for n in sys.modules if area(n) in blocked)))
 def _module_name(path: Path) -> str:
     """The installed name of a source file: ``worker/loop.py`` -> ``tunefleet.worker.loop``."""
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[0] == "src":
+        parts.pop(0)
     if parts[-1] == "__init__":
         parts.pop()
     if parts[0] in COMPONENTS:
@@ -84,7 +88,7 @@ def _module_name(path: Path) -> str:
 def _modules(folder: str, exclude: tuple[str, ...] = ()) -> list[str]:
     """Every module in a repository folder (``__main__`` would run code)."""
     found = []
-    for path in sorted((ROOT / folder).rglob("*.py")):
+    for path in sorted(FOLDERS[folder].rglob("*.py")):
         name = _module_name(path)
         parts = name.split(".")
         if parts[-1] == "__main__" or any(name == e or name.startswith(e + ".") for e in exclude):
@@ -139,7 +143,7 @@ def _imported_names(path: Path, package: str = "") -> set[str]:
 
 def _violations(folder: str, forbidden: set[str], exclude: tuple[str, ...] = ()) -> list[str]:
     out = []
-    for path in sorted((ROOT / folder).rglob("*.py")):
+    for path in sorted(FOLDERS[folder].rglob("*.py")):
         rel = path.relative_to(ROOT)
         name = _module_name(path)
         if any(name == e or name.startswith(e + ".") for e in exclude):

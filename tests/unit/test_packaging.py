@@ -1,11 +1,11 @@
 """The distribution installs one top-level package, ``tunefleet``, whichever way it is installed.
 
-The repository keeps ``coordinator/``, ``worker/`` and ``migrations/`` at its top level;
-pyproject.toml maps them to ``tunefleet.coordinator``, ``tunefleet.worker`` and
-``tunefleet.migrations`` (``package-dir``, an explicit package list). These tests build the
-real wheel and install it the ways a user does: a regular install (read from the wheel and run
-from a directory without a checkout, and from inside a checkout, whose ``tunefleet/`` then
-shadows the installed one) and an editable install in a fresh virtual environment.
+The core lives in ``src/tunefleet/``; the repository keeps ``coordinator/``, ``worker/`` and
+``migrations/`` at its top level, and pyproject.toml maps them to ``tunefleet.coordinator``,
+``tunefleet.worker`` and ``tunefleet.migrations`` (``package-dir``, an explicit package list).
+These tests build the real wheel and install it the ways a user does: a regular install (read
+from the wheel, run from a directory without a checkout and from inside a checkout, which
+cannot shadow it) and an editable install in a fresh virtual environment.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import pytest
 from tests.helpers.build import bare_venv, has_build_backend, pip_into, project_wheel, source_copy
 
 ROOT = Path(__file__).resolve().parents[2]
-MAPPED = {"tunefleet.coordinator": "coordinator", "tunefleet.worker": "worker"}
-MAPPED["tunefleet.migrations"] = "migrations"
+MAPPED = {"tunefleet": "src/tunefleet", "tunefleet.coordinator": "coordinator"}
+MAPPED |= {"tunefleet.worker": "worker", "tunefleet.migrations": "migrations"}
 
 # Prints where each package came from, importing nothing outside the standard library.
 _WHERE = (
@@ -57,9 +57,8 @@ def test_the_package_list_names_every_package_folder() -> None:
     """A new subpackage (a folder with ``__init__.py``) cannot be left out of the wheel."""
     config = _pyproject()["tool"]["setuptools"]
     assert config["package-dir"] == MAPPED
-    folders = {"tunefleet": "tunefleet", **MAPPED}
     on_disk = set()
-    for package, folder in folders.items():
+    for package, folder in MAPPED.items():
         for init in (ROOT / folder).rglob("__init__.py"):
             rel = init.parent.relative_to(ROOT / folder).parts
             on_disk.add(".".join([package, *rel]))
@@ -102,16 +101,30 @@ def test_a_regular_install_imports_from_anywhere_and_from_a_checkout(
     # No generic top-level names: another distribution's `worker` is not shadowed or taken.
     for generic in ("coordinator", "worker", "migrations"):
         assert not (site / generic).exists()
-    # Started inside a checkout, the checkout's tunefleet/ comes first on sys.path: its
-    # top-level folders then serve the three subpackages (the same code, never the copy).
+    # Started inside a checkout (its root first on sys.path, as `python -m` and pytest put
+    # it): the checkout's root holds no `tunefleet/`, so every package is still the installed
+    # one; nothing mixes the checkout's code with the wheel's.
     checkout = source_copy(tmp_path / "checkout")
+    assert not (checkout / "tunefleet").exists()
     from_checkout = _run([str(python), "-c", _WHERE], checkout).split()
-    assert from_checkout == [
-        str(checkout / "tunefleet" / "__init__.py"),
-        str(checkout / "coordinator" / "__init__.py"),
-        str(checkout / "worker" / "__init__.py"),
-        str(checkout / "migrations" / "__init__.py"),
-    ]
+    assert from_checkout == installed
+    on_path = _run([str(python), "-c", f"import sys; sys.path.insert(0, '.'); {_WHERE}"], checkout)
+    assert on_path.split() == installed
+
+
+def test_this_test_session_imports_the_checkouts_code() -> None:
+    """`python -m pytest` in a checkout (editable install, as CI does) runs this checkout's
+    modules, each from its own folder, and no hand-written import hook is involved."""
+    import tunefleet
+    import tunefleet.coordinator
+    import tunefleet.migrations
+    import tunefleet.worker
+
+    assert Path(tunefleet.__file__) == ROOT / "src" / "tunefleet" / "__init__.py"
+    for package, folder in MAPPED.items():
+        module = sys.modules[package]
+        assert Path(module.__file__ or "").parent == ROOT / folder, package
+    assert not any(type(f).__module__.startswith("tunefleet") for f in sys.meta_path)
 
 
 def test_an_editable_install_imports_from_any_directory(tmp_path: Path) -> None:
@@ -132,7 +145,7 @@ def test_an_editable_install_imports_from_any_directory(tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     assert _run([str(python), "-c", _WHERE], elsewhere).split() == [
-        str(checkout / "tunefleet" / "__init__.py"),
+        str(checkout / "src" / "tunefleet" / "__init__.py"),
         str(checkout / "coordinator" / "__init__.py"),
         str(checkout / "worker" / "__init__.py"),
         str(checkout / "migrations" / "__init__.py"),

@@ -1,6 +1,6 @@
 """One vocabulary: every state, stage and reply kind is spelled in its enum's module only.
 
-What counts as *spelling* a value, in the shipped Python (``tunefleet/``, ``coordinator/``,
+What counts as *spelling* a value, in the shipped Python (``src/tunefleet/``, ``coordinator/``,
 ``worker/``; ``migrations/versions`` is history and is not rewritten): a string constant equal
 to a member's value, used as a value — compared (``== "done"``, ``in ("done", ...)``),
 assigned, passed, returned, defaulted or listed. What does not count: a string that names
@@ -39,22 +39,22 @@ ROOT = Path(__file__).resolve().parents[2]
 DATABASE_ENUMS = (TrialState, RunState, WorkerState, AttemptOutcome)
 DATABASE_VALUES = {str(v) for enum in DATABASE_ENUMS for v in enum}
 WORKER_VALUES = DATABASE_VALUES | {str(v) for enum in (Stage, ReplyKind, Verdict) for v in enum}
-VOCABULARY_MODULES = {"tunefleet/vocabulary.py", "worker/vocabulary.py"}
+VOCABULARY_MODULES = {"src/tunefleet/vocabulary.py", "worker/vocabulary.py"}
 
 #: (file, the stripped source line): the same word naming something that is not a state.
 NOT_A_STATE = {
     # The synthetic problem's fault names: "invalid" is the fault that makes a configuration
     # invalid (its outcome is TrialState.INVALID), a flag value users pass.
-    ("tunefleet/problems/synthetic.py", 'FAULTS = ("none", "invalid", "fail", "hang")'),
-    ("tunefleet/problems/synthetic.py", '("invalid", args["invalid_rate"]),'),
-    ("tunefleet/problems/synthetic.py", 'if fault == "invalid":'),
+    ("src/tunefleet/problems/synthetic.py", 'FAULTS = ("none", "invalid", "fail", "hang")'),
+    ("src/tunefleet/problems/synthetic.py", '("invalid", args["invalid_rate"]),'),
+    ("src/tunefleet/problems/synthetic.py", 'if fault == "invalid":'),
     # A worker's liveness as status shows it (active but silent), not an attempt's outcome.
     (
-        "tunefleet/cli/front.py",
+        "src/tunefleet/cli/front.py",
         'row["liveness"] = "lost"  # active but silent: killed without a goodbye',
     ),
     # The text of a connection error that has none, not an attempt's outcome.
-    ("tunefleet/dashboard/server.py", 'first = first_line(exc, "lost")'),
+    ("src/tunefleet/dashboard/server.py", 'first = first_line(exc, "lost")'),
 }
 
 _KEY_CALLS = {"get", "pop", "setdefault"}
@@ -125,8 +125,8 @@ def _sources(*folders: str) -> Iterator[tuple[str, str]]:
 
 def test_the_scan_sees_the_shipped_modules() -> None:
     """An empty walk would make the checks below vacuous."""
-    names = {rel for rel, _ in _sources("tunefleet", "coordinator", "worker")}
-    assert {"tunefleet/queries/queue.py", "coordinator/engine.py", "worker/loop.py"} <= names
+    names = {rel for rel, _ in _sources("src/tunefleet", "coordinator", "worker")}
+    assert {"src/tunefleet/queries/queue.py", "coordinator/engine.py", "worker/loop.py"} <= names
     assert not names & VOCABULARY_MODULES
 
 
@@ -152,7 +152,7 @@ def test_the_scan_flags_values_and_only_values(source: str, flagged: int) -> Non
 def test_no_database_state_is_spelled_outside_its_enum() -> None:
     found = [
         hit
-        for rel, text in _sources("tunefleet", "coordinator", "worker")
+        for rel, text in _sources("src/tunefleet", "coordinator", "worker")
         for hit in spellings(text, DATABASE_VALUES, rel)
     ]
     assert found == []
@@ -170,7 +170,7 @@ def test_an_attempt_ends_in_every_finished_state_of_its_trial() -> None:
 
 def test_every_allowance_is_still_needed() -> None:
     """An exception whose line is gone or changed is removed, not left to excuse another."""
-    texts = dict(_sources("tunefleet", "coordinator", "worker"))
+    texts = dict(_sources("src/tunefleet", "coordinator", "worker"))
     for path, line in NOT_A_STATE:
         assert line in {ln.strip() for ln in texts[path].splitlines()}, (path, line)
 
@@ -205,7 +205,7 @@ def test_sql_literals_of_states_are_members() -> None:
         "y",
     }
     found: dict[str, set[str]] = {}
-    for rel, text in _sources("tunefleet", "coordinator", "worker", "migrations"):
+    for rel, text in _sources("src/tunefleet", "coordinator", "worker", "migrations"):
         for literal in (lit for s in _strings(text) for lit in sql_state_literals(s)):
             found.setdefault(literal, set()).add(rel)
     assert {"pending", "running", "done", "active", "released"} <= set(found)  # it sees SQL

@@ -84,7 +84,7 @@ _UUID, _TEXT, _INT, _BIGINT, _FLOAT, _JSONB = (
 #: Every function the worker role may execute: the queue's operations, installed by
 #: ``migrations/versions/0003_worker_functions.py`` (SECURITY DEFINER). The worker has no
 #: other way to write. A new worker-callable function is added here, in the migration that
-#: creates it, and as a wrapper in ``tunefleet/queries/queue.py``.
+#: creates it, and as a wrapper in ``src/tunefleet/queries/queue.py``.
 WORKER_FUNCTIONS: tuple[FunctionGrant, ...] = (
     FunctionGrant(
         "register_device", (_TEXT, _TEXT, _TEXT, _TEXT, _TEXT, _TEXT, _INT, _BIGINT, _JSONB)
