@@ -75,7 +75,7 @@ from tunefleet.problems.base import Problem, Protocol, cache_key
 from tunefleet.queries import search as q
 from tunefleet.settings import DatabaseSettings
 from tunefleet.space import Config, Space, config_hash
-from tunefleet.vocabulary import RunState, TrialState
+from tunefleet.vocabulary import RunState, TrialPurpose, TrialSource, TrialState
 
 from .mapping import SpaceMapping
 from .rules import (
@@ -223,7 +223,7 @@ def create_run(
                 run_id,
                 device_class,
                 key,
-                {config_hash(c): NewTrial(c, "seed") for c in seeds},
+                {config_hash(c): NewTrial(c, TrialSource.SEED) for c in seeds},
                 timeout_s=None,  # nothing measured yet: the workers' own default
                 max_attempts=settings.max_attempts,
             )
@@ -238,7 +238,7 @@ class NewTrial:
 
     config: Config
     #: ``seed`` or ``search``.
-    source: str
+    source: TrialSource
     #: Why the problem's own rules reject it (it becomes ``invalid`` at once), or None.
     illegal: str | None = None
 
@@ -282,7 +282,7 @@ def enqueue(
         {
             "config": todo[k.config_hash].config,
             "config_hash": k.config_hash,
-            "source": "cache",
+            "source": TrialSource.CACHE,
             "error": f"invalid in run {k.run_id}: {k.error or 'no reason given'}",
         }
         for k in q.known_invalid(conn, run_id, cache_key, legal)
@@ -675,7 +675,7 @@ class _Session:
     def _resume(self) -> None:
         """Adopt the run's queue and re-learn its outcomes (a fresh run has only seeds)."""
         for trial in q.in_flight_trials(self.conn, self.run_id):
-            if trial.purpose == "confirm":
+            if trial.purpose == TrialPurpose.CONFIRM:
                 self.confirming.add(trial.id)
             else:
                 self.flights[trial.config_hash] = _Flight(trial.id, trial.config)
@@ -791,7 +791,7 @@ class _Session:
                 )
             # The search is over: nothing of it waits in the queue (a released trial would
             # come back as pending), and what still runs is waited for, then ranked too.
-            self.cancelled += q.cancel_pending(self.conn, self.run_id, "search")
+            self.cancelled += q.cancel_pending(self.conn, self.run_id, TrialPurpose.SEARCH)
             outcomes = q.fetch_unreported(self.conn, self.run_id)
             self._absorb(outcomes)
             self._refresh_flights()
@@ -825,7 +825,7 @@ class _Session:
         """Keep ``flights`` and ``confirming`` to what the database has in flight now."""
         search, confirming = set(), set()
         for trial in q.in_flight_trials(self.conn, self.run_id):
-            if trial.purpose == "confirm":
+            if trial.purpose == TrialPurpose.CONFIRM:
                 confirming.add(trial.id)
             else:
                 search.add(trial.config_hash)
@@ -957,7 +957,7 @@ class _Session:
         told: list[tuple[Any, float | None]] = []
         learned: list[tuple[Config, float | None]] = []
         for o in outcomes:
-            if o.purpose == "confirm":
+            if o.purpose == TrialPurpose.CONFIRM:
                 # A re-measurement: the best_per_run ranking reads it from the database; the
                 # search and the budget never hear of it.
                 self.confirming.discard(o.id)
@@ -971,7 +971,7 @@ class _Session:
                 trial_id=o.id,
                 gflops=o.gflops,
                 compile_s=o.compile_s,
-                cached=o.source == "cache",
+                cached=o.source == TrialSource.CACHE,
             )
             if flight is not None and flight.suggestions:
                 told += [(sug, seconds) for sug in flight.suggestions]
@@ -1146,5 +1146,5 @@ def _rules_of(spec: str) -> Problem | None:
         return None
 
 
-def _source(flight: _Flight) -> str:
-    return "seed" if any(s.requestor == "seed" for s in flight.suggestions) else "search"
+def _source(flight: _Flight) -> TrialSource:
+    return TrialSource.SEED if any(s.seed for s in flight.suggestions) else TrialSource.SEARCH

@@ -36,6 +36,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 
 from tunefleet.errors import UsageError
 from tunefleet.space import Config, Space, config_hash
+from tunefleet.vocabulary import TrialSource
 
 from .mapping import SpaceMapping
 
@@ -95,6 +96,11 @@ class Suggestion:
     requestor: str
     handle: Any  # OpenTuner's DesiredResult
 
+    @property
+    def seed(self) -> bool:
+        """A seed configuration handed out before the techniques' own (its trial's source)."""
+        return self.requestor == TrialSource.SEED
+
 
 class Interface(MeasurementInterface):  # type: ignore[misc]
     """OpenTuner wants a measurement interface; measuring is the workers' job."""
@@ -137,7 +143,9 @@ class LeanSearchDriver(SearchDriver):  # type: ignore[misc]
             if self.seed_cfgs:
                 request = DesiredResult(
                     configuration=self.get_configuration(self.seed_cfgs.pop()),
-                    requestor="seed",
+                    # OpenTuner's own driver names a seed's requestor "seed": the same word
+                    # as the trial source it becomes.
+                    requestor=TrialSource.SEED.value,
                     generation=self.generation,
                     request_date=datetime.now(),
                     tuning_run=self.tuning_run,

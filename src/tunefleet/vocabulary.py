@@ -1,10 +1,11 @@
-"""The database's vocabulary: the states of trials, runs and workers and how a trial's
-attempts end, each spelled once here.
+"""The database's vocabulary: the states of trials, runs and workers, how a trial's attempts
+end, why a trial exists and where it and a measurement came from, each spelled once here.
 
 Every Python module compares and writes these members, never the bare strings
 (tests/unit/test_vocabulary.py greps the source for that). The schema's CHECK constraints are
 generated from them (``tunefleet.db.schema``), and a test compares each enum with the CHECK
-constraint of a migrated database, so a new state needs a migration as well as a member.
+constraint of a migrated database (and a column's default with its member), so a new state
+needs a migration as well as a member.
 SQL text spells the values as literals (a partial index on ``state = 'pending'`` is only used
 when the statement says ``'pending'``); the same test checks each such literal is a member.
 
@@ -90,3 +91,39 @@ class WorkerState(StrEnum):
 
     ACTIVE = "active"
     STOPPED = "stopped"
+
+
+class TrialPurpose(StrEnum):
+    """Why a trial exists (``trial.purpose``, default ``search``)."""
+
+    #: A point of the search: one per configuration and run, told to the search, counted
+    #: against the budget.
+    SEARCH = "search"
+    #: A re-measurement of a search trial (``confirms_trial_id``) with fresh inputs, ideally
+    #: on another worker, before the run reports its best; never told to the search, never a
+    #: trial of the budget.
+    CONFIRM = "confirm"
+
+
+class TrialSource(StrEnum):
+    """Where a trial's configuration came from (``trial.source``, default ``search``)."""
+
+    #: Suggested by the search (a confirmation keeps this source too).
+    SEARCH = "search"
+    #: Given at the run's creation: the problem's default, ``--seed-config``, a warm start.
+    SEED = "seed"
+    #: Answered from the database at once: another run's measurement under the same cache
+    #: key, or its ``invalid`` verdict; no worker measured it for this run.
+    CACHE = "cache"
+
+
+class MeasurementSource(StrEnum):
+    """Where a measurement row came from (``measurement.source``, default ``measured``)."""
+
+    #: Written by a completion of the trial's lease holder, or a cache copy of one.
+    MEASURED = "measured"
+    #: An import run by the coordinator or migrator (``tunefleet import-feinsum``).
+    IMPORTED = "imported"
+    #: A row the upgrade to ``0003_worker_functions`` could not prove a lease holder wrote
+    #: (or a cache copy of one): kept readable, never served by the cache.
+    UNVERIFIED = "unverified"

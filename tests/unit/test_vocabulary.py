@@ -8,12 +8,14 @@ something else with the same word — a key (``row["done"]``, ``{"error": ...}``
 ``.get("failed")``, ``"error" in row``), a column (``Column("error", ...)``), prose (docstrings,
 f-string text) — and the few lines of :data:`NOT_A_STATE`, each with its reason.
 
-The database's states (:mod:`tunefleet.vocabulary`) are checked in all shipped code; the
+The database's vocabulary (:mod:`tunefleet.vocabulary`: states, attempt outcomes, trial
+purposes and sources, measurement sources) is checked in all shipped code; the
 worker's trial stages, reply kinds and outcomes (:mod:`tunefleet.worker.vocabulary`) in the
 worker, the only place they mean anything ("error" elsewhere is a column).
 
 SQL keeps its literals (a partial index on ``state = 'pending'`` needs the literal): every
-``state = '...'`` / ``state IN (...)`` literal in a SQL string must be a member of an enum.
+``state = '...'`` / ``state IN (...)`` literal in a SQL string must be a member of an enum, and
+every ``purpose`` / ``source`` literal a member of a purpose or source enum.
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ import pytest
 from tunefleet.vocabulary import (
     FINISHED_TRIAL_STATES,
     AttemptOutcome,
+    MeasurementSource,
     RunState,
+    TrialPurpose,
+    TrialSource,
     TrialState,
     WorkerState,
 )
@@ -36,7 +41,15 @@ from tunefleet.worker.vocabulary import ReplyKind, Stage, Verdict
 
 ROOT = Path(__file__).resolve().parents[2]
 
-DATABASE_ENUMS = (TrialState, RunState, WorkerState, AttemptOutcome)
+DATABASE_ENUMS = (
+    TrialState,
+    RunState,
+    WorkerState,
+    AttemptOutcome,
+    TrialPurpose,
+    TrialSource,
+    MeasurementSource,
+)
 DATABASE_VALUES = {str(v) for enum in DATABASE_ENUMS for v in enum}
 WORKER_VALUES = DATABASE_VALUES | {str(v) for enum in (Stage, ReplyKind, Verdict) for v in enum}
 VOCABULARY_MODULES = {"src/tunefleet/vocabulary.py", "worker/vocabulary.py"}
@@ -176,22 +189,37 @@ def test_every_allowance_is_still_needed() -> None:
 
 
 # --- SQL --------------------------------------------------------------------------------
-_SQL_COLUMN = r"\b\w*(?:state|outcome)"
-_SQL_EQ = re.compile(_SQL_COLUMN + r"\s*(?:=|<>|!=|IS\s+(?:NOT\s+)?DISTINCT\s+FROM)\s*'([a-z_]+)'")
-_SQL_IN = re.compile(_SQL_COLUMN + r"\s+(?:NOT\s+)?IN\s*\(\s*('[a-z_]+'(?:\s*,\s*'[a-z_]+')*)\s*\)")
+_SQL_EQ = r"\s*(?:=|<>|!=|IS\s+(?:NOT\s+)?DISTINCT\s+FROM)\s*'([a-z_]+)'"
+_SQL_IN = r"\s+(?:NOT\s+)?IN\s*\(\s*('[a-z_]+'(?:\s*,\s*'[a-z_]+')*)\s*\)"
+
+
+def sql_literals(text: str, columns: str) -> set[str]:
+    """The literals compared (``=``, ``<>``, ``IN (...)``, ...) with a column whose name ends
+    in one of ``columns`` (``a|b``)."""
+    column = rf"\b\w*(?:{columns})"
+    found = set(re.findall(column + _SQL_EQ, text))
+    for group in re.findall(column + _SQL_IN, text):
+        found.update(re.findall(r"'([a-z_]+)'", group))
+    return found
 
 
 def sql_state_literals(text: str) -> set[str]:
-    found = set(_SQL_EQ.findall(text))
-    for group in _SQL_IN.findall(text):
-        found.update(re.findall(r"'([a-z_]+)'", group))
-    return found
+    return sql_literals(text, "state|outcome")
 
 
 def _strings(text: str) -> Iterable[str]:
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             yield node.value
+
+
+def _sql_found(columns: str) -> dict[str, set[str]]:
+    """Each literal compared with such a column in the shipped SQL, and the files using it."""
+    found: dict[str, set[str]] = {}
+    for rel, text in _sources("src/tunefleet", "coordinator", "worker", "migrations"):
+        for literal in (lit for s in _strings(text) for lit in sql_literals(s, columns)):
+            found.setdefault(literal, set()).add(rel)
+    return found
 
 
 def test_sql_literals_of_states_are_members() -> None:
@@ -204,10 +232,26 @@ def test_sql_literals_of_states_are_members() -> None:
         "released",
         "y",
     }
-    found: dict[str, set[str]] = {}
-    for rel, text in _sources("src/tunefleet", "coordinator", "worker", "migrations"):
-        for literal in (lit for s in _strings(text) for lit in sql_state_literals(s)):
-            found.setdefault(literal, set()).add(rel)
+    found = _sql_found("state|outcome")
     assert {"pending", "running", "done", "active", "released"} <= set(found)  # it sees SQL
     strays = {lit: sorted(files) for lit, files in found.items() if lit not in DATABASE_VALUES}
+    assert strays == {}
+
+
+def test_sql_literals_of_purposes_and_sources_are_members_of_their_enums() -> None:
+    """``purpose`` compares with trial purposes; ``source`` with trial or measurement
+    sources (``t.source`` or ``m.source``: the alias alone does not say which table)."""
+    assert sql_literals("t.purpose = 'confirm' AND m.source IN ('measured', 'x')", "source") == {
+        "measured",
+        "x",
+    }
+    purposes = _sql_found("purpose")
+    sources = _sql_found("source")
+    assert {"search", "confirm"} <= set(purposes)  # it sees SQL
+    assert {"cache", "measured", "imported", "unverified"} <= set(sources)
+    trial_or_measurement = {str(v) for enum in (TrialSource, MeasurementSource) for v in enum}
+    strays = {
+        **{lit: sorted(f) for lit, f in purposes.items() if lit not in set(TrialPurpose)},
+        **{lit: sorted(f) for lit, f in sources.items() if lit not in trial_or_measurement},
+    }
     assert strays == {}

@@ -44,7 +44,13 @@ from tunefleet.cli.output import (
 from tunefleet.errors import RunError, TunefleetError, UsageError, first_line
 from tunefleet.queries import report
 from tunefleet.settings import DatabaseSettings
-from tunefleet.vocabulary import FAULT_TRIAL_STATES, RunState, TrialState, WorkerState
+from tunefleet.vocabulary import (
+    FAULT_TRIAL_STATES,
+    RunState,
+    TrialPurpose,
+    TrialState,
+    WorkerState,
+)
 
 Row = dict[str, Any]
 
@@ -536,7 +542,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     _out(f"trial {trial['trial_id']} of run {trial['run_id']}: {trial['state']}")
     _out(f"  config      {compact_json(trial['config'])}")
     _out(f"  source      {trial['source']}, attempt {trial['attempt']}/{trial['max_attempts']}")
-    if trial.get("purpose") == "confirm":
+    if trial.get("purpose") == TrialPurpose.CONFIRM:
         _out(
             f"  confirms    trial {trial['confirms_trial_id']} "
             f"(fresh inputs: input seed {trial['input_seed']})"

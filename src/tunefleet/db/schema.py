@@ -42,24 +42,24 @@ from sqlalchemy.dialects.postgresql import ARRAY, BYTEA, DOUBLE_PRECISION, JSONB
 
 from tunefleet.vocabulary import (
     AttemptOutcome,
+    MeasurementSource,
     RunState,
+    TrialPurpose,
+    TrialSource,
     TrialState,
     WorkerState,
 )
 
 SCHEMA = "tunefleet"
 
-#: Why a trial exists: ``search`` (a point of the search; one per configuration and run) or
-#: ``confirm`` (a re-measurement of a search trial with fresh inputs, ideally on another
-#: worker, before the run reports its best; never told to the search, never a trial of the
-#: budget).
-TRIAL_PURPOSES = ("search", "confirm")
+#: Why a trial exists (:class:`~tunefleet.vocabulary.TrialPurpose`).
+TRIAL_PURPOSES = tuple(TrialPurpose)
 #: How an attempt ended (:class:`~tunefleet.vocabulary.AttemptOutcome`, in the order the
 #: CHECK constraint has listed them since the first migration).
 ATTEMPT_OUTCOMES = tuple(AttemptOutcome)
 #: Where a measurement row came from; :data:`CACHE_SOURCES` are the ones the cache serves.
-MEASUREMENT_SOURCES = ("measured", "imported", "unverified")
-CACHE_SOURCES = ("measured", "imported")
+MEASUREMENT_SOURCES = tuple(MeasurementSource)
+CACHE_SOURCES = (MeasurementSource.MEASURED, MeasurementSource.IMPORTED)
 
 
 def _in(column: str, values: Iterable[str]) -> str:
@@ -222,7 +222,7 @@ trial = Table(
         "state <> 'running' OR (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)",
         name="trial_running_has_lease",
     ),
-    CheckConstraint("source IN ('search', 'seed', 'cache')", name="trial_source_valid"),
+    CheckConstraint(_in("source", TrialSource), name="trial_source_valid"),
 )
 # One search trial per configuration and run (confirmations repeat a configuration).
 Index(

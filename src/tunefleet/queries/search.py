@@ -23,7 +23,7 @@ import psycopg
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
-from tunefleet.vocabulary import NOTIFY_CHANNEL, RunState, TrialState
+from tunefleet.vocabulary import NOTIFY_CHANNEL, RunState, TrialPurpose, TrialSource, TrialState
 
 Row = dict[str, Any]
 Conn = psycopg.Connection[Any]
@@ -102,9 +102,9 @@ class TrialOutcome:
     config_hash: str
     state: TrialState
     #: ``search``, ``seed`` or ``cache`` (answered from another run's measurement or verdict).
-    source: str
+    source: TrialSource
     #: ``search``, or ``confirm`` for a re-measurement of ``confirms_trial_id``.
-    purpose: str
+    purpose: TrialPurpose
     median_s: float | None
     gflops: float | None
     compile_s: float | None
@@ -112,8 +112,10 @@ class TrialOutcome:
     confirms_trial_id: int | None
 
     def __post_init__(self) -> None:
-        # The column is text; the loop compares members of the vocabulary.
+        # The columns are text; the loop compares members of the vocabulary.
         object.__setattr__(self, "state", TrialState(self.state))
+        object.__setattr__(self, "source", TrialSource(self.source))
+        object.__setattr__(self, "purpose", TrialPurpose(self.purpose))
 
 
 @dataclass(frozen=True)
@@ -124,8 +126,11 @@ class InFlight:
     config: dict[str, Any]
     config_hash: str
     state: str
-    purpose: str
+    purpose: TrialPurpose
     confirms_trial_id: int | None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "purpose", TrialPurpose(self.purpose))
 
 
 @dataclass(frozen=True)
@@ -634,7 +639,7 @@ def insert_invalid_trials(
     ).fetchall()
 
 
-def cancel_pending(conn: Conn, run_id: int, purpose: str | None = None) -> int:
+def cancel_pending(conn: Conn, run_id: int, purpose: TrialPurpose | None = None) -> int:
     """Cancel the run's pending trials (running ones finish and are kept), only those of
     ``purpose`` (``search`` or ``confirm``) when given; returns how many.
     Locks: the pending rows of the run, for this statement; a row a worker is claiming at
