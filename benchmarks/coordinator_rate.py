@@ -45,7 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness as h
 
 from tunefleet.coordinator import tuner as tuner_module
-from tunefleet.coordinator.engine import Coordinator, create_run
+from tunefleet.coordinator.create import create_run
+from tunefleet.coordinator.engine import Coordinator
 from tunefleet.coordinator.settings import CoordinatorSettings
 from tunefleet.db.engine import connect
 from tunefleet.queries import bench as bq

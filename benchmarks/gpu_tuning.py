@@ -173,7 +173,8 @@ def tune(
 ) -> dict[str, Any]:
     """Tune ``problem`` for ``budget`` seconds with one worker per device, each run on a
     fresh embedded server. Returns the numbers, or what is known and ``error``."""
-    from tunefleet.coordinator.engine import Coordinator, create_run
+    from tunefleet.coordinator.create import create_run
+    from tunefleet.coordinator.engine import Coordinator
     from tunefleet.coordinator.settings import CoordinatorSettings
     from tunefleet.problems.registry import get_problem
 

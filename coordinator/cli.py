@@ -107,7 +107,8 @@ def _coordinator(args: argparse.Namespace) -> int:
     )
     url = database_url(db)
 
-    from .engine import Coordinator, Progress, create_run
+    from .create import create_run
+    from .engine import Coordinator, Progress
 
     coordinator = Coordinator(settings, url)
     run_id = settings.resume if settings.resume is not None else create_run(settings, url)

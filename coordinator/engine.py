@@ -3,12 +3,12 @@ suggestions, feed outcomes back, apply the stop rules, report the best configura
 
 Public API (what ``tunefleet coordinator`` and ``tunefleet tune`` call)::
 
-    run_id = create_run(settings, db_url)                  # validate, store, enqueue seeds
+    run_id = create_run(settings, db_url)     # tunefleet.coordinator.create: validate, store
     result = Coordinator(settings, db_url).run(run_id, progress_callback=print)
     result.best_config, result.stop_reason
 
-Read top to bottom: run creation, then :func:`enqueue` (the one way configurations enter a
-run: seeds at creation, the search's batches later), then :class:`Coordinator` (ownership of
+A run is created by :mod:`.create`; configurations enter it through :mod:`.enqueue` (seeds at
+creation, the search's batches later). Read top to bottom: :class:`Coordinator` (ownership of
 the run and riding out a lost database, :class:`_Outage`), then :class:`_Session` (one
 coordinator driving one run: resume, the loop, confirmation, outcomes, dispatch). Every row
 it reads is a frozen dataclass of :mod:`tunefleet.queries.search`.
@@ -46,11 +46,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-import os
 import random
 import threading
 import time
-import traceback
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -59,25 +57,22 @@ from typing import Any
 import psycopg
 
 from tunefleet.backoff import Backoff
-from tunefleet.db import pooler
 from tunefleet.db.engine import connect
-from tunefleet.devices import ANY_DEVICE_CLASS
 from tunefleet.errors import (
     DatabaseUnavailable,
     InvalidConfiguration,
     ProblemError,
     RunError,
-    TunefleetError,
-    UsageError,
     first_line,
 )
-from tunefleet.problems.base import Problem, Protocol, cache_key
+from tunefleet.problems.base import Problem
 from tunefleet.queries import search as q
 from tunefleet.settings import DatabaseSettings
 from tunefleet.space import Config, Space, config_hash
 from tunefleet.vocabulary import RunState, TrialPurpose, TrialSource, TrialState
 
-from .mapping import SpaceMapping
+from .create import coordinator_db_settings, create_run, raised, require_session_pooling
+from .enqueue import NewTrial, enqueue
 from .rules import (
     Budget,
     Rate,
@@ -148,273 +143,6 @@ class RunResult:
 #: A confirmation waits this long (seconds) for a worker other than the original's, while
 #: one is live, before the original's worker may take it.
 CONFIRM_AVOID_S = 60.0
-
-
-def _require_session_pooling(
-    conn: psycopg.Connection[Any], db_url: str, db_settings: DatabaseSettings
-) -> None:
-    # The run's lock is session state: behind a pooler that lends the server connection to
-    # others between transactions two coordinators could both hold it, so refuse that
-    # before anything is written (the worker checks the same at connect).
-    pooler.require_session_pooling(
-        conn,
-        lambda: connect(db_url, db_settings, connect_timeout=5),
-        needs=pooler.COORDINATOR_NEEDS,
-        who="coordinators",
-    )
-
-
-# --- run creation ---------------------------------------------------------------------------
-def create_run(
-    settings: CoordinatorSettings, db_url: str, db_settings: DatabaseSettings | None = None
-) -> int:
-    """Validate the problem, arguments, protocol and seeds, store a new run and enqueue its
-    seed configurations (answering cached ones from the database). Returns the run id.
-
-    Every check happens before anything is written: bad input raises a
-    :class:`~tunefleet.errors.TunefleetError` naming the bad thing and leaves no run behind.
-    Does not import pyopencl or loopy (problem modules keep those inside their builders)."""
-    from tunefleet.problems.registry import get_problem
-
-    if not settings.problem:
-        raise UsageError("name a PROBLEM to create a run for")
-    problem = get_problem(settings.problem)
-    args, space = _args_and_space(problem, settings.problem, settings.problem_args)
-    SpaceMapping(space)  # a space the search cannot represent fails here, not mid-run
-    protocol = _protocol(settings.protocol)
-    seeds = [
-        _checked_seed(problem, args, config, i) for i, config in enumerate(settings.seed_configs)
-    ]
-
-    db_settings = db_settings or _db_settings(db_url)
-    with connect(db_url, db_settings) as conn:
-        _require_session_pooling(conn, db_url, db_settings)
-        device_class = settings.device_class or _default_device_class(
-            conn, problem.needs_opencl, settings
-        )
-        if settings.warm_start_from:
-            seeds += _warm_start_seeds(conn, settings, settings.problem, args, space)
-        key = cache_key(settings.problem, args, device_class, protocol)
-        search = {
-            "techniques": list(settings.techniques),
-            "depth_factor": settings.depth_factor,
-            "min_depth": settings.min_depth,
-            "seeds": len(seeds),
-            "warm_start_from": settings.warm_start_from,
-        }
-        with conn.transaction():  # the run and its seeds, or nothing
-            run_id = q.insert_run(
-                conn,
-                name=settings.name,
-                problem=settings.problem,
-                problem_args=args,
-                space=space.to_json(),
-                device_class=device_class,
-                protocol=protocol,
-                cache_key=key,
-                search=search,
-                max_trials=settings.max_trials,
-                max_seconds=settings.max_seconds,
-                target_gflops=settings.target_gflops,
-                patience=settings.patience,
-            )
-            enqueue(
-                conn,
-                run_id,
-                device_class,
-                key,
-                {config_hash(c): NewTrial(c, TrialSource.SEED) for c in seeds},
-                timeout_s=None,  # nothing measured yet: the workers' own default
-                max_attempts=settings.max_attempts,
-            )
-    _log.info("created run %d (%s, class %s, %d seeds)", run_id, key, device_class, len(seeds))
-    return run_id
-
-
-# --- the enqueue pipeline -------------------------------------------------------------------
-@dataclass(frozen=True)
-class NewTrial:
-    """A configuration about to enter a run."""
-
-    config: Config
-    #: ``seed`` or ``search``.
-    source: TrialSource
-    #: Why the problem's own rules reject it (it becomes ``invalid`` at once), or None.
-    illegal: str | None = None
-
-
-@dataclass(frozen=True)
-class Enqueued:
-    """What :func:`enqueue` did with each configuration."""
-
-    #: Finished at once: illegal, found invalid by another run, or answered from the cache.
-    answered: list[q.TrialOutcome]
-    #: Pending trials for the workers.
-    queued: list[q.Queued]
-    #: Hashes the run already holds in a state that is not revived (nothing was written).
-    skipped: list[str]
-
-
-def enqueue(
-    conn: psycopg.Connection[Any],
-    run_id: int,
-    device_class: str,
-    cache_key: str,
-    trials: Mapping[str, NewTrial],
-    *,
-    timeout_s: float | None,
-    max_attempts: int,
-) -> Enqueued:
-    """The one way configurations (keyed by hash) enter a run, at its creation and all
-    through its search. In this order: an illegal configuration becomes an ``invalid`` trial;
-    one another run with the same cache key found invalid too (source ``cache``); one measured
-    under the cache key becomes a ``done`` trial with a copy of that measurement; the rest
-    become pending trials, with one NOTIFY. A configuration the run already has stays as it
-    is (a ``cancelled`` one is revived). Three to four statements whatever the batch size."""
-    todo = dict(trials)
-    invalid: list[dict[str, Any]] = [
-        {"config": t.config, "config_hash": h, "source": t.source, "error": t.illegal}
-        for h, t in todo.items()
-        if t.illegal is not None
-    ]
-    legal = [h for h, t in todo.items() if t.illegal is None]
-    invalid += [
-        {
-            "config": todo[k.config_hash].config,
-            "config_hash": k.config_hash,
-            "source": TrialSource.CACHE,
-            "error": f"invalid in run {k.run_id}: {k.error or 'no reason given'}",
-        }
-        for k in q.known_invalid(conn, run_id, cache_key, legal)
-    ]
-    answered = q.insert_invalid_trials(conn, run_id, device_class, invalid)
-    skipped = [item["config_hash"] for item in invalid]
-    for item in invalid:
-        del todo[item["config_hash"]]
-    answered += q.insert_cached_trials(conn, run_id, device_class, cache_key, list(todo))
-    for outcome in answered:
-        todo.pop(outcome.config_hash, None)
-    queued = q.insert_trials(
-        conn,
-        run_id,
-        device_class,
-        [{"config": t.config, "config_hash": h, "source": t.source} for h, t in todo.items()],
-        timeout_s=timeout_s,
-        max_attempts=max_attempts,
-    )
-    for row in queued:
-        del todo[row.config_hash]
-    written = {o.config_hash for o in answered}
-    return Enqueued(
-        answered=answered,
-        queued=queued,
-        skipped=[h for h in skipped if h not in written] + list(todo),
-    )
-
-
-def _args_and_space(
-    problem: Problem, spec: str, raw_args: Mapping[str, Any]
-) -> tuple[dict[str, Any], Space]:
-    """Run the problem's own code that a run is made of. User problems are arbitrary code:
-    an exception they raise, or a space that is not a :class:`Space`, becomes a one-line
-    ProblemError naming the problem and the method to fix (not a traceback)."""
-    try:
-        args = problem.normalise_args(raw_args)
-    except TunefleetError:
-        raise
-    except Exception as exc:
-        raise ProblemError(f"problem {spec!r}: normalise_args raised {_one_line(exc)}") from None
-    try:
-        space = problem.space(args)
-    except TunefleetError:
-        raise
-    except Exception as exc:
-        raise ProblemError(
-            f"problem {spec!r}: space() raised {_one_line(exc)}; fix its space definition"
-        ) from None
-    if not isinstance(space, Space):
-        raise ProblemError(
-            f"problem {spec!r}: space() returned a {type(space).__name__}, not a Space; "
-            "build it with Space.of([...]) from tunefleet.space"
-        )
-    return args, space
-
-
-def _one_line(exc: BaseException) -> str:
-    """``Type: message (at file:line)``, on one line."""
-    text = " ".join(str(exc).split())
-    out = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-    frames = traceback.extract_tb(exc.__traceback__)
-    if frames:
-        out += f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})"
-    return out
-
-
-def _db_settings(db_url: str) -> DatabaseSettings:
-    return DatabaseSettings(url=db_url, application_name="tunefleet-coordinator")
-
-
-def _protocol(overrides: Mapping[str, Any]) -> dict[str, Any]:
-    base = Protocol().to_json()
-    unknown = sorted(set(overrides) - set(base))
-    if unknown:
-        raise UsageError(
-            f"unknown measurement protocol setting {unknown[0]!r}; use one of {sorted(base)}"
-        )
-    return Protocol.from_json({**base, **overrides}).to_json()
-
-
-def _checked_seed(
-    problem: Problem, args: Mapping[str, Any], config: Mapping[str, Any], index: int
-) -> Config:
-    try:
-        return problem.check_config(args, config)
-    except InvalidConfiguration as exc:
-        raise UsageError(f"seed configuration {index + 1}: {exc}") from None
-    except TunefleetError:
-        raise
-    except Exception as exc:  # a user problem's own bug
-        raise ProblemError(f"problem check_config raised {_one_line(exc)}") from None
-
-
-def _default_device_class(
-    conn: psycopg.Connection[Any], needs_opencl: bool, settings: CoordinatorSettings
-) -> str:
-    if not needs_opencl:
-        return ANY_DEVICE_CLASS
-    classes = q.live_worker_classes(conn, settings.worker_alive_s)
-    if len(classes) == 1:
-        return classes[0]
-    serving = f"live workers serve {', '.join(classes)}" if classes else "no live workers yet"
-    raise UsageError(
-        f"problem {settings.problem!r} is timed on OpenCL devices: name the device class with "
-        f"--device-class ({serving}; a class is the device name as a slug, e.g. nvidia-h200)"
-    )
-
-
-def _warm_start_seeds(
-    conn: psycopg.Connection[Any],
-    settings: CoordinatorSettings,
-    problem: str,
-    args: Mapping[str, Any],
-    space: Space,
-) -> list[Config]:
-    source = settings.warm_start_from or ""
-    rows = q.warm_start_configs(conn, problem, args, source, settings.warm_start_count)
-    seeds = []
-    for row in rows:
-        try:
-            seeds.append(space.check(row.config))
-        except InvalidConfiguration:
-            continue  # measured under an older space definition
-    if not seeds:
-        known = q.measured_device_classes(conn, problem, args)
-        choices = f"classes with results: {', '.join(known)}" if known else "none has results"
-        raise UsageError(
-            f"--warm-start-from {source!r}: no measurements of {problem!r} with these "
-            f"arguments on that device class ({choices})"
-        )
-    return seeds
 
 
 # --- the loop -------------------------------------------------------------------------------
@@ -504,7 +232,7 @@ class Coordinator:
     ) -> None:
         self.settings = settings
         self.db_url = db_url
-        self.db_settings = db_settings or _db_settings(db_url)
+        self.db_settings = db_settings or coordinator_db_settings(db_url)
         self.coordinator_id = uuid.uuid4()
         self._stop = threading.Event()
 
@@ -538,7 +266,7 @@ class Coordinator:
             try:
                 with connect(self.db_url, self.db_settings) as conn:
                     connected = True
-                    _require_session_pooling(conn, self.db_url, self.db_settings)
+                    require_session_pooling(conn, self.db_url, self.db_settings)
                     self._own(conn, run_id, ours_may_linger=outage.ongoing)
                     outage.over()
                     try:
@@ -1040,7 +768,8 @@ class _Session:
         return self._enqueue(batch) if batch else 0
 
     def _enqueue(self, batch: dict[str, _Flight]) -> int:
-        """Put the batch into the run (:func:`enqueue`); returns how many trials it added."""
+        """Put the batch into the run (:func:`.enqueue.enqueue`); returns how many trials it
+        added."""
         timeout = trial_timeout(
             self.stats.best_seconds,
             self.stats.max_compile_s,
@@ -1089,7 +818,7 @@ class _Session:
                 _log.warning(
                     "run %d: check_config raised %s; configurations go to the workers unchecked",
                     self.run_id,
-                    _one_line(exc),
+                    raised(exc),
                 )
                 self.problem = None
                 return {}

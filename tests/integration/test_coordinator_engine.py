@@ -24,7 +24,8 @@ from tests.helpers.coordinator import (
 )
 from tests.helpers.coordinator_problems import KERNEL, RULED, TINY, TINY_ONE_INVALID
 from tests.helpers.queue_data import first_invalid, wait_until
-from tunefleet.coordinator.engine import Coordinator, Progress, RunResult, create_run
+from tunefleet.coordinator.create import create_run
+from tunefleet.coordinator.engine import Coordinator, Progress, RunResult
 from tunefleet.coordinator.settings import CoordinatorSettings
 from tunefleet.errors import ProblemError, RunError, UsageError
 from tunefleet.problems.synthetic import OPTIMUM

@@ -22,7 +22,8 @@ from psycopg import sql
 import tunefleet.coordinator.engine as engine
 from tests.helpers.coordinator import fleet, logs, measured_twice, settings
 from tests.helpers.queue_data import wait_until
-from tunefleet.coordinator.engine import Coordinator, RunResult, create_run
+from tunefleet.coordinator.create import create_run
+from tunefleet.coordinator.engine import Coordinator, RunResult
 from tunefleet.db.engine import connect
 from tunefleet.errors import DatabaseUnavailable
 

@@ -10,12 +10,12 @@ from psycopg.types.json import Jsonb
 
 from tests.helpers.coordinator import register_worker
 from tests.helpers.queue_data import wait_until
-from tunefleet.coordinator.engine import NewTrial, enqueue
+from tunefleet.coordinator.enqueue import NewTrial, enqueue
 from tunefleet.db.engine import connect
 from tunefleet.problems.base import Protocol, cache_key
 from tunefleet.queries import search as q
 from tunefleet.space import config_hash
-from tunefleet.vocabulary import NOTIFY_CHANNEL
+from tunefleet.vocabulary import NOTIFY_CHANNEL, TrialSource
 
 PROTOCOL = Protocol().to_json()
 
@@ -263,9 +263,9 @@ def test_the_enqueue_pipeline_answers_what_it_can_and_queues_the_rest(db):
     def h(x: int) -> str:
         return config_hash({"x": x})
 
-    trials = {h(x): NewTrial({"x": x}, "search") for x in (1, 2, 4, 5, 6)}
-    trials[h(3)] = NewTrial({"x": 3}, "seed", illegal="x must be even")
-    trials[h(7)] = NewTrial({"x": 7}, "search", illegal="x must be even")
+    trials = {h(x): NewTrial({"x": x}, TrialSource.SEARCH) for x in (1, 2, 4, 5, 6)}
+    trials[h(3)] = NewTrial({"x": 3}, TrialSource.SEED, illegal="x must be even")
+    trials[h(7)] = NewTrial({"x": 7}, TrialSource.SEARCH, illegal="x must be even")
     done = enqueue(db, run_id, "any", key["cache_key"], trials, timeout_s=9.0, max_attempts=2)
 
     answered = {o.config["x"]: (o.state, o.source, o.median_s, o.error) for o in done.answered}

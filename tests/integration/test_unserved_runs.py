@@ -15,7 +15,8 @@ from tests.helpers.coordinator import register_worker, settings
 from tests.helpers.launch import start_worker
 from tests.helpers.queue_data import wait_until
 from tunefleet.cli.front import status_text
-from tunefleet.coordinator.engine import Coordinator, Progress, RunResult, create_run
+from tunefleet.coordinator.create import create_run
+from tunefleet.coordinator.engine import Coordinator, Progress, RunResult
 from tunefleet.db.engine import connect
 from tunefleet.devices import DeviceInfo
 from tunefleet.queries import queue

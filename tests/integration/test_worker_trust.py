@@ -24,7 +24,7 @@ from psycopg.types.json import Jsonb
 from tests.helpers.coordinator import settings
 from tests.helpers.queue_data import insert_run, insert_trials, synthetic_configs
 from tests.helpers.roles import Roles
-from tunefleet.coordinator.engine import create_run
+from tunefleet.coordinator.create import create_run
 from tunefleet.db.migrate import downgrade, upgrade
 from tunefleet.devices import DeviceInfo
 from tunefleet.errors import DatabaseProblem

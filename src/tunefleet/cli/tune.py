@@ -347,7 +347,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         _check_worker_flags(plan, args)
         url = database_url(settings)
 
-    from tunefleet.coordinator.engine import Coordinator, Progress, create_run
+    from tunefleet.coordinator.create import create_run
+    from tunefleet.coordinator.engine import Coordinator, Progress
     from tunefleet.coordinator.settings import CoordinatorSettings, parse_seed_configs
 
     seeds: list[dict[str, Any]] = []
