@@ -1,5 +1,7 @@
-"""Owns the coordinator loop: create or resume a run, keep its queue filled with OpenTuner's
-suggestions, feed outcomes back, apply the stop rules, report the best configuration.
+"""Owns the driving of a run: :class:`Coordinator` (ownership of the run and riding out a lost
+database, :class:`_Outage`) and :class:`_Session` (one coordinator driving one run: resume,
+the tick, outcomes, dispatch), with what a run reports (:class:`Progress`,
+:class:`RunResult`).
 
 Public API (what ``tunefleet coordinator`` and ``tunefleet tune`` call)::
 
@@ -7,33 +9,26 @@ Public API (what ``tunefleet coordinator`` and ``tunefleet tune`` call)::
     result = Coordinator(settings, db_url).run(run_id, progress_callback=print)
     result.best_config, result.stop_reason
 
-A run is created by :mod:`.create`; configurations enter it through :mod:`.enqueue` (seeds at
-creation, the search's batches later). Read top to bottom: :class:`Coordinator` (ownership of
-the run and riding out a lost database, :class:`_Outage`), then :class:`_Session` (one
-coordinator driving one run: resume, the loop, confirmation, outcomes, dispatch). Every row
-it reads is a frozen dataclass of :mod:`tunefleet.queries.search`.
+A run is created by :mod:`.create`; configurations enter it through :mod:`.enqueue`; when a
+stop rule ends the search, :mod:`.confirm` re-measures its best. Every row the session reads
+is a frozen dataclass of :mod:`tunefleet.queries.search`.
 
-One loop iteration, with a handful of statements however many trials move:
+A session runs its phases, the search and then the confirmation, in one tick
+(:meth:`_Session._tick`), with a handful of statements however many trials move:
 
-1. read finished-but-unreported trials (one UPDATE ... RETURNING) and tell OpenTuner;
+1. refresh the coordinator's heartbeat (every ``heartbeat_s``), noticing a run ended from
+   outside;
+2. read finished-but-unreported trials (one UPDATE ... RETURNING) and tell OpenTuner;
    ``invalid``, ``failed`` and ``timed_out`` are told as infinitely slow;
-2. check the stop rules (:mod:`tunefleet.coordinator.rules`);
-3. top the queue up to its target depth: ask OpenTuner for the missing number of
+3. count the live workers (every ``heartbeat_s``);
+4. the phase settles its view of the queue (:meth:`.phase.Phase.settle`), then a requested
+   stop ends the phase;
+5. the phase's step: the search checks the stop rules (:mod:`tunefleet.coordinator.rules`)
+   and tops the queue up to its target depth: ask OpenTuner for the missing number of
    configurations (no database work per suggestion), answer repeats from the run's own
    outcomes, answer cache hits from the database in one statement, insert the rest in one
-   statement with one NOTIFY;
-4. sleep ``poll_s`` when nothing happened.
-
-Confirmation: when a stop rule ends the search (not a user's stop), the coordinator cancels
-the pending search trials, waits for the running ones, and re-measures the ``confirm`` best
-configurations (default 3): one ``confirm`` trial each, queued ahead of everything, with
-fresh inputs (another input seed), for another worker of the class than the one that
-measured it where one is live (the claim leaves it to the others for ``CONFIRM_AVOID_S``),
-never answered from the cache. While a confirmation moves a configuration out of the top
-``confirm``, the next one is confirmed too (at most ``2 * confirm`` per ending). Only then is
-the run finished; its best is the best by confirmed figure (``best_per_run``).
-Confirmations are not trials of the search: the search never hears of them and they do not
-count against ``max_trials`` (they do extend the run's wall time past ``max_seconds``).
+   statement with one NOTIFY; the confirmation queues re-measurements (:mod:`.confirm`);
+6. report progress, and sleep ``poll_s`` when nothing happened.
 
 Only the coordinator holding the run's advisory lock drives it; a second one gets
 :class:`~tunefleet.errors.RunError`. After a crash, :meth:`Coordinator.run` on the same run
@@ -71,8 +66,10 @@ from tunefleet.settings import DatabaseSettings
 from tunefleet.space import Config, Space, config_hash
 from tunefleet.vocabulary import RunState, TrialPurpose, TrialSource, TrialState
 
+from .confirm import Confirmation
 from .create import coordinator_db_settings, create_run, raised, require_session_pooling
 from .enqueue import NewTrial, enqueue
+from .phase import Confirmed, Phase, RuleHolds
 from .rules import (
     Budget,
     Rate,
@@ -140,12 +137,7 @@ class RunResult:
     disagrees: bool | None = None
 
 
-#: A confirmation waits this long (seconds) for a worker other than the original's, while
-#: one is live, before the original's worker may take it.
-CONFIRM_AVOID_S = 60.0
-
-
-# --- the loop -------------------------------------------------------------------------------
+# --- the session's pieces -------------------------------------------------------------------
 @dataclass
 class _Flight:
     """A trial of the run that is pending or running, and who in OpenTuner awaits it."""
@@ -153,6 +145,32 @@ class _Flight:
     trial_id: int
     config: Config
     suggestions: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class _Clock:
+    """When a phase's tick last did its periodic steps (``time.monotonic()``)."""
+
+    beat: float = -1e9
+    live: float = -1e9
+    progress: float = -1e9
+
+
+@dataclass(frozen=True)
+class _UserStop:
+    """A stop was requested (``request_stop``): the run ends ``stopped``, unconfirmed."""
+
+
+@dataclass(frozen=True)
+class _EndedOutside:
+    """Someone else ended the run meanwhile (``tunefleet`` on another machine, a script):
+    nothing more is written, this is how it ended."""
+
+    result: RunResult
+
+
+#: How a phase ended: its own work is over (:mod:`.phase`), or the session's is.
+_PhaseEnd = RuleHolds | Confirmed | _UserStop | _EndedOutside
 
 
 #: How long a run's lock may stay taken by a session that is ending (a coordinator just
@@ -372,6 +390,8 @@ class _Session:
         self.problem_args: dict[str, Any] = dict(run.problem_args or {})
         self.problem = _rules_of(run.problem)
         techniques = s.techniques or tuple((run.search or {}).get("techniques") or ())
+        # OpenTuner (and its SQLAlchemy) load only once a run is driven: creating a run,
+        # the CLI's --help and the tune command's start-up do without them.
         from .tuner import Tuner
 
         self.tuner = Tuner(self.space, techniques)
@@ -379,8 +399,6 @@ class _Session:
         self.flights: dict[str, _Flight] = {}
         #: Confirmation trials of the run pending or running (their ids).
         self.confirming: set[int] = set()
-        #: Pending trials cancelled when the search ended (before its confirmations).
-        self.cancelled = 0
         self.live_workers = 0
         self.live_capacity = 0
         self.rate = Rate()
@@ -394,9 +412,19 @@ class _Session:
 
     # --- life cycle ---------------------------------------------------------------------
     def drive(self) -> RunResult:
+        """Resume, search until a stop rule holds, confirm the best, finish; or stop early
+        when asked to or when the run is ended from outside."""
         try:
             self._resume()
-            return self._loop()
+            end = self._run(_Search(self))
+            cancelled = 0
+            if isinstance(end, RuleHolds) and self.settings.confirm > 0:
+                confirmation = Confirmation(self)
+                confirmed = self._run(confirmation)
+                cancelled = confirmation.cancelled
+                if not isinstance(confirmed, Confirmed):
+                    end = confirmed  # a stop, or the run ended from outside: no finish
+            return self._end(end, cancelled)
         finally:
             self.tuner.close()
 
@@ -417,50 +445,61 @@ class _Session:
                 len(self.flights),
             )
 
-    def _loop(self) -> RunResult:
-        s = self.settings
-        last_beat = last_live = last_progress = -1e9
-        reason: str | None = None
-        state = RunState.FINISHED
+    def _run(self, phase: Phase) -> _PhaseEnd:
+        """Tick until the phase is over, a stop is requested or the run is ended from
+        outside. Each phase starts with every periodic step due."""
+        clock = _Clock()
         while True:
-            now = time.monotonic()
-            if now - last_beat >= s.heartbeat_s:
-                last_beat = now
-                external = self._heartbeat()
-                if external is not None:
-                    return external
-            outcomes = q.fetch_unreported(self.conn, self.run_id)
-            self.rate.add(now, len(outcomes))  # what the workers finish, for the queue depth
-            self._absorb(outcomes)
-            # After the outcomes: a worker that finished the last trial in flight and left
-            # (``--drain``) must not make the run look unserved.
-            if now - last_live >= s.heartbeat_s:
-                last_live = now
-                self.live_workers, self.live_capacity = q.count_live_workers(
-                    self.conn, self.device_class, s.worker_alive_s, self.run_id
-                )
-                self._check_served(now)
-            if self.owner.stop_requested():
-                reason, state = "user", RunState.STOPPED
-                break
-            reason = stop_reason(
-                self.budget, self.stats, self._elapsed(), self.space_size, len(self.flights)
+            end = self._tick(phase, clock)
+            if end is not None:
+                return end
+
+    def _tick(self, phase: Phase, clock: _Clock) -> _PhaseEnd | None:
+        """One tick of a phase (the module docstring): None while the phase goes on."""
+        s = self.settings
+        now = time.monotonic()
+        if now - clock.beat >= s.heartbeat_s:
+            clock.beat = now
+            external = self._heartbeat()
+            if external is not None:
+                return _EndedOutside(external)
+        outcomes = q.fetch_unreported(self.conn, self.run_id)
+        self.rate.add(now, len(outcomes))  # what the workers finish, for the queue depth
+        self._absorb(outcomes)
+        # After the outcomes: a worker that finished the last trial in flight and left
+        # (``--drain``) must not make the run look unserved.
+        if now - clock.live >= s.heartbeat_s:
+            clock.live = now
+            self.live_workers, self.live_capacity = q.count_live_workers(
+                self.conn, self.device_class, s.worker_alive_s, self.run_id
             )
-            if reason:
-                if s.confirm > 0:
-                    ended = self._confirm()
-                    if isinstance(ended, RunResult):
-                        return ended
-                    if ended == "user":
-                        reason, state = "user", RunState.STOPPED
-                break
-            moved = self._dispatch(now)
-            if self.progress_callback and (outcomes or moved or now - last_progress > 1.0):
-                last_progress = now
-                self.progress_callback(self._progress())
-            if not outcomes and not moved:
-                self.owner.wait_for_stop(s.poll_s)
-        return self._finish(reason, state)
+            if phase.notices_unserved:
+                self._check_served(now)
+        phase.settle()
+        if self.owner.stop_requested():
+            return _UserStop()
+        moved = phase.step(now)
+        if isinstance(moved, RuleHolds | Confirmed):
+            return moved
+        if self.progress_callback and (outcomes or moved or now - clock.progress > 1.0):
+            clock.progress = now
+            self.progress_callback(self._progress())
+        if not outcomes and not moved:
+            self.owner.wait_for_stop(s.poll_s)
+        return None
+
+    def _end(self, end: _PhaseEnd, cancelled: int) -> RunResult:
+        """The run's result once its phases are over (``cancelled``: pending search trials
+        the confirmation cancelled)."""
+        match end:
+            case _EndedOutside(result=result):
+                return result
+            case _UserStop():
+                return self._finish("user", RunState.STOPPED, cancelled)
+            case RuleHolds(reason=reason):
+                return self._finish(reason, RunState.FINISHED, cancelled)
+            case Confirmed():
+                raise AssertionError("the search ends by a stop rule, not by a confirmation")
 
     def _check_served(self, now: float) -> None:
         """Notice a run with work that no live worker may serve, instead of spending its
@@ -498,58 +537,7 @@ class _Session:
             )
         self.unserved = f"nobody can serve it: {why}"
 
-    def _confirm(self) -> RunResult | str | None:
-        """Re-measure the best configurations before the run reports its best (see the
-        module docstring). Returns None when done, ``"user"`` when a stop was requested, or
-        the RunResult of a run that was ended from outside meanwhile."""
-        s = self.settings
-        enqueued = 0
-        last_beat = last_live = last_progress = -1e9
-        while True:
-            now = time.monotonic()
-            if now - last_beat >= s.heartbeat_s:
-                last_beat = now
-                external = self._heartbeat()
-                if external is not None:
-                    return external
-            if now - last_live >= s.heartbeat_s:
-                last_live = now
-                self.live_workers, self.live_capacity = q.count_live_workers(
-                    self.conn, self.device_class, s.worker_alive_s, self.run_id
-                )
-            # The search is over: nothing of it waits in the queue (a released trial would
-            # come back as pending), and what still runs is waited for, then ranked too.
-            self.cancelled += q.cancel_pending(self.conn, self.run_id, TrialPurpose.SEARCH)
-            outcomes = q.fetch_unreported(self.conn, self.run_id)
-            self._absorb(outcomes)
-            self._refresh_flights()
-            if self.owner.stop_requested():
-                return "user"
-            if self.live_workers == 0:
-                # Nobody would measure (or reap) anything: end as the search did before.
-                _log.warning(
-                    "run %d: no live worker to confirm the best configurations on; "
-                    "finishing with what is confirmed so far",
-                    self.run_id,
-                )
-                return None
-            moved = 0
-            if not self.flights:
-                candidates = q.confirmation_candidates(self.conn, self.run_id, s.confirm)
-                todo = [c for c in candidates if c.confirm_state in (None, TrialState.CANCELLED)]
-                todo = todo[: max(0, 2 * s.confirm - enqueued)]
-                if todo:
-                    moved = len(self._enqueue_confirmations(todo))
-                    enqueued += len(todo)
-                elif not self.confirming:
-                    return None
-            if self.progress_callback and (outcomes or moved or now - last_progress > 1.0):
-                last_progress = now
-                self.progress_callback(self._progress())
-            if not outcomes and not moved:
-                self.owner.wait_for_stop(s.poll_s)
-
-    def _refresh_flights(self) -> None:
+    def refresh_flights(self) -> None:
         """Keep ``flights`` and ``confirming`` to what the database has in flight now."""
         search, confirming = set(), set()
         for trial in q.in_flight_trials(self.conn, self.run_id):
@@ -560,46 +548,15 @@ class _Session:
         self.flights = {h: f for h, f in self.flights.items() if h in search}
         self.confirming = confirming
 
-    def _enqueue_confirmations(
-        self, candidates: list[q.ConfirmCandidate]
-    ) -> list[q.QueuedConfirmation]:
-        timeout = trial_timeout(
+    def trial_timeout(self) -> float | None:
+        """The evaluation timeout of a trial queued now (None: the workers' default)."""
+        return trial_timeout(
             self.stats.best_seconds,
             self.stats.max_compile_s,
             self.protocol,
             self.settings.trial_timeout_min_s,
             self.settings.trial_timeout_max_s,
         )
-        base = int(self.protocol.get("seed") or 0)
-        items = []
-        for c in candidates:
-            measured = c.input_seed if c.input_seed is not None else base
-            items.append(
-                {
-                    "trial_id": c.trial_id,
-                    "config": c.config,
-                    "config_hash": c.config_hash,
-                    "avoid_worker": c.worker_id,
-                    "input_seed": fresh_input_seed(measured, c.trial_id),
-                }
-            )
-        rows = q.insert_confirmations(
-            self.conn,
-            self.run_id,
-            self.device_class,
-            items,
-            avoid_s=CONFIRM_AVOID_S,
-            timeout_s=timeout,
-            max_attempts=self.settings.max_attempts,
-        )
-        self.confirming.update(r.id for r in rows)
-        _log.info(
-            "run %d: confirming %d of its best configurations (trials %s)",
-            self.run_id,
-            len(rows),
-            ", ".join(str(r.confirms_trial_id) for r in rows),
-        )
-        return rows
 
     def _heartbeat(self) -> RunResult | None:
         """Refresh our heartbeat; a RunResult when someone else ended the run meanwhile."""
@@ -613,12 +570,14 @@ class _Session:
         _log.warning("run %d was ended from outside (%s)", self.run_id, run.state)
         return self._result(run.state, run.stop_reason or "user", cancelled=0)
 
-    def _elapsed(self) -> float:
+    def elapsed(self) -> float:
         base, at = self._elapsed_at
         return base + time.monotonic() - at
 
-    def _finish(self, reason: str, state: str) -> RunResult:
-        cancelled = self.cancelled + q.cancel_pending(self.conn, self.run_id)
+    def _finish(self, reason: str, state: str, cancelled: int = 0) -> RunResult:
+        """Cancel what is pending and mark the run ``state`` for ``reason``; ``cancelled``
+        trials were cancelled before (by the confirmation)."""
+        cancelled += q.cancel_pending(self.conn, self.run_id)
         # A stop can land between the poll and the stop check (while the search is being
         # told): what finished since that poll belongs to this run's count and best, not to
         # whoever resumes it.
@@ -671,7 +630,7 @@ class _Session:
             live_workers=self.live_workers,
             queue_target=self.target,
             queue_slack=self.slack,
-            elapsed_s=self._elapsed(),
+            elapsed_s=self.elapsed(),
             best_seconds=st.best_seconds,
             best_gflops=st.best_gflops,
             best_config=st.best_config,
@@ -716,7 +675,7 @@ class _Session:
                 )
 
     # --- dispatch -----------------------------------------------------------------------
-    def _dispatch(self, polled_at: float) -> int:
+    def dispatch(self, polled_at: float) -> int:
         """Top the queue up; returns how many trials were added (queued or cache hits)."""
         s = self.settings
         left = None
@@ -770,13 +729,7 @@ class _Session:
     def _enqueue(self, batch: dict[str, _Flight]) -> int:
         """Put the batch into the run (:func:`.enqueue.enqueue`); returns how many trials it
         added."""
-        timeout = trial_timeout(
-            self.stats.best_seconds,
-            self.stats.max_compile_s,
-            self.protocol,
-            self.settings.trial_timeout_min_s,
-            self.settings.trial_timeout_max_s,
-        )
+        timeout = self.trial_timeout()
         illegal = self._illegal(batch)
         done = enqueue(
             self.conn,
@@ -854,11 +807,21 @@ class _Session:
             self._walk = None
 
 
-def fresh_input_seed(measured_with: int, trial_id: int) -> int:
-    """The input seed of a confirmation of ``trial_id``: never the seed the original was
-    measured with, stable for one trial (a revived confirmation draws the same inputs)."""
-    seed = (measured_with + 1 + trial_id) % 2**31
-    return seed if seed != measured_with else (measured_with + 1) % 2**31
+class _Search:
+    """The search phase of a session (a :class:`~.phase.Phase`): stop rules, then dispatch."""
+
+    notices_unserved = True
+
+    def __init__(self, session: _Session) -> None:
+        self.session = session
+
+    def settle(self) -> None:
+        pass  # the session's flights follow the search's own enqueues and outcomes
+
+    def step(self, now: float) -> int | RuleHolds:
+        s = self.session
+        reason = stop_reason(s.budget, s.stats, s.elapsed(), s.space_size, len(s.flights))
+        return RuleHolds(reason) if reason else s.dispatch(now)
 
 
 def _rules_of(spec: str) -> Problem | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tunefleet.coordinator.engine import fresh_input_seed
+from tunefleet.coordinator.confirm import fresh_input_seed
 from tunefleet.coordinator.settings import CoordinatorSettings, parse_seed_configs
 from tunefleet.errors import UsageError
 
