@@ -129,7 +129,7 @@ def test_best_prints_configuration_gflops_and_a_reproduce_command(ro_url, ro, ca
 
 
 def test_reproduce_command_carries_protocol_settings_not_what_a_measurement_recorded():
-    from tunefleet.cli.front import reproduce_command
+    from tunefleet.cli.render import reproduce_command
     from tunefleet.problems.base import Protocol
 
     run = {"problem": "axpy", "problem_args": {"n": 4096}, "device_class": "cpu", "protocol": {}}

@@ -14,7 +14,7 @@ from typing import Any
 from tests.helpers.coordinator import register_worker, settings
 from tests.helpers.launch import start_worker
 from tests.helpers.queue_data import wait_until
-from tunefleet.cli.front import status_text
+from tunefleet.cli.render import status_text
 from tunefleet.coordinator.create import create_run
 from tunefleet.coordinator.engine import Coordinator, Progress, RunResult
 from tunefleet.db.engine import connect

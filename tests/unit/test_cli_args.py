@@ -149,7 +149,7 @@ def test_a_builtin_problem_names_its_sizes_and_a_user_problem_is_not_loaded(tmp_
 
 
 def test_the_reproduce_command_prints_an_integer_argument_as_it_was_given():
-    from tunefleet.cli.front import reproduce_command
+    from tunefleet.cli.render import reproduce_command
 
     run = {
         "problem": "synthetic",

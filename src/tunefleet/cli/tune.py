@@ -30,9 +30,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from tunefleet.cli import flags
+from tunefleet.cli import flags, render
 from tunefleet.cli.args import add_problem_flags, raw_problem_args
 from tunefleet.cli.db import add_db_flag
 from tunefleet.cli.output import args_text, seconds
@@ -41,6 +41,10 @@ from tunefleet.errors import DeviceError, RunError, TunefleetError, UsageError
 from tunefleet.processes import die_with_parent
 from tunefleet.settings import DatabaseSettings, home_dir
 from tunefleet.vocabulary import RunState
+
+if TYPE_CHECKING:
+    # The coordinator itself loads only when a run is tuned (``tunefleet --help`` without it).
+    from tunefleet.coordinator.engine import RunResult
 
 #: How long the search waits for its local workers to register before it starts anyway (a
 #: worker registers once it has found its device, before it opens it).
@@ -452,18 +456,19 @@ def cmd_tune(args: argparse.Namespace) -> int:
         return 130
     assert result is not None
     print(f"run {run_id} finished: {result.stop_reason}", flush=True)
-    from tunefleet.cli.front import cmd_best
-
     try:
-        rc = cmd_best(argparse.Namespace(run=run_id, db=url, top=1, json=False))
+        # What `tunefleet best RUN` says, then whether a re-measurement confirmed it.
+        with connect(url, settings) as conn:
+            text = render.best_text(render.read_best(conn, run_id))
     except RunError as exc:
         print(f"tunefleet: {exc}", file=sys.stderr)
         return 1
+    print(text, flush=True)
     print(final_line(run_id, result, coord_settings.confirm), flush=True)
-    return rc
+    return 0
 
 
-def final_line(run_id: int, result: Any, confirm: int) -> str:
+def final_line(run_id: int, result: RunResult, confirm: int) -> str:
     """The last line of ``tune``: the best, and whether a re-measurement confirmed it."""
     if not result.confirmed:
         why = (

@@ -294,7 +294,7 @@ def _timeline(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _reproduce(run: dict[str, Any], trial: dict[str, Any]) -> str:
-    from tunefleet.cli.front import reproduce_command
+    from tunefleet.cli.render import reproduce_command
 
     return reproduce_command(run, trial)
 

@@ -1,0 +1,370 @@
+"""What a run's reports say, shared by the commands that print them: ``status`` (and its
+``--watch``), ``runs``, ``best`` and the end of ``tune``, and the reproduce command that
+``best`` and the dashboard show.
+
+Each function takes a connection (or rows) and returns text; the commands own their flags,
+connections and output. Reads go through :mod:`tunefleet.queries.report`. Nothing here
+imports a command module, so ``tune`` prints the best as ``best`` does without importing the
+``best`` command.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from tunefleet.cli.args import command_line_args, problem_sizes, shell_join
+from tunefleet.cli.output import (
+    Column,
+    age,
+    args_text,
+    compact_json,
+    gflops,
+    seconds,
+    short_id,
+    table,
+)
+from tunefleet.errors import RunError, first_line
+from tunefleet.queries import report
+from tunefleet.vocabulary import (
+    ANY_DEVICE_CLASS,
+    FAULT_TRIAL_STATES,
+    RunState,
+    TrialState,
+    WorkerState,
+)
+
+Row = dict[str, Any]
+
+
+# --- runs and status ----------------------------------------------------------------
+
+
+def require_run(conn: Any, run_id: int) -> Row:
+    """The run's row; RunError, naming ``tunefleet runs``, when the database has no such run."""
+    row = report.run_row(conn, run_id)
+    if row is None:
+        raise RunError(f"run {run_id} does not exist in this database; `tunefleet runs` lists them")
+    return row
+
+
+_RUN_COLUMNS = (
+    Column("RUN", "run_id", right=True),
+    Column("PROBLEM", "problem"),
+    Column("ARGS", "problem_args", args_text),
+    Column("DEVICE CLASS", "device_class"),
+    Column("STATE", "run_state"),
+    Column("DONE", "done", right=True),
+    Column("RUNNING", "running", right=True),
+    Column("PENDING", "pending", right=True),
+    Column("INVALID", "invalid", right=True),
+    Column("FAILED", "failed_all", right=True),
+    Column("BEST GFLOP/s", "best_gflops", gflops, right=True),
+    Column("EVAL/MIN", "evaluations_per_minute", lambda v: f"{float(v):.1f}", right=True),
+    Column("ELAPSED", "elapsed_s", seconds, right=True),
+)
+
+_WORKER_COLUMNS = (
+    Column("WORKER", "worker_id", short_id),
+    Column("HOST", "host"),
+    Column("PID", "pid", right=True),
+    Column("DEVICE", "device_name"),
+    Column("STATE", "liveness"),
+    Column("HEARTBEAT", "heartbeat_age_s", age),
+    Column("CODEGEN", "codegen"),
+    Column("PREFETCH", "prefetch", right=True),
+    Column("BUSY", "busy", right=True),
+    Column("TRIAL", "current_trial", right=True),
+    Column("MEASURED", "measured", right=True),
+)
+
+
+def _with_failed(row: Row) -> Row:
+    row = dict(row)
+    row["failed_all"] = int(row.get("failed") or 0) + int(row.get("timed_out") or 0)
+    return row
+
+
+def _with_liveness(row: Row) -> Row:
+    row = dict(row)
+    # The worker's sizing: code-generation processes and who chose them (auto: the worker
+    # itself), and the share of the time since its first claim that its device was busy.
+    pool = row.get("prepare_workers")
+    row["codegen"] = "-" if pool is None else f"{pool} {row.get('sizing') or ''}".strip()
+    busy = row.get("device_busy")
+    row["busy"] = "-" if busy is None else f"{100 * float(busy):.0f}%"
+    if row["state"] == WorkerState.STOPPED:
+        row["liveness"] = WorkerState.STOPPED
+    elif row["alive"]:
+        row["liveness"] = "busy" if row["holding"] else "idle"
+    else:
+        row["liveness"] = "lost"  # active but silent: killed without a goodbye
+    return row
+
+
+def runs_table(runs: list[Row]) -> str:
+    """Runs (``list_runs`` rows) as the table of ``runs`` and ``status``."""
+    return table([_with_failed(r) for r in runs], _RUN_COLUMNS)
+
+
+def status_text(conn: Any, run_id: int | None) -> str:
+    """The text of ``tunefleet status [RUN]`` (also used by ``--watch``)."""
+    lines: list[str] = []
+    if run_id is None:
+        runs = report.list_runs(conn, only_active=True)
+        heading = "active runs"
+        if not runs:
+            runs = report.list_runs(conn, limit=5)
+            heading = "no active runs; latest runs" if runs else "no runs yet"
+        lines.append(f"{heading}:")
+        if runs:
+            lines.append(runs_table(runs))
+        for r in runs:
+            if unserved(r) or r.get("standing_aside"):
+                lines.append(
+                    f"run {r['run_id']}: {r['standing_aside']} worker(s) stand aside"
+                    + ("; nobody can serve it" if unserved(r) else "")
+                    + f" (see `tunefleet status {r['run_id']}`)"
+                )
+        workers = report.fleet(conn, include_stopped=False)
+        lines.append("")
+        lines.append(f"workers: {sum(1 for w in workers if w['alive'])} alive")
+        if workers:
+            lines.append(table([_with_liveness(w) for w in workers], _WORKER_COLUMNS))
+        return "\n".join(lines)
+
+    require_run(conn, run_id)
+    p = report.run_progress(conn, run_id)
+    assert p is not None
+    lines.append(_progress_block(p))
+    failures = report.failure_summary(conn, run_id)
+    if failures:
+        lines.append("failures:")
+        for f in failures[:5]:
+            lines.append(f"  {f['trials']:>4} {f['state']}: {clipped(f['error'], 90)}")
+    lines += _stand_aside_lines(p, report.stand_asides(conn, run_id))
+    workers = report.fleet(conn, run_id=run_id, include_stopped=True)
+    lines.append("")
+    lines.append(f"workers: {sum(1 for w in workers if w['alive'])} alive")
+    if workers:
+        lines.append(table([_with_liveness(w) for w in workers], _WORKER_COLUMNS))
+    return "\n".join(lines)
+
+
+def stand_aside_line(row: Row) -> str:
+    """``worker W on host H cannot run this problem: REASON``, as status and the live line
+    say it."""
+    gone = "" if row.get("alive", True) else " (gone)"
+    return (
+        f"worker {short_id(row['worker_id'])} on host {row['host']}{gone} cannot run this "
+        f"problem: {' '.join(str(row['reason']).split())}"
+    )
+
+
+def unserved(p: Row) -> bool:
+    """A running run with work in flight and no live worker that may serve it."""
+    return (
+        p["run_state"] == RunState.RUNNING
+        and int(p["pending"]) + int(p["running"]) > 0
+        and not int(p.get("servable_workers") or 0)
+    )
+
+
+def _stand_aside_lines(p: Row, asides: list[Row]) -> list[str]:
+    lines = []
+    if unserved(p):
+        why = (
+            "every live worker of its class stands aside from it"
+            if any(a["alive"] for a in asides)
+            else f"no live worker of class {p['device_class']}"
+        )
+        lines.append(f"nobody can serve this run: {why}; start a worker whose environment runs it")
+    if asides:
+        lines.append("standing aside (their environment cannot run this problem):")
+        lines += [f"  {stand_aside_line(a)}" for a in asides]
+    return lines
+
+
+def clipped(text: str, width: int) -> str:
+    """The first line of an error text, cut to ``width`` characters."""
+    first = first_line(text or "", "")
+    return first if len(first) <= width else first[: width - 3] + "..."
+
+
+def _budget(p: Row) -> str:
+    parts = []
+    if p.get("max_trials"):
+        parts.append(f"{p['max_trials']} trials")
+    if p.get("max_seconds"):
+        parts.append(seconds(p["max_seconds"]))
+    if p.get("target_gflops"):
+        parts.append(f"target {gflops(p['target_gflops'])} GFLOP/s")
+    return ", ".join(parts) or "unlimited"
+
+
+def _progress_block(p: Row) -> str:
+    state = p["run_state"] + (f" ({p['stop_reason']})" if p.get("stop_reason") else "")
+    name = f" {p['name']!r}" if p.get("name") else ""
+    return "\n".join(
+        [
+            f"run {p['run_id']}{name}: {p['problem']} {args_text(p['problem_args'])} "
+            f"on {p['device_class']}",
+            f"  state     {state}, budget {_budget(p)}, elapsed {seconds(p['elapsed_s'])}",
+            f"  trials    {p['done']} done, {p['running']} running, {p['pending']} pending, "
+            f"{p['invalid']} invalid, {p['failed']} failed, {p['timed_out']} timed out, "
+            f"{p['cancelled']} cancelled ({p['cached']} from cache)",
+            f"  best      {gflops(p['best_gflops'])} GFLOP/s "
+            f"(median {seconds(p['best_median_s'])})",
+            f"  rate      {float(p['evaluations_per_minute']):.1f} evaluations/min",
+            *_driver_line(p),
+        ]
+    )
+
+
+def _driver_line(p: Row) -> list[str]:
+    """Whether a coordinator is driving a running run (its heartbeat is recent)."""
+    if p["run_state"] != RunState.RUNNING:
+        return []
+    age_s = p.get("coordinator_age_s")
+    if age_s is not None and age_s < 60:
+        return [f"  search    coordinator heartbeat {age(age_s)}"]
+    return [
+        f"  search    no coordinator is driving it; continue with "
+        f"`tunefleet tune --resume {p['run_id']}`"
+    ]
+
+
+# --- best -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BestOfRun:
+    """A run's best trials, as ``best`` reports them (:func:`read_best`)."""
+
+    run: Row
+    #: Best first, each with its ``reproduce`` command; empty before a successful trial.
+    best: list[Row]
+    #: The run's progress row (``run_progress``): its trial counts.
+    progress: Row
+
+
+def read_best(conn: Any, run_id: int, top: int = 1) -> BestOfRun:
+    """The ``top`` best trials of a run; RunError when the run does not exist."""
+    run = require_run(conn, run_id)
+    best = report.best_trials(conn, run_id, limit=top)
+    progress = report.run_progress(conn, run_id)
+    assert progress is not None  # the run exists
+    for b in best:
+        b["reproduce"] = reproduce_command(run, b)
+    return BestOfRun(run, best, progress)
+
+
+def best_text(found: BestOfRun) -> str:
+    """The text of ``tunefleet best``: the best trial, its confirmation, configuration and
+    reproduce command, then a table when there are more; RunError when there is none yet."""
+    run, best, progress = found.run, found.best, found.progress
+    if not best:
+        raise RunError(
+            f"run {run['id']} has no successful trial yet ({progress['done']} done, "
+            f"{progress['invalid']} invalid, {progress['failed']} failed); "
+            f"see `tunefleet status {run['id']}`"
+        )
+    top = best[0]
+    lines = [
+        f"run {run['id']}: {run['problem']} {args_text(run['problem_args'])} "
+        f"on {run['device_class']} ({run['state']}"
+        + (f": {run['stop_reason']}" if run.get("stop_reason") else "")
+        + f"; {progress['done']} done of {progress['trials']} trials)",
+        f"best: trial {top['trial_id']}, {gflops(top['gflops'])} GFLOP/s, "
+        f"median {seconds(top['median_s'])} (min {seconds(top['min_s'])})"
+        + (f", {gflops(top['gbps'])} GB/s" if top.get("gbps") is not None else ""),
+        confirmation_text(top),
+        f"device: {top['device_name'] or '-'} (driver {top['driver_version'] or '-'})",
+        "configuration:",
+    ]
+    width = max((len(k) for k in top["config"]), default=0)
+    for key, value in top["config"].items():
+        lines.append(f"  {key.ljust(width)} = {compact_json(value)}")
+    lines += ["reproduce:", f"  {top['reproduce']}"]
+    if top["has_code"]:
+        lines.append(f"generated code: tunefleet show {run['id']} {top['trial_id']} --code")
+    if len(best) > 1:
+        lines += ["", f"top {len(best)}:"]
+        lines.append(
+            table(
+                [
+                    {**b, "config_text": compact_json(b["config"]), "spread_text": _spread(b)}
+                    for b in best
+                ],
+                (
+                    Column("TRIAL", "trial_id", right=True),
+                    Column("GFLOP/s", "gflops", gflops, right=True),
+                    Column("MEDIAN", "median_s", seconds, right=True),
+                    Column("CONFIRMED", "confirmed_median_s", seconds, right=True),
+                    Column("SPREAD", "spread_text", right=True),
+                    Column("CONFIG", "config_text"),
+                ),
+            )
+        )
+    return "\n".join(lines)
+
+
+def reproduce_command(run: Row, best: Row) -> str:
+    """The exact command that rebuilds and times this configuration on this kind of device."""
+    from tunefleet.problems.base import Protocol
+
+    flags = command_line_args(run["problem_args"], problem_sizes(run["problem"]))
+    words = ["tunefleet", "measure", run["problem"], *flags]
+    words += ["--config", json.dumps(best["config"], sort_keys=True, separators=(",", ":"))]
+    if run["device_class"] != ANY_DEVICE_CLASS and best.get("device_name"):
+        words += ["--device", best["device_name"]]
+    elif run["device_class"] == ANY_DEVICE_CLASS:
+        words += ["--device", "host"]
+    protocol = best.get("protocol") or run.get("protocol") or {}
+    defaults = Protocol().to_json()
+    # Only settings: a measurement also records facts about itself (the arguments it restored
+    # before each launch), which follow from the problem and are no option of `measure`.
+    differing = {k: v for k, v in protocol.items() if k in defaults and defaults[k] != v}
+    if differing:
+        words += ["--protocol", json.dumps(differing, sort_keys=True, separators=(",", ":"))]
+    return shell_join(words)
+
+
+def _spread(b: Row) -> str:
+    if b.get("confirm_state") in FAULT_TRIAL_STATES:
+        return "failed!"
+    if b.get("spread") is None:
+        return "-"
+    return f"{100 * b['spread']:.1f} %" + ("!" if b.get("disagrees") else "")
+
+
+def confirmation_text(best: Row) -> str:
+    """The ``confirmed:`` line of ``tunefleet best``: the re-measurement of the best, how far
+    apart the two measurements are and whether that is more than their samples' noise."""
+    state = best.get("confirm_state")
+    if state is None:
+        return "confirmed: no (measured once; runs confirm their best when the budget ends)"
+    if state in (TrialState.PENDING, TrialState.RUNNING):
+        return f"confirmed: not yet (trial {best['confirm_trial_id']} is {state})"
+    if state == TrialState.CANCELLED:
+        return f"confirmed: no (trial {best['confirm_trial_id']} was cancelled by a stop)"
+    if state != TrialState.DONE:
+        return (
+            f"confirmed: NO, the re-measurement (trial {best['confirm_trial_id']}) ended "
+            f"{state}: every configuration that re-measured ranks ahead of this one"
+        )
+    where = best.get("confirm_worker_host") or "?"
+    same = best.get("confirm_worker_id") == best.get("worker_id")
+    text = (
+        f"confirmed: median {seconds(best['confirmed_median_s'])}, "
+        f"{gflops(best['confirmed_gflops'])} GFLOP/s (trial {best['confirm_trial_id']} on "
+        f"{where}{', the same worker' if same else ', another worker'}, input seed "
+        f"{best['confirm_input_seed']}); spread {100 * best['spread']:.2f} %"
+    )
+    if best.get("disagrees"):
+        return (
+            text + f" DISAGREES: more than the samples' noise ({100 * best['noise']:.2f} %); "
+            "the figures are not reproducible to that precision"
+        )
+    return text + f", within the samples' noise ({100 * best['noise']:.2f} %)"
