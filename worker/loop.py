@@ -68,7 +68,7 @@ from uuid import UUID, uuid4
 
 import psycopg
 
-from tunefleet import __version__
+from tunefleet import __version__, jsonvalues
 from tunefleet.db import pooler
 from tunefleet.db.engine import connect
 from tunefleet.devices import HOST_DEVICE, DeviceInfo
@@ -1045,14 +1045,14 @@ class Worker:
             median_s=_number(outcome.median_s),  # type: ignore[arg-type]
             min_s=_number(outcome.min_s),  # type: ignore[arg-type]
             samples_s=[float(x) for x in outcome.samples_s],
-            protocol=plain_json(protocol),
+            protocol=jsonvalues.storable(protocol),
             gflops=_number(outcome.gflops),
             gbps=_number(outcome.gbps),
             flop_count=_number(outcome.flop_count),
             byte_count=_number(outcome.byte_count),
             compile_s=_number(outcome.compile_s),
-            validation=plain_json(dict(outcome.validation)),
-            versions=plain_json({"tunefleet": __version__, **outcome.versions}),
+            validation=jsonvalues.storable(dict(outcome.validation)),
+            versions=jsonvalues.storable({"tunefleet": __version__, **outcome.versions}),
             code=None if outcome.code is None else str(outcome.code),
         )
 
@@ -1235,22 +1235,6 @@ class Worker:
 def _number(value: Any) -> float | None:
     """A float PostgreSQL accepts (numpy scalars included); ``None`` stays ``None``."""
     return None if value is None else float(value)
-
-
-def plain_json(value: Any) -> Any:
-    """What a problem reports, made storable as JSONB: numpy scalars and arrays become plain
-    numbers and lists, tuples lists, non-finite floats ``None`` (JSON has no NaN)."""
-    if isinstance(value, dict):
-        return {str(k): plain_json(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [plain_json(v) for v in value]
-    if hasattr(value, "tolist") and callable(value.tolist):  # numpy arrays and scalars
-        return plain_json(value.tolist())
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    return str(value)
 
 
 def _device_failure(what: str, reply: Reply) -> str:
