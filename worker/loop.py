@@ -43,11 +43,9 @@ window is full the pool controller may grow or shrink the code-generation pool (
 the prefetch), and the worker reports its sizing, its device's busy fraction and, in return,
 learns how many workers share its host.
 
-Shutdown: the first SIGTERM/SIGINT stops claiming, releases every held trial that is not being
-timed (back to pending, attempt not counted), lets the one being timed finish and records it,
-then exits 0. A second signal kills the children and exits at once; the leases expire.
-SIGUSR1 asks for the same graceful stop but never escalates: ``tunefleet tune`` makes it its
-workers' parent-death signal, which Linux sends once for every thread of the dying parent.
+Shutdown: a signal asks for a graceful stop (:mod:`tunefleet.worker.signals`): ``stop``
+releases every held trial that is not being timed, the one being timed finishes and is
+recorded, then the worker exits 0.
 """
 
 from __future__ import annotations
@@ -56,19 +54,16 @@ import logging
 import math
 import multiprocessing.connection
 import os
-import signal
 import socket
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from types import FrameType
 from typing import Any
 from uuid import UUID, uuid4
 
 import psycopg
 
-from tunefleet import __version__, jsonvalues
+from tunefleet import __version__
 from tunefleet.db import pooler
 from tunefleet.db.engine import connect
 from tunefleet.devices import HOST_DEVICE, DeviceInfo
@@ -80,14 +75,16 @@ from tunefleet.errors import (
     TunefleetError,
     first_line,
 )
-from tunefleet.problems.base import Outcome, Protocol
 from tunefleet.queries import queue
-from tunefleet.queries.queue import ClaimedTrial, MeasurementRow
+from tunefleet.queries.queue import ClaimedTrial
 from tunefleet.vocabulary import ANY_DEVICE_CLASS, TrialState
 
-from .heartbeat import Heartbeat, HeldLeases, Key
+from . import results
+from .heartbeat import Heartbeat, HeldLeases
 from .link import DatabaseDown, Link
+from .results import Held
 from .settings import WorkerSettings
+from .signals import Signals
 from .sizing import (
     CpuSampler,
     MachineSampler,
@@ -133,40 +130,6 @@ class Books:
     measure_s: list[float] = field(default_factory=list)
 
 
-@dataclass
-class Held:
-    """One claimed trial and where it is in this worker."""
-
-    claim: ClaimedTrial
-    # claimed | preparing | prepared | measuring | finished, or suspect (see the module
-    # docstring: an unexplained error held until the run's next verdict on this worker)
-    stage: Stage = Stage.CLAIMED
-    prepared: Any = None
-    child: Child | None = None
-    # The outcome once finished: done | invalid | failed | timed_out, or handback (an
-    # environment fault: released uncounted, ``error`` the reason)
-    state: Verdict | None = None
-    error: str | None = None
-    measurement: MeasurementRow | None = None
-    sends: int = 0
-
-    @property
-    def key(self) -> Key:
-        return self.claim.key
-
-    def finish(
-        self, state: Verdict, error: str | None = None, measurement: MeasurementRow | None = None
-    ) -> None:
-        self.stage, self.state, self.error, self.measurement = (
-            Stage.FINISHED,
-            state,
-            error,
-            measurement,
-        )
-        self.child = None
-        self.prepared = None
-
-
 class Worker:
     def __init__(self, settings: WorkerSettings, url: str) -> None:
         self.settings = settings
@@ -206,15 +169,13 @@ class Worker:
         self._machine = MachineSampler()
         self.link = Link(url, settings.db, "main", on_connect=self._on_connect)
         self.heartbeat: Heartbeat | None = None
-        self.stopping = False
+        self.signals = Signals(settings.lease_s, self._children)
         self.drained = False
         self.idle = False
-        self.signals = 0
         self.claimed = 0
         self.outcomes: Counter[str] = Counter()
         self.next_claim_at = 0.0
         self.next_reap_at = 0.0
-        self.stop_deadline: float | None = None
         self.exit_code = 0
         #: Runs this worker stands aside from, with the reason; and those whose stand-aside
         #: row is not written yet (the database was away).
@@ -227,18 +188,13 @@ class Worker:
         #: Trials whose claim the database refused (one bad row), never claimed again here.
         self.skipped: dict[int, str] = {}
         self.skips_in_row = 0
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        self._old_handlers: dict[int, Any] = {}
-        self._old_wakeup_fd = -1
 
     # --- the loop ------------------------------------------------------------------------------
     def run(self) -> int:
         """Run until drained, ``max_trials`` reached or stopped by a signal; return the exit
         status. Fatal problems (device taken, device lost) raise a TunefleetError after the
         held trials were released."""
-        self._install_signals()
+        self.signals.install()
         try:
             self.step_start()
             while not self.step_done():
@@ -302,7 +258,7 @@ class Worker:
             lease_s=self.settings.lease_s,
             interval_s=self.settings.heartbeat_s,
             held=self.leases,
-            on_lost=self._wake,
+            on_lost=self.signals.wake,
         )
         self.heartbeat.start()
         log.info(
@@ -327,6 +283,11 @@ class Worker:
             r.peers,
             self.sizing.ceiling,
         )
+
+    @property
+    def stopping(self) -> bool:
+        """A graceful stop was asked for (:mod:`tunefleet.worker.signals`)."""
+        return self.signals.stopping
 
     @property
     def capacity(self) -> int:
@@ -386,7 +347,7 @@ class Worker:
 
     def step_collect(self) -> None:
         now = time.monotonic()
-        for child in [*self.prepare_children, self.device_child]:
+        for child in self._children():
             held = next((h for h in self.held.values() if h.child is child), None)
             reply = child.poll(now)
             if reply is not None and held is not None:
@@ -615,7 +576,7 @@ class Worker:
         deadlines = [self.next_reap_at] if not self.stopping else []
         if not self.stopping and len(self.held) < self.capacity:
             deadlines.append(self.next_claim_at)
-        for child in [*self.prepare_children, self.device_child]:
+        for child in self._children():
             if child.busy and child.deadline is not None:
                 deadlines.append(child.deadline)
         if not self.link.up:
@@ -624,18 +585,18 @@ class Worker:
                 deadlines.append(now + wait)
         if any(h.stage == Stage.FINISHED for h in self.held.values()) and self.link.up:
             deadlines.append(now)
-        if self.stopping and self.stop_deadline is not None:
-            deadlines.append(self.stop_deadline)
+        if self.stopping and self.signals.stop_deadline is not None:
+            deadlines.append(self.signals.stop_deadline)
         timeout = max(0.0, min([*deadlines, now + self.settings.poll_s]) - now)
-        waitables: list[Any] = [self._wake_r]
-        for child in [*self.prepare_children, self.device_child]:
+        waitables: list[Any] = [self.signals.waitable]
+        for child in self._children():
             waitables.extend(child.waitables())
         db = self.link.conn if self.link.up else None
         if db is not None:
             waitables.append(db)
         ready = multiprocessing.connection.wait(waitables, timeout=timeout)
-        if self._wake_r in ready:
-            self._drain_wakeups()
+        if self.signals.waitable in ready:
+            self.signals.drain()
         if db is not None and db in ready:
             self._pump_notifications(db)
 
@@ -794,7 +755,6 @@ class Worker:
 
     # --- replies from the children ---------------------------------------------------------------
     def _on_reply(self, held: Held, reply: Reply) -> None:
-        phase = "code generation" if held.stage == Stage.PREPARING else "evaluation"
         run = held.claim.run_id
         if reply.kind == ReplyKind.OK:
             timed = self.books.prepare_s if held.stage == Stage.PREPARING else self.books.measure_s
@@ -805,18 +765,8 @@ class Worker:
             else:
                 held.stage, held.prepared, held.child = Stage.PREPARED, reply.value, None
             return
-        if reply.kind == ReplyKind.OK:
-            self._on_outcome(held, reply.value)
-        elif reply.kind == ReplyKind.INVALID:
-            held.finish(Verdict.INVALID, reply.message)
-        elif reply.kind == ReplyKind.TIMEOUT:
-            held.finish(Verdict.TIMED_OUT, f"{phase} {reply.message} and was killed")
-        elif reply.kind == ReplyKind.DIED:
-            held.finish(Verdict.FAILED, f"{phase} process {reply.message}")
-        elif reply.kind == ReplyKind.ENVIRONMENT:
-            held.finish(Verdict.ENVIRONMENT, f"{phase}: {reply.message}")
-        else:
-            held.finish(Verdict.ERROR, f"{phase} raised {reply.message}")
+        ended = results.ending(held.claim, reply, held.stage == Stage.PREPARING)
+        held.finish(ended.verdict, ended.error, ended.measurement)
         self._judge(held)
         if held.stage == Stage.FINISHED and held.state not in (
             Verdict.DONE,
@@ -1016,46 +966,6 @@ class Worker:
         """Held trials that count against the capacity (all but the suspects)."""
         return [h for h in self.held.values() if h.stage != Stage.SUSPECT]
 
-    def _on_outcome(self, held: Held, outcome: Any) -> None:
-        if not isinstance(outcome, Outcome):
-            held.finish(
-                Verdict.FAILED, f"measure returned {type(outcome).__name__}, not an Outcome"
-            )
-            return
-        if outcome.state == TrialState.INVALID:
-            held.finish(Verdict.INVALID, outcome.error or "invalid configuration")
-            return
-        if outcome.state != TrialState.DONE:
-            held.finish(Verdict.FAILED, f"measure returned an outcome in state {outcome.state!r}")
-            return
-        try:
-            row = self._measurement(held.claim, outcome)
-        except (TypeError, ValueError) as exc:
-            held.finish(Verdict.FAILED, f"measure returned numbers that are not numbers: {exc}")
-            return
-        bad = row.problems()
-        if bad:
-            held.finish(Verdict.FAILED, "measure returned unusable timings: " + "; ".join(bad))
-            return
-        held.finish(Verdict.DONE, None, row)
-
-    def _measurement(self, claim: ClaimedTrial, outcome: Outcome) -> MeasurementRow:
-        protocol = outcome.protocol or Protocol.from_json(claim.protocol).to_json()
-        return MeasurementRow(
-            median_s=_number(outcome.median_s),  # type: ignore[arg-type]
-            min_s=_number(outcome.min_s),  # type: ignore[arg-type]
-            samples_s=[float(x) for x in outcome.samples_s],
-            protocol=jsonvalues.storable(protocol),
-            gflops=_number(outcome.gflops),
-            gbps=_number(outcome.gbps),
-            flop_count=_number(outcome.flop_count),
-            byte_count=_number(outcome.byte_count),
-            compile_s=_number(outcome.compile_s),
-            validation=jsonvalues.storable(dict(outcome.validation)),
-            versions=jsonvalues.storable({"tunefleet": __version__, **outcome.versions}),
-            code=None if outcome.code is None else str(outcome.code),
-        )
-
     def step_stop(self) -> None:
         """While stopping: give back every held trial that is not being timed. If the database
         stays unreachable for a whole lease, give up on what is left (the leases expire)."""
@@ -1066,7 +976,7 @@ class Worker:
             for h in self.held.values()
             if h.stage in (Stage.CLAIMED, Stage.PREPARING, Stage.PREPARED, Stage.SUSPECT)
         ]
-        if self.stop_deadline is not None and time.monotonic() > self.stop_deadline:
+        if self.signals.stop_deadline is not None and time.monotonic() > self.signals.stop_deadline:
             unsent = [h for h in self.held.values() if h.stage != Stage.MEASURING]
             if unsent and not self._db_ready():
                 log.warning(
@@ -1125,76 +1035,12 @@ class Worker:
     def _teardown(self) -> None:
         if self.heartbeat is not None and self.heartbeat.is_alive():
             self.heartbeat.stop()
-        for child in [*self.prepare_children, self.device_child]:
+        for child in self._children():
             child.close()
         self.link.close()
-        self._restore_signals()
-        self._wake_r.close()
-        self._wake_w.close()
+        self.signals.close()
 
-    # --- signals and wake-ups --------------------------------------------------------------------
-    def _install_signals(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return  # embedded in another program's thread: that program handles signals
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._old_handlers[sig] = signal.signal(sig, self._on_signal)
-        self._old_handlers[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, self._on_parent_gone)
-        self._old_wakeup_fd = signal.set_wakeup_fd(self._wake_w.fileno())
-
-    def _restore_signals(self) -> None:
-        if not self._old_handlers:
-            return
-        for sig, handler in self._old_handlers.items():
-            signal.signal(sig, handler)
-        signal.set_wakeup_fd(self._old_wakeup_fd)
-
-    def _on_parent_gone(self, signum: int, frame: FrameType | None) -> None:
-        if not self.stopping:
-            self.stopping = True
-            self.stop_deadline = time.monotonic() + self.settings.lease_s
-            log.warning(
-                "SIGUSR1: the process that started this worker is gone; finishing the trial "
-                "being timed, releasing the others, then exiting"
-            )
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.signals += 1
-        if self.signals == 1:
-            self.stopping = True
-            self.stop_deadline = time.monotonic() + self.settings.lease_s
-            log.warning(
-                "%s: finishing the trial being timed, releasing the others, then exiting "
-                "(send it again to exit at once)",
-                signal.Signals(signum).name,
-            )
-            return
-        # Second signal: abort now. Children first, or a hung kernel would outlive us.
-        for child in [*self.prepare_children, self.device_child]:
-            if child.proc is not None:
-                try:
-                    child.proc.kill()
-                except Exception:
-                    pass
-        os.write(
-            2,
-            b"tunefleet worker: aborted; held trials return to the queue when their "
-            b"leases expire\n",
-        )
-        os._exit(128 + signum)
-
-    def _wake(self) -> None:
-        try:
-            self._wake_w.send(b"\0")
-        except (BlockingIOError, OSError):
-            pass  # already awake
-
-    def _drain_wakeups(self) -> None:
-        try:
-            while self._wake_r.recv(4096):
-                pass
-        except (BlockingIOError, OSError):
-            pass
-
+    # --- notifications --------------------------------------------------------------------------
     def _pump_notifications(self, conn: psycopg.Connection[Any]) -> None:
         """Read notifications without waiting (psycopg also queues those that arrived during
         other statements); one for our classes makes the next claim due now."""
@@ -1206,6 +1052,9 @@ class Worker:
             self.link.broken(exc)
 
     # --- helpers ---------------------------------------------------------------------------------
+    def _children(self) -> list[Child]:
+        return [*self.prepare_children, self.device_child]
+
     def _db_ready(self) -> bool:
         try:
             return self.link.get() is not None
@@ -1230,11 +1079,6 @@ class Worker:
     def _forget(self, held: Held) -> None:
         self.held.pop(held.claim.trial_id, None)
         self.leases.remove(held.key)
-
-
-def _number(value: Any) -> float | None:
-    """A float PostgreSQL accepts (numpy scalars included); ``None`` stays ``None``."""
-    return None if value is None else float(value)
 
 
 def _device_failure(what: str, reply: Reply) -> str:
