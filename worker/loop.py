@@ -37,11 +37,9 @@ With ``prepare_workers = 0`` a claimed trial goes straight to the device process
 prepares and measures it in one request. At most ``1 + prefetch`` trials are held; timing is
 never concurrent (one device process, one request at a time).
 
-``size`` keeps the books of the sizing (``tunefleet.worker.sizing``): how long the device was busy,
-how long it waited for code generation, what each code generation and timing took. Once a
-window is full the pool controller may grow or shrink the code-generation pool (and with it
-the prefetch), and the worker reports its sizing, its device's busy fraction and, in return,
-learns how many workers share its host.
+``size`` keeps the books of the code-generation pool (:mod:`tunefleet.worker.pool`); once
+a window is full the pool may grow or shrink (and with it the prefetch), and the worker
+reports its sizing and its device's busy fraction and learns how many workers share its host.
 
 Shutdown: a signal asks for a graceful stop (:mod:`tunefleet.worker.signals`): ``stop``
 releases every held trial that is not being timed, the one being timed finishes and is
@@ -57,7 +55,6 @@ import os
 import socket
 import time
 from collections import Counter
-from dataclasses import dataclass, field, replace
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -82,21 +79,11 @@ from tunefleet.vocabulary import ANY_DEVICE_CLASS, TrialState
 from . import results
 from .heartbeat import Heartbeat, HeldLeases
 from .link import DatabaseDown, Link
+from .pool import CodegenPool
 from .results import Held
 from .settings import WorkerSettings
 from .signals import Signals
-from .sizing import (
-    CpuSampler,
-    MachineSampler,
-    PoolController,
-    Sizing,
-    Window,
-    detect_resources,
-    idle_cores,
-    initial_sizing,
-    pool_ceiling,
-    prefetch_for,
-)
+from .sizing import Sizing, detect_resources
 from .supervise import Child, Describe, Measure, Open, Prepare, Reply
 from .vocabulary import ReplyKind, Stage, Verdict
 
@@ -109,25 +96,10 @@ CLAIM_BACKOFF_S = 60.0
 #: Trials set aside in a row, without a claim that worked between them, before the worker
 #: calls it something other than bad rows (and only waits and retries).
 MAX_SKIPS_IN_ROW = 3
-#: A sizing window lasts at least this long and holds as many prepared trials as the pool
-#: has processes (at least 2), or ends after WINDOW_MAX_S with whatever it saw.
-WINDOW_MIN_S = 2.0
-WINDOW_MAX_S = 30.0
 #: The sizing and busy fraction are reported at least this often (and when they change).
 REPORT_EVERY_S = 10.0
 #: A worker of the same host counts as sharing its cores while its heartbeat is this fresh.
 PEER_ALIVE_S = 60.0
-
-
-@dataclass
-class Books:
-    """What the device and the code generation did since the window started."""
-
-    started: float
-    busy_s: float = 0.0
-    starved_s: float = 0.0
-    prepare_s: list[float] = field(default_factory=list)
-    measure_s: list[float] = field(default_factory=list)
 
 
 class Worker:
@@ -145,28 +117,14 @@ class Worker:
         self.held: dict[int, Held] = {}
         self.leases = HeldLeases()
         self.device_child = Child("device")
-        self.resources = detect_resources(settings.cores, peers=settings.peers)
-        self.sizing: Sizing = initial_sizing(
-            self.resources, settings.prepare_workers, settings.prefetch
+        self.pool = CodegenPool(
+            detect_resources(settings.cores, peers=settings.peers),
+            settings.prepare_workers,
+            settings.prefetch,
+            time.monotonic(),
         )
-        self.controller = (
-            PoolController(self.sizing.prepare_workers, self.sizing.ceiling)
-            if self.sizing.auto_pool
-            else None
-        )
-        self._codegen_seq = 0
-        self.prepare_children: list[Child] = []
-        self._grow_children(self.sizing.prepare_workers)
-        now = time.monotonic()
-        self.books = Books(now)
-        self._booked_at = now
-        self._was_busy = self._was_starved = False
-        self.busy_total_s = 0.0
-        self.first_claim_at: float | None = None
         self.last_report_at = -math.inf
         self.reported: Sizing | None = None
-        self._cpu = CpuSampler()
-        self._machine = MachineSampler()
         self.link = Link(url, settings.db, "main", on_connect=self._on_connect)
         self.heartbeat: Heartbeat | None = None
         self.signals = Signals(settings.lease_s, self._children)
@@ -271,17 +229,17 @@ class Worker:
             ", ".join(self.classes),
             self.settings.lease_s,
         )
-        r = self.resources
+        r, sizing = self.pool.resources, self.pool.sizing
         log.info(
             "sizing (%s): %s code-generation process(es), prefetch %s; %g cores (%s) "
             "shared by %s worker(s) of this host, ceiling %s",
-            self.sizing.source,
-            self.sizing.prepare_workers,
-            self.sizing.prefetch,
+            sizing.source,
+            sizing.prepare_workers,
+            sizing.prefetch,
             r.cores,
             r.source,
             r.peers,
-            self.sizing.ceiling,
+            sizing.ceiling,
         )
 
     @property
@@ -292,7 +250,7 @@ class Worker:
     @property
     def capacity(self) -> int:
         """Most trials held at once: the one being timed plus the prefetched ones."""
-        return self.sizing.capacity
+        return self.pool.sizing.capacity
 
     def _on_connect(self, conn: psycopg.Connection[Any]) -> None:
         # LISTEN and the device lock are session state: behind a pooler that lends the server
@@ -405,8 +363,8 @@ class Worker:
         self.claim_failures = 0
         if claims:
             self.skips_in_row = 0
-        if claims and self.first_claim_at is None:
-            self.first_claim_at = now
+        if claims and self.pool.first_claim_at is None:
+            self.pool.first_claim_at = now
         for claim in claims:
             self.held[claim.trial_id] = Held(claim)
             self.leases.add(claim.key)
@@ -459,9 +417,8 @@ class Worker:
     def step_dispatch(self) -> None:
         if self.stopping:
             return  # the trial being timed finishes; nothing new starts
-        inline = not self.prepare_children
-        # Children beyond the pool size are on their way out (shrunk while busy).
-        for child in self.prepare_children[: self.sizing.prepare_workers]:
+        inline = not self.pool.children
+        for child in self.pool.active():
             if child.busy:
                 continue
             held = self._first(Stage.CLAIMED)
@@ -611,107 +568,27 @@ class Worker:
         summary = ", ".join(f"{k} {v}" for k, v in sorted(self.outcomes.items())) or "nothing"
         log.info("worker %s exiting: %s", self.worker_id, summary)
 
-    # --- sizing ----------------------------------------------------------------------------------
     def step_size(self) -> None:
         """Book the time since the last turn under what the device was doing then; when the
         window is full, let the controller resize the pool and report the sizing."""
         now = time.monotonic()
-        dt, self._booked_at = now - self._booked_at, now
-        if self._was_busy:
-            self.books.busy_s += dt
-            self.busy_total_s += dt
-        elif self._was_starved:
-            self.books.starved_s += dt
-        self._was_busy = self.device_child.busy
-        self._was_starved = not self.stopping and any(
+        starved = not self.stopping and any(
             h.stage in (Stage.CLAIMED, Stage.PREPARING) for h in self.held.values()
         )
-        self._retire_children()
-        b = self.books
-        elapsed = now - b.started
-        enough = len(b.prepare_s) >= max(2, self.sizing.prepare_workers)
-        if elapsed < WINDOW_MIN_S or not (enough or elapsed >= WINDOW_MAX_S):
-            return
-        self.books = Books(now)
-        codegen = [c.proc.pid for c in self.prepare_children if c.proc is not None]
+        self.pool.book(now, busy=self.device_child.busy, starved=starved)
+        self.pool.retire(self._in_use())
         device = [self.device_child.proc.pid] if self.device_child.proc is not None else []
-        pids = [self.pid, *device, *codegen]
-        per_pid = self._cpu.used(pids)
-        used = None if per_pid is None else sum(per_pid.values())
-        codegen_cpu = None if per_pid is None else sum(per_pid.get(p, 0.0) for p in codegen)
-        machine = self._machine.idle_cores()
-        # A process that started during the window has no CPU figure for all of it (and spent
-        # it starting): decide from the next window, one whose processes were all there.
-        whole = per_pid is None or set(pids) <= set(per_pid)
-        window = Window(
-            seconds=elapsed,
-            device_busy_s=b.busy_s,
-            device_starved_s=b.starved_s,
-            prepare_s=tuple(b.prepare_s),
-            measure_s=tuple(b.measure_s),
-            # Cores given with --cores are this worker's to use whatever else runs here.
-            idle_cores=idle_cores(
-                self.resources.share,
-                used,
-                elapsed,
-                None if self.resources.source == "--cores" else machine,
-            ),
-            codegen_cores=None if codegen_cpu is None else codegen_cpu / elapsed,
-        )
-        if self.controller is not None and not self.stopping and whole:
-            ceiling = pool_ceiling(self.resources, prefetch=self.settings.prefetch)
-            before = self.sizing.prepare_workers
-            after = self.controller.observe(window, ceiling)
-            if after != before or ceiling != self.sizing.ceiling:
-                self._resize(after, ceiling)
-                if after != before:
-                    log.info(
-                        "sizing: %s -> %s code-generation process(es) (%s; device busy %.0f%%, "
-                        "waited for code generation %.0f%%, %s prepared in %.1f s)",
-                        before,
-                        after,
-                        self.controller.last_reason,
-                        100 * window.busy_fraction,
-                        100 * window.starved_fraction,
-                        len(window.prepare_s),
-                        elapsed,
-                    )
+        ended = self.pool.end_window(now, [self.pid, *device])
+        if ended is None:
+            return
+        window, whole = ended
+        if whole and not self.stopping and self.pool.control(window, self._in_use()):
+            self.next_claim_at = 0.0  # a larger prefetch claims at once
         if self._db_ready():
             try:
                 self.link.run(self._report)
             except DatabaseDown:
                 pass
-
-    def _resize(self, pool: int, ceiling: int) -> None:
-        prefetch = prefetch_for(pool) if self.sizing.auto_prefetch else self.sizing.prefetch
-        self.sizing = replace(self.sizing, prepare_workers=pool, prefetch=prefetch, ceiling=ceiling)
-        self._grow_children(pool)
-        self._retire_children()
-        self.next_claim_at = 0.0  # a larger prefetch claims at once
-
-    def _grow_children(self, pool: int) -> None:
-        while len(self.prepare_children) < pool:
-            self.prepare_children.append(Child(f"codegen-{self._codegen_seq}"))
-            self._codegen_seq += 1
-
-    def _retire_children(self) -> None:
-        """Close idle code-generation processes beyond the pool size (busy ones finish their
-        trial first)."""
-        while len(self.prepare_children) > self.sizing.prepare_workers:
-            idle = next((c for c in reversed(self.prepare_children) if not c.busy), None)
-            if idle is None:
-                return
-            if any(h.child is idle for h in self.held.values()):
-                return
-            idle.close()
-            self.prepare_children.remove(idle)
-
-    def device_busy_fraction(self) -> float | None:
-        """Share of the time since the first claim that the device had a trial to time."""
-        if self.first_claim_at is None:
-            return None
-        span = time.monotonic() - self.first_claim_at
-        return min(self.busy_total_s / span, 1.0) if span > 0 else None
 
     def _report(
         self, conn: psycopg.Connection[Any], initial: bool = False, force: bool = False
@@ -720,10 +597,10 @@ class Worker:
         workers share this host; at start-up a larger count resizes the pool before any
         code-generation process has started."""
         now = time.monotonic()
-        busy = self.device_busy_fraction()
+        sizing = self.pool.sizing
         if (
             not (initial or force)
-            and self.sizing == self.reported
+            and sizing == self.reported
             and now - self.last_report_at < REPORT_EVERY_S
         ):
             return
@@ -732,24 +609,14 @@ class Worker:
             self.worker_id,
             self.worker_secret,
             capacity=self.capacity,
-            prepare_workers=self.sizing.prepare_workers,
-            prefetch=self.sizing.prefetch,
-            sizing=self.sizing.source,
-            device_busy=busy,
+            prepare_workers=sizing.prepare_workers,
+            prefetch=sizing.prefetch,
+            sizing=sizing.source,
+            device_busy=self.pool.busy_fraction(now),
             peer_alive_s=PEER_ALIVE_S,
         )
-        self.reported, self.last_report_at = self.sizing, now
-        peers = max(peers, self.settings.peers)
-        if peers == self.resources.peers:
-            return
-        self.resources = self.resources.with_peers(peers)
-        if initial and self.sizing.auto_pool:
-            self.sizing = initial_sizing(
-                self.resources, self.settings.prepare_workers, self.settings.prefetch
-            )
-            self.controller = PoolController(self.sizing.prepare_workers, self.sizing.ceiling)
-            self.prepare_children = []
-            self._grow_children(self.sizing.prepare_workers)
+        self.reported, self.last_report_at = sizing, now
+        if self.pool.share_with(max(peers, self.settings.peers), initial):
             self.reported = None
             self._report(conn)
 
@@ -757,8 +624,7 @@ class Worker:
     def _on_reply(self, held: Held, reply: Reply) -> None:
         run = held.claim.run_id
         if reply.kind == ReplyKind.OK:
-            timed = self.books.prepare_s if held.stage == Stage.PREPARING else self.books.measure_s
-            timed.append(reply.seconds)
+            self.pool.timed(held.stage == Stage.PREPARING, reply.seconds)
         if reply.kind == ReplyKind.OK and held.stage == Stage.PREPARING:
             if run in self.excluded:  # stood aside meanwhile: it is not timed here
                 held.finish(Verdict.HANDBACK, self.excluded[run])
@@ -1012,7 +878,7 @@ class Worker:
     def _give_back_everything(self) -> None:
         """After a fatal error: stop timing, release what we hold, mark the worker stopped."""
         self.device_child.kill()
-        for child in self.prepare_children:
+        for child in self.pool.children:
             child.kill()
         unfinished = [h for h in self.held.values() if h.stage != Stage.FINISHED]
         try:
@@ -1053,7 +919,11 @@ class Worker:
 
     # --- helpers ---------------------------------------------------------------------------------
     def _children(self) -> list[Child]:
-        return [*self.prepare_children, self.device_child]
+        return [*self.pool.children, self.device_child]
+
+    def _in_use(self) -> list[Child]:
+        """The children tied to a held trial."""
+        return [h.child for h in self.held.values() if h.child is not None]
 
     def _db_ready(self) -> bool:
         try:
