@@ -19,19 +19,9 @@ and every held trial moves through its own stages::
     claimed -> preparing -> prepared -> measuring -> finished -> (completed: forgotten)
               (code-generation process)   (device process)     (fenced write)
 
-Environment faults. An outcome is about the configuration (``invalid``, a crash or timeout of
-its kernel: counted against the trial) or about this worker's environment: the problem does
-not load here, a dependency is missing (``ImportError``, ``ProblemError``), a child process
-dies before it has loaded the problem, or the same unexplained error on
-``stand_aside_after`` configurations of one run in a row before any configuration of that run
-reached a verdict here. An environment fault hands the trial back uncounted (the attempt row
-says ``released`` with the reason), records that this worker stands aside from the run (the
-``stand_aside`` table), and the worker stops claiming that run; it goes on serving others.
-While an unexplained error might still be either, the trial is held as a *suspect* (its lease
-heartbeated, outside the prefetch count) until a verdict of the run on this worker settles it
-as a configuration fault (``failed``, counted), or the streak makes it an environment fault.
-A worker that holds nothing and finds work only in runs it stands aside from cannot serve
-anything: it exits with status 1 and that reason.
+Environment faults: whether an error is the configuration's or this worker's environment's
+is :mod:`tunefleet.worker.judge`'s decision (a trial may be held as a *suspect*, the worker
+may stand aside from a run); the loop executes it against the database.
 
 With ``prepare_workers = 0`` a claimed trial goes straight to the device process, which
 prepares and measures it in one request. At most ``1 + prefetch`` trials are held; timing is
@@ -55,6 +45,7 @@ import os
 import socket
 import time
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -78,6 +69,7 @@ from tunefleet.vocabulary import ANY_DEVICE_CLASS, TrialState
 
 from . import results
 from .heartbeat import Heartbeat, HeldLeases
+from .judge import Decision, Judge, Trial, cannot_serve
 from .link import DatabaseDown, Link
 from .pool import CodegenPool
 from .results import Held
@@ -135,13 +127,10 @@ class Worker:
         self.next_claim_at = 0.0
         self.next_reap_at = 0.0
         self.exit_code = 0
-        #: Runs this worker stands aside from, with the reason; and those whose stand-aside
-        #: row is not written yet (the database was away).
-        self.excluded: dict[int, str] = {}
+        self.judge = Judge(settings.stand_aside_after)
+        #: Runs stood aside from whose ``stand_aside`` row is not written yet (the database
+        #: was away), with the reason.
         self.unrecorded: dict[int, str] = {}
-        #: Runs with a configuration verdict (done, invalid, timed out) on this worker: its
-        #: environment runs their problem, so their errors are about configurations.
-        self.proven: set[int] = set()
         self.claim_failures = 0
         #: Trials whose claim the database refused (one bad row), never claimed again here.
         self.skipped: dict[int, str] = {}
@@ -339,7 +328,7 @@ class Worker:
             limit = min(limit, 1)  # find the one bad row: claim one at a time
         if self.settings.max_trials is not None:
             limit = min(limit, self.settings.max_trials - self.claimed)
-            if limit <= 0 and not self._busy():
+            if limit <= 0:
                 self._settle_suspects("no more trials may be claimed (--max-trials)")
         now = time.monotonic()
         if limit <= 0 or now < self.next_claim_at or not self._db_ready():
@@ -352,7 +341,7 @@ class Worker:
                 device_classes=self.classes,
                 limit=limit,
                 lease_s=self.settings.lease_s,
-                excluded_runs=sorted(self.excluded),
+                excluded_runs=sorted(self.judge.excluded),
                 skipped_trials=sorted(self.skipped),
             )
         except DatabaseDown:
@@ -381,21 +370,21 @@ class Worker:
             self.drained = self.idle = False
             return
         self.next_claim_at = now + self.settings.poll_s
-        if not self._busy():
-            self._settle_suspects("no other trial of the run to compare with")
+        self._settle_suspects("no other trial of the run to compare with")
         if not self.held and not self.idle:
             self.idle = True
             log.info(
                 "waiting for work (woken by notifications, polling every %g s)",
                 self.settings.poll_s,
             )
-        if self.held or not (self.settings.drain or self.excluded):
+        excluded = self.judge.excluded
+        if self.held or not (self.settings.drain or excluded):
             return
         try:
-            if self.excluded:
-                work = self.link.run(queue.open_work, self.classes, sorted(self.excluded))
+            if excluded:
+                work = self.link.run(queue.open_work, self.classes, sorted(excluded))
                 if work.excluded and not work.servable:
-                    raise StandingAside(self._cannot_serve())
+                    raise StandingAside(cannot_serve(str(self.worker_id), self.host, excluded))
                 open_work = work.servable or work.excluded
             else:
                 open_work = self.link.run(queue.has_open_trials, self.classes)
@@ -622,18 +611,23 @@ class Worker:
 
     # --- replies from the children ---------------------------------------------------------------
     def _on_reply(self, held: Held, reply: Reply) -> None:
-        run = held.claim.run_id
+        preparing = held.stage == Stage.PREPARING
         if reply.kind == ReplyKind.OK:
-            self.pool.timed(held.stage == Stage.PREPARING, reply.seconds)
-        if reply.kind == ReplyKind.OK and held.stage == Stage.PREPARING:
-            if run in self.excluded:  # stood aside meanwhile: it is not timed here
-                held.finish(Verdict.HANDBACK, self.excluded[run])
+            self.pool.timed(preparing, reply.seconds)
+        if reply.kind == ReplyKind.OK and preparing:
+            aside = self.judge.aside_from(held.claim.run_id)
+            if aside is not None:  # stood aside meanwhile: it is not timed here
+                held.finish(Verdict.HANDBACK, aside)
             else:
                 held.stage, held.prepared, held.child = Stage.PREPARED, reply.value, None
             return
-        ended = results.ending(held.claim, reply, held.stage == Stage.PREPARING)
+        ended = results.ending(held.claim, reply, preparing)
         held.finish(ended.verdict, ended.error, ended.measurement)
-        self._judge(held)
+        decision = self.judge.judge(held.seen(), self._seen())
+        self._execute(decision)
+        if decision.ask:
+            elsewhere = self._handed_back_elsewhere(decision.ask)
+            self._execute(self.judge.weigh(decision.ask, elsewhere, self._seen()))
         if held.stage == Stage.FINISHED and held.state not in (
             Verdict.DONE,
             Verdict.INVALID,
@@ -655,7 +649,7 @@ class Worker:
                 bad = self.link.run(
                     queue.next_pending,
                     device_classes=self.classes,
-                    excluded_runs=sorted(self.excluded),
+                    excluded_runs=sorted(self.judge.excluded),
                     skipped_trials=sorted(self.skipped),
                 )
             except (DatabaseDown, psycopg.DatabaseError):
@@ -676,108 +670,55 @@ class Worker:
         self.next_claim_at = now + delay
         log.error("claim failed: %s; trying one trial at a time in %g s", reason, delay)
 
-    # --- environment faults ----------------------------------------------------------------------
-    def _judge(self, held: Held) -> None:
-        """Tell the configuration's fault from the environment's (see the module docstring)."""
-        run = held.claim.run_id
-        if held.state in (Verdict.ENVIRONMENT, Verdict.ERROR) and run in self.excluded:
-            held.finish(Verdict.HANDBACK, self.excluded[run])
-        elif held.state == Verdict.ENVIRONMENT:
-            held.finish(Verdict.HANDBACK, held.error)
-            self._stand_aside(run, str(held.error))
-        elif held.state == Verdict.ERROR:
-            k = self.settings.stand_aside_after
-            if run in self.proven or k == 0:
-                held.state = Verdict.FAILED
-                return
+    # --- the fault policy's decisions ----------------------------------------------------------
+    def _execute(self, decision: Decision) -> None:
+        """Carry out what the judge decided about the held trials."""
+        if decision.suspect is not None:
+            s = decision.suspect
+            held = self.held[s.trial_id]
             held.stage = Stage.SUSPECT
-            suspects = [h for h in self.held.values() if h.stage == Stage.SUSPECT]
-            for other in suspects:
-                if other.claim.run_id == run and other.error != held.error:
-                    other.stage, other.state = (
-                        Stage.FINISHED,
-                        Verdict.FAILED,
-                    )  # not one fault after all
-            streak = [h for h in suspects if h.claim.run_id == run and h.error == held.error]
             log.info(
                 "trial %s: %s (held: %s of %s in a row before this worker stands aside from "
                 "run %s)",
-                held.claim.trial_id,
+                s.trial_id,
                 held.error,
-                len(streak),
-                k,
+                s.streak,
+                s.of,
+                held.claim.run_id,
+            )
+        for counted in decision.failed:
+            held = self.held[counted.trial_id]
+            if counted.note is not None:
+                log.info("trial %s: %s", counted.trial_id, counted.note)
+            held.finish(Verdict.FAILED, held.error)
+        for trial_id, reason in decision.handed_back.items():
+            self.held[trial_id].finish(Verdict.HANDBACK, reason)
+        if decision.stand_aside is not None:
+            run, reason = decision.stand_aside.run_id, decision.stand_aside.reason
+            self.unrecorded[run] = reason
+            log.warning(
+                "standing aside from run %s: worker %s on %s cannot run this problem: %s",
                 run,
+                self.worker_id,
+                self.host,
+                reason,
             )
-            if len(streak) >= k:
-                streak = self._not_followed(streak)
-            if len(streak) >= k:
-                for h in streak:
-                    h.finish(Verdict.HANDBACK, h.error)
-                self._stand_aside(
-                    run, f"the same error on {len(streak)} configurations in a row: {held.error}"
-                )
-        elif held.state in (Verdict.DONE, Verdict.INVALID, Verdict.TIMED_OUT):
-            self.proven.add(run)
-            for other in self.held.values():
-                if other.stage == Stage.SUSPECT and other.claim.run_id == run:
-                    other.stage, other.state = Stage.FINISHED, Verdict.FAILED
-
-    def _not_followed(self, streak: list[Held]) -> list[Held]:
-        """The streak without the trials another worker already handed back for this same
-        error: an error that follows configurations from worker to worker is theirs (counted
-        as failed), or a streak of a few configurations that always raise the same exception
-        would make every worker of the fleet stand aside in turn."""
-        try:
-            elsewhere = self.link.run(
-                queue.handed_back_elsewhere,
-                worker_id=self.worker_id,
-                trial_ids=[h.claim.trial_id for h in streak],
-            )
-        except DatabaseDown:
-            return streak  # no evidence either way: the streak stands
-        kept = []
-        for held in streak:
-            if held.error in elsewhere.get(held.claim.trial_id, set()):
-                log.info(
-                    "trial %s: another worker handed it back for the same error; it is the "
-                    "configuration's",
-                    held.claim.trial_id,
-                )
-                held.stage, held.state = Stage.FINISHED, Verdict.FAILED
-            else:
-                kept.append(held)
-        return kept
+            self.next_claim_at = 0.0
 
     def _settle_suspects(self, why: str) -> None:
-        """Suspects that no further trial of their run can settle are configuration faults:
-        the streak rule needs ``stand_aside_after`` configurations to call it the
-        environment's."""
-        for held in self.held.values():
-            if held.stage == Stage.SUSPECT:
-                log.info("trial %s: counted as failed (%s)", held.claim.trial_id, why)
-                held.stage, held.state = Stage.FINISHED, Verdict.FAILED
+        self._execute(self.judge.settle(self._seen(), why))
 
-    def _stand_aside(self, run: int, reason: str) -> None:
-        """Stop serving ``run``: hand back what we hold of it that is not being worked on
-        (a trial in a child finishes there and is judged when it ends), and record why."""
-        if run in self.excluded:
-            return
-        self.excluded[run] = self.unrecorded[run] = reason
-        log.warning(
-            "standing aside from run %s: worker %s on %s cannot run this problem: %s",
-            run,
-            self.worker_id,
-            self.host,
-            reason,
-        )
-        for held in self.held.values():
-            if held.claim.run_id == run and held.stage in (
-                Stage.CLAIMED,
-                Stage.PREPARED,
-                Stage.SUSPECT,
-            ):
-                held.finish(Verdict.HANDBACK, reason)
-        self.next_claim_at = 0.0
+    def _handed_back_elsewhere(self, streak: Sequence[Trial]) -> dict[int, set[str]] | None:
+        """Which of the streak's trials other workers handed back, for which errors
+        (``None``: the database is away, no evidence either way)."""
+        try:
+            return self.link.run(  # type: ignore[no-any-return]
+                queue.handed_back_elsewhere,
+                worker_id=self.worker_id,
+                trial_ids=[t.trial_id for t in streak],
+            )
+        except DatabaseDown:
+            return None
 
     def _record_stand_asides(self) -> bool:
         """Write the stand-aside rows not written yet; False while the database is away."""
@@ -821,12 +762,9 @@ class Worker:
         self.next_claim_at = 0.0
         return True
 
-    def _cannot_serve(self) -> str:
-        reasons = "; ".join(f"run {run}: {why}" for run, why in sorted(self.excluded.items()))
-        return (
-            f"worker {self.worker_id} on {self.host} cannot serve any run with work: it stands "
-            f"aside from every one ({reasons})"
-        )
+    def _seen(self) -> list[Trial]:
+        """The held trials as the fault policy sees them."""
+        return [h.seen() for h in self.held.values()]
 
     def _busy(self) -> list[Held]:
         """Held trials that count against the capacity (all but the suspects)."""
@@ -906,7 +844,6 @@ class Worker:
         self.link.close()
         self.signals.close()
 
-    # --- notifications --------------------------------------------------------------------------
     def _pump_notifications(self, conn: psycopg.Connection[Any]) -> None:
         """Read notifications without waiting (psycopg also queues those that arrived during
         other statements); one for our classes makes the next claim due now."""

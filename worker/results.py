@@ -19,6 +19,7 @@ from tunefleet.queries.queue import ClaimedTrial, MeasurementRow
 from tunefleet.vocabulary import TrialState
 
 from .heartbeat import Key
+from .judge import Trial
 from .supervise import Child, Reply
 from .vocabulary import ReplyKind, Stage, Verdict
 
@@ -29,7 +30,7 @@ class Held:
 
     claim: ClaimedTrial
     # claimed | preparing | prepared | measuring | finished, or suspect (an unexplained error
-    # held until the run's next verdict on this worker: see tunefleet.worker.loop)
+    # held until the run's next verdict on this worker: tunefleet.worker.judge)
     stage: Stage = Stage.CLAIMED
     prepared: Any = None
     child: Child | None = None
@@ -57,6 +58,10 @@ class Held:
         )
         self.child = None
         self.prepared = None
+
+    def seen(self) -> Trial:
+        """What the fault policy sees of this trial."""
+        return Trial(self.claim.trial_id, self.claim.run_id, self.stage, self.state, self.error)
 
 
 @dataclass(frozen=True)
