@@ -1,4 +1,4 @@
-"""The worker's main loop: a short state machine of named steps.
+"""The worker's main loop: a short state machine of named steps, and their I/O.
 
 Start-up (``step_start``): find the device (in the device process), connect, take the device
 lock, register device and worker, open the device session, start the heartbeat thread.
@@ -19,21 +19,25 @@ and every held trial moves through its own stages::
     claimed -> preparing -> prepared -> measuring -> finished -> (completed: forgotten)
               (code-generation process)   (device process)     (fenced write)
 
-Environment faults: whether an error is the configuration's or this worker's environment's
-is :mod:`tunefleet.worker.judge`'s decision (a trial may be held as a *suspect*, the worker
-may stand aside from a run); the loop executes it against the database.
-
 With ``prepare_workers = 0`` a claimed trial goes straight to the device process, which
 prepares and measures it in one request. At most ``1 + prefetch`` trials are held; timing is
 never concurrent (one device process, one request at a time).
 
-``size`` keeps the books of the code-generation pool (:mod:`tunefleet.worker.pool`); once
-a window is full the pool may grow or shrink (and with it the prefetch), and the worker
-reports its sizing and its device's busy fraction and learns how many workers share its host.
+Shutdown: a signal asks for a graceful stop (:mod:`tunefleet.worker.signals`): claiming and
+dispatching end, ``stop`` releases every held trial that is not being timed, the one being
+timed finishes and is recorded, then the worker exits 0.
 
-Shutdown: a signal asks for a graceful stop (:mod:`tunefleet.worker.signals`): ``stop``
-releases every held trial that is not being timed, the one being timed finishes and is
-recorded, then the worker exits 0.
+What this module decides itself is only the order of things and the database's answers
+(a lost lease, a refused claim, a zombie's completion). The rest lives beside it:
+
+``results``  a held trial (:class:`~tunefleet.worker.results.Held`) and how a child's reply
+             ends it (verdict, error, measurement row)
+``judge``    whether an error is the configuration's or this worker's environment's (a
+             trial may be held as a *suspect*; the worker may stand aside from a run): pure,
+             the loop executes its decisions
+``pool``     the code-generation processes and the books their sizing is decided from
+             (``size``; the decisions are ``sizing``'s)
+``signals``  the stop request (SIGTERM, SIGINT, SIGUSR1) and the wake-up pipe
 """
 
 from __future__ import annotations
@@ -92,6 +96,8 @@ MAX_SKIPS_IN_ROW = 3
 REPORT_EVERY_S = 10.0
 #: A worker of the same host counts as sharing its cores while its heartbeat is this fresh.
 PEER_ALIVE_S = 60.0
+#: Stages of the held trials a graceful stop releases (all but the one being timed).
+RELEASED_ON_STOP = (Stage.CLAIMED, Stage.PREPARING, Stage.PREPARED, Stage.SUSPECT)
 
 
 class Worker:
@@ -120,6 +126,10 @@ class Worker:
         self.link = Link(url, settings.db, "main", on_connect=self._on_connect)
         self.heartbeat: Heartbeat | None = None
         self.signals = Signals(settings.lease_s, self._children)
+        self.judge = Judge(settings.stand_aside_after)
+        #: Runs stood aside from whose ``stand_aside`` row is not written yet (the database
+        #: was away), with the reason.
+        self.unrecorded: dict[int, str] = {}
         self.drained = False
         self.idle = False
         self.claimed = 0
@@ -127,10 +137,6 @@ class Worker:
         self.next_claim_at = 0.0
         self.next_reap_at = 0.0
         self.exit_code = 0
-        self.judge = Judge(settings.stand_aside_after)
-        #: Runs stood aside from whose ``stand_aside`` row is not written yet (the database
-        #: was away), with the reason.
-        self.unrecorded: dict[int, str] = {}
         self.claim_failures = 0
         #: Trials whose claim the database refused (one bad row), never claimed again here.
         self.skipped: dict[int, str] = {}
@@ -162,6 +168,20 @@ class Worker:
             raise
         finally:
             self._teardown()
+
+    @property
+    def stopping(self) -> bool:
+        """A graceful stop was asked for (:mod:`tunefleet.worker.signals`)."""
+        return self.signals.stopping
+
+    @property
+    def capacity(self) -> int:
+        """Most trials held at once: the one being timed plus the prefetched ones."""
+        return self.pool.sizing.capacity
+
+    @property
+    def is_host(self) -> bool:
+        return self.device.platform == HOST_DEVICE.platform
 
     # --- start-up ------------------------------------------------------------------------------
     def step_start(self) -> None:
@@ -231,16 +251,6 @@ class Worker:
             sizing.ceiling,
         )
 
-    @property
-    def stopping(self) -> bool:
-        """A graceful stop was asked for (:mod:`tunefleet.worker.signals`)."""
-        return self.signals.stopping
-
-    @property
-    def capacity(self) -> int:
-        """Most trials held at once: the one being timed plus the prefetched ones."""
-        return self.pool.sizing.capacity
-
     def _on_connect(self, conn: psycopg.Connection[Any]) -> None:
         # LISTEN and the device lock are session state: behind a pooler that lends the server
         # connection to others between transactions both fail silently, so refuse it here.
@@ -261,10 +271,6 @@ class Worker:
                 )
         queue.listen(conn)
 
-    @property
-    def is_host(self) -> bool:
-        return self.device.platform == HOST_DEVICE.platform
-
     def _open_device(self) -> None:
         reply = self.device_child.call(Open(self.device), DEVICE_START_TIMEOUT_S)
         if reply.kind != ReplyKind.OK:
@@ -281,6 +287,14 @@ class Worker:
             return True
         return self.drained
 
+    def step_collect(self) -> None:
+        now = time.monotonic()
+        for child in self._children():
+            held = next((h for h in self.held.values() if h.child is child), None)
+            reply = child.poll(now)
+            if reply is not None and held is not None:
+                self._on_reply(held, reply)
+
     def step_abandon_lost(self) -> None:
         """Drop trials whose lease the heartbeat could not extend (someone else's now)."""
         for lost in self.leases.take_lost():
@@ -292,13 +306,21 @@ class Worker:
             self._forget(held)
             self.outcomes["lost"] += 1
 
-    def step_collect(self) -> None:
-        now = time.monotonic()
-        for child in self._children():
-            held = next((h for h in self.held.values() if h.child is child), None)
-            reply = child.poll(now)
-            if reply is not None and held is not None:
-                self._on_reply(held, reply)
+    def step_start_next(self) -> None:
+        if self.device_child.alive and not self.device_child.busy:
+            self.step_dispatch()
+
+    def step_complete(self) -> None:
+        """Send every finished trial: its result through the fenced completion, or, after an
+        environment fault, the trial itself back uncounted."""
+        if not self._record_stand_asides():
+            return
+        for held in [h for h in self.held.values() if h.stage == Stage.FINISHED]:
+            if not self._db_ready():
+                return
+            sent = self._hand_back(held) if held.state == Verdict.HANDBACK else self._send(held)
+            if not sent:
+                return  # the database went away: tried again after reconnecting
 
     def step_reap(self) -> None:
         now = time.monotonic()
@@ -351,57 +373,9 @@ class Worker:
             return
         self.claim_failures = 0
         if claims:
-            self.skips_in_row = 0
-        if claims and self.pool.first_claim_at is None:
-            self.pool.first_claim_at = now
-        for claim in claims:
-            self.held[claim.trial_id] = Held(claim)
-            self.leases.add(claim.key)
-            self.claimed += 1
-            log.info(
-                "claimed trial %s (run %s, attempt %s/%s)",
-                claim.trial_id,
-                claim.run_id,
-                claim.attempt,
-                claim.max_attempts,
-            )
-        if claims:
-            self.next_claim_at = 0.0
-            self.drained = self.idle = False
-            return
-        self.next_claim_at = now + self.settings.poll_s
-        self._settle_suspects("no other trial of the run to compare with")
-        if not self.held and not self.idle:
-            self.idle = True
-            log.info(
-                "waiting for work (woken by notifications, polling every %g s)",
-                self.settings.poll_s,
-            )
-        excluded = self.judge.excluded
-        if self.held or not (self.settings.drain or excluded):
-            return
-        try:
-            if excluded:
-                work = self.link.run(queue.open_work, self.classes, sorted(excluded))
-                if work.excluded and not work.servable:
-                    raise StandingAside(cannot_serve(str(self.worker_id), self.host, excluded))
-                open_work = work.servable or work.excluded
-            else:
-                open_work = self.link.run(queue.has_open_trials, self.classes)
-        except DatabaseDown:
-            return
-        if self.settings.drain:
-            self.drained = not open_work
-            if self.drained:
-                log.info(
-                    "drained: no trial of classes %s is pending or running, and no live "
-                    "coordinator drives a run of them",
-                    self.classes,
-                )
-
-    def step_start_next(self) -> None:
-        if self.device_child.alive and not self.device_child.busy:
-            self.step_dispatch()
+            self._take(claims, now)
+        else:
+            self._found_nothing(now)
 
     def step_dispatch(self) -> None:
         if self.stopping:
@@ -445,75 +419,67 @@ class Worker:
         held.stage, held.child, held.prepared = Stage.MEASURING, self.device_child, None
         log.debug("timing trial %s", c.trial_id)
 
-    def step_complete(self) -> None:
-        if not self._record_stand_asides():
+    def step_stop(self) -> None:
+        """While stopping: give back every held trial that is not being timed. If the database
+        stays unreachable for a whole lease, give up on what is left (the leases expire)."""
+        if not self.stopping:
             return
-        for held in [h for h in self.held.values() if h.stage == Stage.FINISHED]:
-            if not self._db_ready():
-                return
-            if held.state == Verdict.HANDBACK:
-                if not self._hand_back(held):
-                    return
-                continue
-            c = held.claim
-            held.sends += 1
-            try:
-                state = self.link.run(
-                    queue.complete_trial,
-                    trial_id=c.trial_id,
-                    attempt=c.attempt,
-                    token=c.lease_token,
-                    worker_id=self.worker_id,
-                    state=held.state,
-                    error=held.error,
-                    measurement=held.measurement,
-                )
-            except DatabaseDown:
-                return  # retried after reconnecting, while the lease may still be ours
-            except psycopg.DatabaseError as exc:
-                # The result itself cannot be stored (a value the table refuses): record the
-                # attempt as failed rather than crash; the fence still applies.
-                reason = first_line(exc, repr(exc))
-                if held.state == Verdict.DONE:
-                    held.finish(Verdict.FAILED, f"the result could not be stored: {reason}")
-                    continue
-                log.error("trial %s: completion failed (%s); dropping it", c.trial_id, reason)
-                self._forget(held)
-                continue
-            if state is None and held.sends > 1:
-                # The first send may have committed before the connection broke.
-                try:
-                    recorded = self.link.run(
-                        queue.attempt_outcome,
-                        trial_id=c.trial_id,
-                        attempt=c.attempt,
-                        worker_id=self.worker_id,
-                    )
-                except DatabaseDown:
-                    return
-                if recorded == held.state:
-                    state = "recorded"
-            if state is None:
+        waiting = [h for h in self.held.values() if h.stage in RELEASED_ON_STOP]
+        deadline = self.signals.stop_deadline
+        if deadline is not None and time.monotonic() > deadline:
+            unsent = [h for h in self.held.values() if h.stage != Stage.MEASURING]
+            if unsent and not self._db_ready():
                 log.warning(
-                    "completion rejected: trial %s attempt %s is no longer ours (lease lost); "
-                    "dropping its %s result",
-                    c.trial_id,
-                    c.attempt,
-                    held.state,
+                    "giving up on %s held trial(s): database unreachable; their leases expire "
+                    "within %g s",
+                    len(unsent),
+                    self.settings.lease_s,
                 )
-                self.outcomes["dropped"] += 1
-            else:
-                self.outcomes[str(held.state)] += 1
-                log.info(
-                    "trial %s attempt %s: %s%s -> trial %s",
-                    c.trial_id,
-                    c.attempt,
-                    held.state,
-                    f" ({held.error})" if held.error else "",
-                    state,
-                )
+                for held in unsent:
+                    if held.child is not None:
+                        held.child.kill()
+                    self._forget(held)
+                self.exit_code = 1
+                return
+        if not waiting or not self._db_ready():
+            return
+        for held in waiting:
+            if held.child is not None:
+                held.child.kill()
+                held.child = None
+        try:
+            released = self.link.run(
+                queue.release_trials, worker_id=self.worker_id, held=[h.key for h in waiting]
+            )
+        except DatabaseDown:
+            return
+        for held in waiting:
+            if held.claim.trial_id in released:
+                log.info("released trial %s (back to pending)", held.claim.trial_id)
+                self.outcomes["released"] += 1
             self._forget(held)
-            self.next_claim_at = 0.0  # room for another trial
+
+    def step_size(self) -> None:
+        """Book the time since the last turn under what the device was doing then; when the
+        window is full, let the controller resize the pool and report the sizing."""
+        now = time.monotonic()
+        starved = not self.stopping and any(
+            h.stage in (Stage.CLAIMED, Stage.PREPARING) for h in self.held.values()
+        )
+        self.pool.book(now, busy=self.device_child.busy, starved=starved)
+        self.pool.retire(self._in_use())
+        device = [self.device_child.proc.pid] if self.device_child.proc is not None else []
+        ended = self.pool.end_window(now, [self.pid, *device])
+        if ended is None:
+            return
+        window, whole = ended
+        if whole and not self.stopping and self.pool.control(window, self._in_use()):
+            self.next_claim_at = 0.0  # a larger prefetch claims at once
+        if self._db_ready():
+            try:
+                self.link.run(self._report)
+            except DatabaseDown:
+                pass
 
     def step_wait(self) -> None:
         if self.link.up and self.link.conn is not None:
@@ -557,83 +523,57 @@ class Worker:
         summary = ", ".join(f"{k} {v}" for k, v in sorted(self.outcomes.items())) or "nothing"
         log.info("worker %s exiting: %s", self.worker_id, summary)
 
-    def step_size(self) -> None:
-        """Book the time since the last turn under what the device was doing then; when the
-        window is full, let the controller resize the pool and report the sizing."""
-        now = time.monotonic()
-        starved = not self.stopping and any(
-            h.stage in (Stage.CLAIMED, Stage.PREPARING) for h in self.held.values()
-        )
-        self.pool.book(now, busy=self.device_child.busy, starved=starved)
-        self.pool.retire(self._in_use())
-        device = [self.device_child.proc.pid] if self.device_child.proc is not None else []
-        ended = self.pool.end_window(now, [self.pid, *device])
-        if ended is None:
-            return
-        window, whole = ended
-        if whole and not self.stopping and self.pool.control(window, self._in_use()):
-            self.next_claim_at = 0.0  # a larger prefetch claims at once
-        if self._db_ready():
-            try:
-                self.link.run(self._report)
-            except DatabaseDown:
-                pass
+    # --- claims --------------------------------------------------------------------------------
+    def _take(self, claims: Sequence[ClaimedTrial], now: float) -> None:
+        self.skips_in_row = 0
+        if self.pool.first_claim_at is None:
+            self.pool.first_claim_at = now
+        for claim in claims:
+            self.held[claim.trial_id] = Held(claim)
+            self.leases.add(claim.key)
+            self.claimed += 1
+            log.info(
+                "claimed trial %s (run %s, attempt %s/%s)",
+                claim.trial_id,
+                claim.run_id,
+                claim.attempt,
+                claim.max_attempts,
+            )
+        self.next_claim_at = 0.0
+        self.drained = self.idle = False
 
-    def _report(
-        self, conn: psycopg.Connection[Any], initial: bool = False, force: bool = False
-    ) -> None:
-        """Write the sizing (when it changed, or every REPORT_EVERY_S) and learn how many
-        workers share this host; at start-up a larger count resizes the pool before any
-        code-generation process has started."""
-        now = time.monotonic()
-        sizing = self.pool.sizing
-        if (
-            not (initial or force)
-            and sizing == self.reported
-            and now - self.last_report_at < REPORT_EVERY_S
-        ):
+    def _found_nothing(self, now: float) -> None:
+        """Nothing to claim: poll again later, settle the suspects nothing else can, and
+        (holding nothing) find out whether there is work left at all."""
+        self.next_claim_at = now + self.settings.poll_s
+        self._settle_suspects("no other trial of the run to compare with")
+        if not self.held and not self.idle:
+            self.idle = True
+            log.info(
+                "waiting for work (woken by notifications, polling every %g s)",
+                self.settings.poll_s,
+            )
+        excluded = self.judge.excluded
+        if self.held or not (self.settings.drain or excluded):
             return
-        peers = queue.report_worker_sizing(
-            conn,
-            self.worker_id,
-            self.worker_secret,
-            capacity=self.capacity,
-            prepare_workers=sizing.prepare_workers,
-            prefetch=sizing.prefetch,
-            sizing=sizing.source,
-            device_busy=self.pool.busy_fraction(now),
-            peer_alive_s=PEER_ALIVE_S,
-        )
-        self.reported, self.last_report_at = sizing, now
-        if self.pool.share_with(max(peers, self.settings.peers), initial):
-            self.reported = None
-            self._report(conn)
-
-    # --- replies from the children ---------------------------------------------------------------
-    def _on_reply(self, held: Held, reply: Reply) -> None:
-        preparing = held.stage == Stage.PREPARING
-        if reply.kind == ReplyKind.OK:
-            self.pool.timed(preparing, reply.seconds)
-        if reply.kind == ReplyKind.OK and preparing:
-            aside = self.judge.aside_from(held.claim.run_id)
-            if aside is not None:  # stood aside meanwhile: it is not timed here
-                held.finish(Verdict.HANDBACK, aside)
+        try:
+            if excluded:
+                work = self.link.run(queue.open_work, self.classes, sorted(excluded))
+                if work.excluded and not work.servable:
+                    raise StandingAside(cannot_serve(str(self.worker_id), self.host, excluded))
+                open_work = work.servable or work.excluded
             else:
-                held.stage, held.prepared, held.child = Stage.PREPARED, reply.value, None
+                open_work = self.link.run(queue.has_open_trials, self.classes)
+        except DatabaseDown:
             return
-        ended = results.ending(held.claim, reply, preparing)
-        held.finish(ended.verdict, ended.error, ended.measurement)
-        decision = self.judge.judge(held.seen(), self._seen())
-        self._execute(decision)
-        if decision.ask:
-            elsewhere = self._handed_back_elsewhere(decision.ask)
-            self._execute(self.judge.weigh(decision.ask, elsewhere, self._seen()))
-        if held.stage == Stage.FINISHED and held.state not in (
-            Verdict.DONE,
-            Verdict.INVALID,
-            Verdict.HANDBACK,
-        ):
-            log.warning("trial %s: %s: %s", held.claim.trial_id, held.state, held.error)
+        if self.settings.drain:
+            self.drained = not open_work
+            if self.drained:
+                log.info(
+                    "drained: no trial of classes %s is pending or running, and no live "
+                    "coordinator drives a run of them",
+                    self.classes,
+                )
 
     def _claim_refused(self, exc: psycopg.DatabaseError, limit: int, now: float) -> None:
         """Never die of one bad row. A claim the database refuses (a row in a state no
@@ -670,7 +610,32 @@ class Worker:
         self.next_claim_at = now + delay
         log.error("claim failed: %s; trying one trial at a time in %g s", reason, delay)
 
-    # --- the fault policy's decisions ----------------------------------------------------------
+    # --- replies from the children, and the fault policy -------------------------------------
+    def _on_reply(self, held: Held, reply: Reply) -> None:
+        preparing = held.stage == Stage.PREPARING
+        if reply.kind == ReplyKind.OK:
+            self.pool.timed(preparing, reply.seconds)
+        if reply.kind == ReplyKind.OK and preparing:
+            aside = self.judge.aside_from(held.claim.run_id)
+            if aside is not None:  # stood aside meanwhile: it is not timed here
+                held.finish(Verdict.HANDBACK, aside)
+            else:
+                held.stage, held.prepared, held.child = Stage.PREPARED, reply.value, None
+            return
+        ended = results.ending(held.claim, reply, preparing)
+        held.finish(ended.verdict, ended.error, ended.measurement)
+        decision = self.judge.judge(held.seen(), self._seen())
+        self._execute(decision)
+        if decision.ask:
+            elsewhere = self._handed_back_elsewhere(decision.ask)
+            self._execute(self.judge.weigh(decision.ask, elsewhere, self._seen()))
+        if held.stage == Stage.FINISHED and held.state not in (
+            Verdict.DONE,
+            Verdict.INVALID,
+            Verdict.HANDBACK,
+        ):
+            log.warning("trial %s: %s: %s", held.claim.trial_id, held.state, held.error)
+
     def _execute(self, decision: Decision) -> None:
         """Carry out what the judge decided about the held trials."""
         if decision.suspect is not None:
@@ -720,22 +685,69 @@ class Worker:
         except DatabaseDown:
             return None
 
-    def _record_stand_asides(self) -> bool:
-        """Write the stand-aside rows not written yet; False while the database is away."""
-        for run, reason in list(self.unrecorded.items()):
+    # --- writing results -----------------------------------------------------------------------
+    def _send(self, held: Held) -> bool:
+        """The fenced completion of one finished trial; False while the database is away
+        (the trial stays finished and is sent again, while the lease may still be ours)."""
+        c = held.claim
+        held.sends += 1
+        try:
+            state = self.link.run(
+                queue.complete_trial,
+                trial_id=c.trial_id,
+                attempt=c.attempt,
+                token=c.lease_token,
+                worker_id=self.worker_id,
+                state=held.state,
+                error=held.error,
+                measurement=held.measurement,
+            )
+        except DatabaseDown:
+            return False
+        except psycopg.DatabaseError as exc:
+            # The result itself cannot be stored (a value the table refuses): record the
+            # attempt as failed rather than crash; the fence still applies.
+            reason = first_line(exc, repr(exc))
+            if held.state == Verdict.DONE:
+                held.finish(Verdict.FAILED, f"the result could not be stored: {reason}")
+                return True
+            log.error("trial %s: completion failed (%s); dropping it", c.trial_id, reason)
+            self._forget(held)
+            return True
+        if state is None and held.sends > 1:
+            # The first send may have committed before the connection broke.
             try:
-                self.link.run(
-                    queue.stand_aside,
+                recorded = self.link.run(
+                    queue.attempt_outcome,
+                    trial_id=c.trial_id,
+                    attempt=c.attempt,
                     worker_id=self.worker_id,
-                    secret=self.worker_secret,
-                    run_id=run,
-                    reason=reason,
                 )
             except DatabaseDown:
                 return False
-            except psycopg.DatabaseError as exc:  # e.g. the run was deleted meanwhile
-                log.error("could not record standing aside from run %s: %s", run, first_line(exc))
-            del self.unrecorded[run]
+            if recorded == held.state:
+                state = "recorded"
+        if state is None:
+            log.warning(
+                "completion rejected: trial %s attempt %s is no longer ours (lease lost); "
+                "dropping its %s result",
+                c.trial_id,
+                c.attempt,
+                held.state,
+            )
+            self.outcomes["dropped"] += 1
+        else:
+            self.outcomes[str(held.state)] += 1
+            log.info(
+                "trial %s attempt %s: %s%s -> trial %s",
+                c.trial_id,
+                c.attempt,
+                held.state,
+                f" ({held.error})" if held.error else "",
+                state,
+            )
+        self._forget(held)
+        self.next_claim_at = 0.0  # room for another trial
         return True
 
     def _hand_back(self, held: Held) -> bool:
@@ -762,57 +774,55 @@ class Worker:
         self.next_claim_at = 0.0
         return True
 
-    def _seen(self) -> list[Trial]:
-        """The held trials as the fault policy sees them."""
-        return [h.seen() for h in self.held.values()]
-
-    def _busy(self) -> list[Held]:
-        """Held trials that count against the capacity (all but the suspects)."""
-        return [h for h in self.held.values() if h.stage != Stage.SUSPECT]
-
-    def step_stop(self) -> None:
-        """While stopping: give back every held trial that is not being timed. If the database
-        stays unreachable for a whole lease, give up on what is left (the leases expire)."""
-        if not self.stopping:
-            return
-        waiting = [
-            h
-            for h in self.held.values()
-            if h.stage in (Stage.CLAIMED, Stage.PREPARING, Stage.PREPARED, Stage.SUSPECT)
-        ]
-        if self.signals.stop_deadline is not None and time.monotonic() > self.signals.stop_deadline:
-            unsent = [h for h in self.held.values() if h.stage != Stage.MEASURING]
-            if unsent and not self._db_ready():
-                log.warning(
-                    "giving up on %s held trial(s): database unreachable; their leases expire "
-                    "within %g s",
-                    len(unsent),
-                    self.settings.lease_s,
+    def _record_stand_asides(self) -> bool:
+        """Write the stand-aside rows not written yet; False while the database is away."""
+        for run, reason in list(self.unrecorded.items()):
+            try:
+                self.link.run(
+                    queue.stand_aside,
+                    worker_id=self.worker_id,
+                    secret=self.worker_secret,
+                    run_id=run,
+                    reason=reason,
                 )
-                for held in unsent:
-                    if held.child is not None:
-                        held.child.kill()
-                    self._forget(held)
-                self.exit_code = 1
-                return
-        if not waiting or not self._db_ready():
-            return
-        for held in waiting:
-            if held.child is not None:
-                held.child.kill()
-                held.child = None
-        try:
-            released = self.link.run(
-                queue.release_trials, worker_id=self.worker_id, held=[h.key for h in waiting]
-            )
-        except DatabaseDown:
-            return
-        for held in waiting:
-            if held.claim.trial_id in released:
-                log.info("released trial %s (back to pending)", held.claim.trial_id)
-                self.outcomes["released"] += 1
-            self._forget(held)
+            except DatabaseDown:
+                return False
+            except psycopg.DatabaseError as exc:  # e.g. the run was deleted meanwhile
+                log.error("could not record standing aside from run %s: %s", run, first_line(exc))
+            del self.unrecorded[run]
+        return True
 
+    def _report(
+        self, conn: psycopg.Connection[Any], initial: bool = False, force: bool = False
+    ) -> None:
+        """Write the sizing (when it changed, or every REPORT_EVERY_S) and learn how many
+        workers share this host; at start-up a larger count resizes the pool before any
+        code-generation process has started."""
+        now = time.monotonic()
+        sizing = self.pool.sizing
+        if (
+            not (initial or force)
+            and sizing == self.reported
+            and now - self.last_report_at < REPORT_EVERY_S
+        ):
+            return
+        peers = queue.report_worker_sizing(
+            conn,
+            self.worker_id,
+            self.worker_secret,
+            capacity=self.capacity,
+            prepare_workers=sizing.prepare_workers,
+            prefetch=sizing.prefetch,
+            sizing=sizing.source,
+            device_busy=self.pool.busy_fraction(now),
+            peer_alive_s=PEER_ALIVE_S,
+        )
+        self.reported, self.last_report_at = sizing, now
+        if self.pool.share_with(max(peers, self.settings.peers), initial):
+            self.reported = None
+            self._report(conn)
+
+    # --- shutdown ------------------------------------------------------------------------------
     def _give_back_everything(self) -> None:
         """After a fatal error: stop timing, release what we hold, mark the worker stopped."""
         self.device_child.kill()
@@ -844,6 +854,7 @@ class Worker:
         self.link.close()
         self.signals.close()
 
+    # --- helpers ---------------------------------------------------------------------------------
     def _pump_notifications(self, conn: psycopg.Connection[Any]) -> None:
         """Read notifications without waiting (psycopg also queues those that arrived during
         other statements); one for our classes makes the next claim due now."""
@@ -854,7 +865,12 @@ class Worker:
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
             self.link.broken(exc)
 
-    # --- helpers ---------------------------------------------------------------------------------
+    def _db_ready(self) -> bool:
+        try:
+            return self.link.get() is not None
+        except DatabaseUnavailable:
+            return False
+
     def _children(self) -> list[Child]:
         return [*self.pool.children, self.device_child]
 
@@ -862,11 +878,13 @@ class Worker:
         """The children tied to a held trial."""
         return [h.child for h in self.held.values() if h.child is not None]
 
-    def _db_ready(self) -> bool:
-        try:
-            return self.link.get() is not None
-        except DatabaseUnavailable:
-            return False
+    def _seen(self) -> list[Trial]:
+        """The held trials as the fault policy sees them."""
+        return [h.seen() for h in self.held.values()]
+
+    def _busy(self) -> list[Held]:
+        """Held trials that count against the capacity (all but the suspects)."""
+        return [h for h in self.held.values() if h.stage != Stage.SUSPECT]
 
     def _timeout(self, claim: ClaimedTrial) -> float:
         return claim.timeout_s if claim.timeout_s else self.settings.timeout_s
