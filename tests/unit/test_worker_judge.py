@@ -119,10 +119,11 @@ def claim_of(trial_id: int) -> ClaimedTrial:
         # The user problem file does not import on this node (the code-generation process
         # loads it).
         (
-            "loading the problem failed: ModuleNotFoundError: No module named "
-            "'tunefleet_test_module_missing_on_this_node'",
+            "loading the problem failed: problem file '/x/environment_problem.py' failed to "
+            'import: ModuleNotFoundError("No module named '
+            "'tunefleet_test_module_missing_on_this_node'\")",
             True,
-            "code generation: loading the problem failed: ModuleNotFoundError",
+            "tunefleet_test_module_missing_on_this_node",
         ),
         # prepare raises a missing-module error for every configuration (feinsum's case).
         ("ModuleNotFoundError: No module named 'libfoo'", False, "No module named 'libfoo'"),
