@@ -3,7 +3,12 @@ and writes results back under a lease. Never imports ``coordinator``.
 
 ``cli``        ``tunefleet worker`` / ``python -m tunefleet.worker``: flags -> settings -> run
 ``settings``   WorkerSettings (lease, timeouts, prefetch, ...) and how defaults are chosen
-``loop``       the main loop: start-up, then collect/abandon/complete/reap/claim/dispatch/wait
+``loop``       the main loop: start-up, then its named steps and their database I/O
+``results``    a held trial; a child's reply and a problem's outcome -> verdict, measurement row
+``judge``      the environment-fault policy (suspects, streaks, standing aside): pure decisions
+``pool``       the code-generation processes and the books their sizing is decided from
+``sizing``     the sizing decisions (cores, memory, pool size, prefetch): pure functions
+``signals``    stop requests (SIGTERM, SIGINT, SIGUSR1) and the wake-up pipe
 ``supervise``  the device process and code-generation processes, deadlines, kills, restarts
 ``heartbeat``  the lease heartbeat thread and the set of held claims
 ``link``       database connections that reconnect with backoff

@@ -1,4 +1,4 @@
-"""The worker's main loop: a short state machine of named steps.
+"""The worker's main loop: a short state machine of named steps, and their I/O.
 
 Start-up (``step_start``): find the device (in the device process), connect, take the device
 lock, register device and worker, open the device session, start the heartbeat thread.
@@ -19,35 +19,25 @@ and every held trial moves through its own stages::
     claimed -> preparing -> prepared -> measuring -> finished -> (completed: forgotten)
               (code-generation process)   (device process)     (fenced write)
 
-Environment faults. An outcome is about the configuration (``invalid``, a crash or timeout of
-its kernel: counted against the trial) or about this worker's environment: the problem does
-not load here, a dependency is missing (``ImportError``, ``ProblemError``), a child process
-dies before it has loaded the problem, or the same unexplained error on
-``stand_aside_after`` configurations of one run in a row before any configuration of that run
-reached a verdict here. An environment fault hands the trial back uncounted (the attempt row
-says ``released`` with the reason), records that this worker stands aside from the run (the
-``stand_aside`` table), and the worker stops claiming that run; it goes on serving others.
-While an unexplained error might still be either, the trial is held as a *suspect* (its lease
-heartbeated, outside the prefetch count) until a verdict of the run on this worker settles it
-as a configuration fault (``failed``, counted), or the streak makes it an environment fault.
-A worker that holds nothing and finds work only in runs it stands aside from cannot serve
-anything: it exits with status 1 and that reason.
-
 With ``prepare_workers = 0`` a claimed trial goes straight to the device process, which
 prepares and measures it in one request. At most ``1 + prefetch`` trials are held; timing is
 never concurrent (one device process, one request at a time).
 
-``size`` keeps the books of the sizing (``tunefleet.worker.sizing``): how long the device was busy,
-how long it waited for code generation, what each code generation and timing took. Once a
-window is full the pool controller may grow or shrink the code-generation pool (and with it
-the prefetch), and the worker reports its sizing, its device's busy fraction and, in return,
-learns how many workers share its host.
+Shutdown: a signal asks for a graceful stop (:mod:`tunefleet.worker.signals`): claiming and
+dispatching end, ``stop`` releases every held trial that is not being timed, the one being
+timed finishes and is recorded, then the worker exits 0.
 
-Shutdown: the first SIGTERM/SIGINT stops claiming, releases every held trial that is not being
-timed (back to pending, attempt not counted), lets the one being timed finish and records it,
-then exits 0. A second signal kills the children and exits at once; the leases expire.
-SIGUSR1 asks for the same graceful stop but never escalates: ``tunefleet tune`` makes it its
-workers' parent-death signal, which Linux sends once for every thread of the dying parent.
+What this module decides itself is only the order of things and the database's answers
+(a lost lease, a refused claim, a zombie's completion). The rest lives beside it:
+
+``results``  a held trial (:class:`~tunefleet.worker.results.Held`) and how a child's reply
+             ends it (verdict, error, measurement row)
+``judge``    whether an error is the configuration's or this worker's environment's (a
+             trial may be held as a *suspect*; the worker may stand aside from a run): pure,
+             the loop executes its decisions
+``pool``     the code-generation processes and the books their sizing is decided from
+             (``size``; the decisions are ``sizing``'s)
+``signals``  the stop request (SIGTERM, SIGINT, SIGUSR1) and the wake-up pipe
 """
 
 from __future__ import annotations
@@ -56,13 +46,10 @@ import logging
 import math
 import multiprocessing.connection
 import os
-import signal
 import socket
-import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field, replace
-from types import FrameType
+from collections.abc import Sequence
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -80,26 +67,19 @@ from tunefleet.errors import (
     TunefleetError,
     first_line,
 )
-from tunefleet.problems.base import Outcome, Protocol
 from tunefleet.queries import queue
-from tunefleet.queries.queue import ClaimedTrial, MeasurementRow
+from tunefleet.queries.queue import ClaimedTrial
 from tunefleet.vocabulary import ANY_DEVICE_CLASS, TrialState
 
-from .heartbeat import Heartbeat, HeldLeases, Key
+from . import results
+from .heartbeat import Heartbeat, HeldLeases
+from .judge import Decision, Judge, Trial, cannot_serve
 from .link import DatabaseDown, Link
+from .pool import CodegenPool
+from .results import Held
 from .settings import WorkerSettings
-from .sizing import (
-    CpuSampler,
-    MachineSampler,
-    PoolController,
-    Sizing,
-    Window,
-    detect_resources,
-    idle_cores,
-    initial_sizing,
-    pool_ceiling,
-    prefetch_for,
-)
+from .signals import Signals
+from .sizing import Sizing, detect_resources
 from .supervise import Child, Describe, Measure, Open, Prepare, Reply
 from .vocabulary import ReplyKind, Stage, Verdict
 
@@ -112,59 +92,12 @@ CLAIM_BACKOFF_S = 60.0
 #: Trials set aside in a row, without a claim that worked between them, before the worker
 #: calls it something other than bad rows (and only waits and retries).
 MAX_SKIPS_IN_ROW = 3
-#: A sizing window lasts at least this long and holds as many prepared trials as the pool
-#: has processes (at least 2), or ends after WINDOW_MAX_S with whatever it saw.
-WINDOW_MIN_S = 2.0
-WINDOW_MAX_S = 30.0
 #: The sizing and busy fraction are reported at least this often (and when they change).
 REPORT_EVERY_S = 10.0
 #: A worker of the same host counts as sharing its cores while its heartbeat is this fresh.
 PEER_ALIVE_S = 60.0
-
-
-@dataclass
-class Books:
-    """What the device and the code generation did since the window started."""
-
-    started: float
-    busy_s: float = 0.0
-    starved_s: float = 0.0
-    prepare_s: list[float] = field(default_factory=list)
-    measure_s: list[float] = field(default_factory=list)
-
-
-@dataclass
-class Held:
-    """One claimed trial and where it is in this worker."""
-
-    claim: ClaimedTrial
-    # claimed | preparing | prepared | measuring | finished, or suspect (see the module
-    # docstring: an unexplained error held until the run's next verdict on this worker)
-    stage: Stage = Stage.CLAIMED
-    prepared: Any = None
-    child: Child | None = None
-    # The outcome once finished: done | invalid | failed | timed_out, or handback (an
-    # environment fault: released uncounted, ``error`` the reason)
-    state: Verdict | None = None
-    error: str | None = None
-    measurement: MeasurementRow | None = None
-    sends: int = 0
-
-    @property
-    def key(self) -> Key:
-        return self.claim.key
-
-    def finish(
-        self, state: Verdict, error: str | None = None, measurement: MeasurementRow | None = None
-    ) -> None:
-        self.stage, self.state, self.error, self.measurement = (
-            Stage.FINISHED,
-            state,
-            error,
-            measurement,
-        )
-        self.child = None
-        self.prepared = None
+#: Stages of the held trials a graceful stop releases (all but the one being timed).
+RELEASED_ON_STOP = (Stage.CLAIMED, Stage.PREPARING, Stage.PREPARED, Stage.SUSPECT)
 
 
 class Worker:
@@ -182,63 +115,39 @@ class Worker:
         self.held: dict[int, Held] = {}
         self.leases = HeldLeases()
         self.device_child = Child("device")
-        self.resources = detect_resources(settings.cores, peers=settings.peers)
-        self.sizing: Sizing = initial_sizing(
-            self.resources, settings.prepare_workers, settings.prefetch
+        self.pool = CodegenPool(
+            detect_resources(settings.cores, peers=settings.peers),
+            settings.prepare_workers,
+            settings.prefetch,
+            time.monotonic(),
         )
-        self.controller = (
-            PoolController(self.sizing.prepare_workers, self.sizing.ceiling)
-            if self.sizing.auto_pool
-            else None
-        )
-        self._codegen_seq = 0
-        self.prepare_children: list[Child] = []
-        self._grow_children(self.sizing.prepare_workers)
-        now = time.monotonic()
-        self.books = Books(now)
-        self._booked_at = now
-        self._was_busy = self._was_starved = False
-        self.busy_total_s = 0.0
-        self.first_claim_at: float | None = None
         self.last_report_at = -math.inf
         self.reported: Sizing | None = None
-        self._cpu = CpuSampler()
-        self._machine = MachineSampler()
         self.link = Link(url, settings.db, "main", on_connect=self._on_connect)
         self.heartbeat: Heartbeat | None = None
-        self.stopping = False
+        self.signals = Signals(settings.lease_s, self._children)
+        self.judge = Judge(settings.stand_aside_after)
+        #: Runs stood aside from whose ``stand_aside`` row is not written yet (the database
+        #: was away), with the reason.
+        self.unrecorded: dict[int, str] = {}
         self.drained = False
         self.idle = False
-        self.signals = 0
         self.claimed = 0
         self.outcomes: Counter[str] = Counter()
         self.next_claim_at = 0.0
         self.next_reap_at = 0.0
-        self.stop_deadline: float | None = None
         self.exit_code = 0
-        #: Runs this worker stands aside from, with the reason; and those whose stand-aside
-        #: row is not written yet (the database was away).
-        self.excluded: dict[int, str] = {}
-        self.unrecorded: dict[int, str] = {}
-        #: Runs with a configuration verdict (done, invalid, timed out) on this worker: its
-        #: environment runs their problem, so their errors are about configurations.
-        self.proven: set[int] = set()
         self.claim_failures = 0
         #: Trials whose claim the database refused (one bad row), never claimed again here.
         self.skipped: dict[int, str] = {}
         self.skips_in_row = 0
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        self._old_handlers: dict[int, Any] = {}
-        self._old_wakeup_fd = -1
 
     # --- the loop ------------------------------------------------------------------------------
     def run(self) -> int:
         """Run until drained, ``max_trials`` reached or stopped by a signal; return the exit
         status. Fatal problems (device taken, device lost) raise a TunefleetError after the
         held trials were released."""
-        self._install_signals()
+        self.signals.install()
         try:
             self.step_start()
             while not self.step_done():
@@ -259,6 +168,20 @@ class Worker:
             raise
         finally:
             self._teardown()
+
+    @property
+    def stopping(self) -> bool:
+        """A graceful stop was asked for (:mod:`tunefleet.worker.signals`)."""
+        return self.signals.stopping
+
+    @property
+    def capacity(self) -> int:
+        """Most trials held at once: the one being timed plus the prefetched ones."""
+        return self.pool.sizing.capacity
+
+    @property
+    def is_host(self) -> bool:
+        return self.device.platform == HOST_DEVICE.platform
 
     # --- start-up ------------------------------------------------------------------------------
     def step_start(self) -> None:
@@ -302,7 +225,7 @@ class Worker:
             lease_s=self.settings.lease_s,
             interval_s=self.settings.heartbeat_s,
             held=self.leases,
-            on_lost=self._wake,
+            on_lost=self.signals.wake,
         )
         self.heartbeat.start()
         log.info(
@@ -315,23 +238,18 @@ class Worker:
             ", ".join(self.classes),
             self.settings.lease_s,
         )
-        r = self.resources
+        r, sizing = self.pool.resources, self.pool.sizing
         log.info(
             "sizing (%s): %s code-generation process(es), prefetch %s; %g cores (%s) "
             "shared by %s worker(s) of this host, ceiling %s",
-            self.sizing.source,
-            self.sizing.prepare_workers,
-            self.sizing.prefetch,
+            sizing.source,
+            sizing.prepare_workers,
+            sizing.prefetch,
             r.cores,
             r.source,
             r.peers,
-            self.sizing.ceiling,
+            sizing.ceiling,
         )
-
-    @property
-    def capacity(self) -> int:
-        """Most trials held at once: the one being timed plus the prefetched ones."""
-        return self.sizing.capacity
 
     def _on_connect(self, conn: psycopg.Connection[Any]) -> None:
         # LISTEN and the device lock are session state: behind a pooler that lends the server
@@ -353,10 +271,6 @@ class Worker:
                 )
         queue.listen(conn)
 
-    @property
-    def is_host(self) -> bool:
-        return self.device.platform == HOST_DEVICE.platform
-
     def _open_device(self) -> None:
         reply = self.device_child.call(Open(self.device), DEVICE_START_TIMEOUT_S)
         if reply.kind != ReplyKind.OK:
@@ -373,6 +287,14 @@ class Worker:
             return True
         return self.drained
 
+    def step_collect(self) -> None:
+        now = time.monotonic()
+        for child in self._children():
+            held = next((h for h in self.held.values() if h.child is child), None)
+            reply = child.poll(now)
+            if reply is not None and held is not None:
+                self._on_reply(held, reply)
+
     def step_abandon_lost(self) -> None:
         """Drop trials whose lease the heartbeat could not extend (someone else's now)."""
         for lost in self.leases.take_lost():
@@ -384,13 +306,21 @@ class Worker:
             self._forget(held)
             self.outcomes["lost"] += 1
 
-    def step_collect(self) -> None:
-        now = time.monotonic()
-        for child in [*self.prepare_children, self.device_child]:
-            held = next((h for h in self.held.values() if h.child is child), None)
-            reply = child.poll(now)
-            if reply is not None and held is not None:
-                self._on_reply(held, reply)
+    def step_start_next(self) -> None:
+        if self.device_child.alive and not self.device_child.busy:
+            self.step_dispatch()
+
+    def step_complete(self) -> None:
+        """Send every finished trial: its result through the fenced completion, or, after an
+        environment fault, the trial itself back uncounted."""
+        if not self._record_stand_asides():
+            return
+        for held in [h for h in self.held.values() if h.stage == Stage.FINISHED]:
+            if not self._db_ready():
+                return
+            sent = self._hand_back(held) if held.state == Verdict.HANDBACK else self._send(held)
+            if not sent:
+                return  # the database went away: tried again after reconnecting
 
     def step_reap(self) -> None:
         now = time.monotonic()
@@ -420,7 +350,7 @@ class Worker:
             limit = min(limit, 1)  # find the one bad row: claim one at a time
         if self.settings.max_trials is not None:
             limit = min(limit, self.settings.max_trials - self.claimed)
-            if limit <= 0 and not self._busy():
+            if limit <= 0:
                 self._settle_suspects("no more trials may be claimed (--max-trials)")
         now = time.monotonic()
         if limit <= 0 or now < self.next_claim_at or not self._db_ready():
@@ -433,7 +363,7 @@ class Worker:
                 device_classes=self.classes,
                 limit=limit,
                 lease_s=self.settings.lease_s,
-                excluded_runs=sorted(self.excluded),
+                excluded_runs=sorted(self.judge.excluded),
                 skipped_trials=sorted(self.skipped),
             )
         except DatabaseDown:
@@ -443,64 +373,15 @@ class Worker:
             return
         self.claim_failures = 0
         if claims:
-            self.skips_in_row = 0
-        if claims and self.first_claim_at is None:
-            self.first_claim_at = now
-        for claim in claims:
-            self.held[claim.trial_id] = Held(claim)
-            self.leases.add(claim.key)
-            self.claimed += 1
-            log.info(
-                "claimed trial %s (run %s, attempt %s/%s)",
-                claim.trial_id,
-                claim.run_id,
-                claim.attempt,
-                claim.max_attempts,
-            )
-        if claims:
-            self.next_claim_at = 0.0
-            self.drained = self.idle = False
-            return
-        self.next_claim_at = now + self.settings.poll_s
-        if not self._busy():
-            self._settle_suspects("no other trial of the run to compare with")
-        if not self.held and not self.idle:
-            self.idle = True
-            log.info(
-                "waiting for work (woken by notifications, polling every %g s)",
-                self.settings.poll_s,
-            )
-        if self.held or not (self.settings.drain or self.excluded):
-            return
-        try:
-            if self.excluded:
-                work = self.link.run(queue.open_work, self.classes, sorted(self.excluded))
-                if work.excluded and not work.servable:
-                    raise StandingAside(self._cannot_serve())
-                open_work = work.servable or work.excluded
-            else:
-                open_work = self.link.run(queue.has_open_trials, self.classes)
-        except DatabaseDown:
-            return
-        if self.settings.drain:
-            self.drained = not open_work
-            if self.drained:
-                log.info(
-                    "drained: no trial of classes %s is pending or running, and no live "
-                    "coordinator drives a run of them",
-                    self.classes,
-                )
-
-    def step_start_next(self) -> None:
-        if self.device_child.alive and not self.device_child.busy:
-            self.step_dispatch()
+            self._take(claims, now)
+        else:
+            self._found_nothing(now)
 
     def step_dispatch(self) -> None:
         if self.stopping:
             return  # the trial being timed finishes; nothing new starts
-        inline = not self.prepare_children
-        # Children beyond the pool size are on their way out (shrunk while busy).
-        for child in self.prepare_children[: self.sizing.prepare_workers]:
+        inline = not self.pool.children
+        for child in self.pool.active():
             if child.busy:
                 continue
             held = self._first(Stage.CLAIMED)
@@ -538,535 +419,14 @@ class Worker:
         held.stage, held.child, held.prepared = Stage.MEASURING, self.device_child, None
         log.debug("timing trial %s", c.trial_id)
 
-    def step_complete(self) -> None:
-        if not self._record_stand_asides():
-            return
-        for held in [h for h in self.held.values() if h.stage == Stage.FINISHED]:
-            if not self._db_ready():
-                return
-            if held.state == Verdict.HANDBACK:
-                if not self._hand_back(held):
-                    return
-                continue
-            c = held.claim
-            held.sends += 1
-            try:
-                state = self.link.run(
-                    queue.complete_trial,
-                    trial_id=c.trial_id,
-                    attempt=c.attempt,
-                    token=c.lease_token,
-                    worker_id=self.worker_id,
-                    state=held.state,
-                    error=held.error,
-                    measurement=held.measurement,
-                )
-            except DatabaseDown:
-                return  # retried after reconnecting, while the lease may still be ours
-            except psycopg.DatabaseError as exc:
-                # The result itself cannot be stored (a value the table refuses): record the
-                # attempt as failed rather than crash; the fence still applies.
-                reason = first_line(exc, repr(exc))
-                if held.state == Verdict.DONE:
-                    held.finish(Verdict.FAILED, f"the result could not be stored: {reason}")
-                    continue
-                log.error("trial %s: completion failed (%s); dropping it", c.trial_id, reason)
-                self._forget(held)
-                continue
-            if state is None and held.sends > 1:
-                # The first send may have committed before the connection broke.
-                try:
-                    recorded = self.link.run(
-                        queue.attempt_outcome,
-                        trial_id=c.trial_id,
-                        attempt=c.attempt,
-                        worker_id=self.worker_id,
-                    )
-                except DatabaseDown:
-                    return
-                if recorded == held.state:
-                    state = "recorded"
-            if state is None:
-                log.warning(
-                    "completion rejected: trial %s attempt %s is no longer ours (lease lost); "
-                    "dropping its %s result",
-                    c.trial_id,
-                    c.attempt,
-                    held.state,
-                )
-                self.outcomes["dropped"] += 1
-            else:
-                self.outcomes[str(held.state)] += 1
-                log.info(
-                    "trial %s attempt %s: %s%s -> trial %s",
-                    c.trial_id,
-                    c.attempt,
-                    held.state,
-                    f" ({held.error})" if held.error else "",
-                    state,
-                )
-            self._forget(held)
-            self.next_claim_at = 0.0  # room for another trial
-
-    def step_wait(self) -> None:
-        if self.link.up and self.link.conn is not None:
-            self._pump_notifications(self.link.conn)
-        now = time.monotonic()
-        deadlines = [self.next_reap_at] if not self.stopping else []
-        if not self.stopping and len(self.held) < self.capacity:
-            deadlines.append(self.next_claim_at)
-        for child in [*self.prepare_children, self.device_child]:
-            if child.busy and child.deadline is not None:
-                deadlines.append(child.deadline)
-        if not self.link.up:
-            wait = self.link.wait_s()
-            if wait is not None:
-                deadlines.append(now + wait)
-        if any(h.stage == Stage.FINISHED for h in self.held.values()) and self.link.up:
-            deadlines.append(now)
-        if self.stopping and self.stop_deadline is not None:
-            deadlines.append(self.stop_deadline)
-        timeout = max(0.0, min([*deadlines, now + self.settings.poll_s]) - now)
-        waitables: list[Any] = [self._wake_r]
-        for child in [*self.prepare_children, self.device_child]:
-            waitables.extend(child.waitables())
-        db = self.link.conn if self.link.up else None
-        if db is not None:
-            waitables.append(db)
-        ready = multiprocessing.connection.wait(waitables, timeout=timeout)
-        if self._wake_r in ready:
-            self._drain_wakeups()
-        if db is not None and db in ready:
-            self._pump_notifications(db)
-
-    def step_finish(self) -> None:
-        if self.heartbeat is not None:
-            self.heartbeat.stop()
-        try:
-            self.link.run(self._report, force=True)  # the final busy fraction, for status
-            self.link.run(queue.stop_worker, self.worker_id, self.worker_secret)
-        except DatabaseDown:
-            log.warning("could not mark worker %s stopped: database unreachable", self.worker_id)
-        summary = ", ".join(f"{k} {v}" for k, v in sorted(self.outcomes.items())) or "nothing"
-        log.info("worker %s exiting: %s", self.worker_id, summary)
-
-    # --- sizing ----------------------------------------------------------------------------------
-    def step_size(self) -> None:
-        """Book the time since the last turn under what the device was doing then; when the
-        window is full, let the controller resize the pool and report the sizing."""
-        now = time.monotonic()
-        dt, self._booked_at = now - self._booked_at, now
-        if self._was_busy:
-            self.books.busy_s += dt
-            self.busy_total_s += dt
-        elif self._was_starved:
-            self.books.starved_s += dt
-        self._was_busy = self.device_child.busy
-        self._was_starved = not self.stopping and any(
-            h.stage in (Stage.CLAIMED, Stage.PREPARING) for h in self.held.values()
-        )
-        self._retire_children()
-        b = self.books
-        elapsed = now - b.started
-        enough = len(b.prepare_s) >= max(2, self.sizing.prepare_workers)
-        if elapsed < WINDOW_MIN_S or not (enough or elapsed >= WINDOW_MAX_S):
-            return
-        self.books = Books(now)
-        codegen = [c.proc.pid for c in self.prepare_children if c.proc is not None]
-        device = [self.device_child.proc.pid] if self.device_child.proc is not None else []
-        pids = [self.pid, *device, *codegen]
-        per_pid = self._cpu.used(pids)
-        used = None if per_pid is None else sum(per_pid.values())
-        codegen_cpu = None if per_pid is None else sum(per_pid.get(p, 0.0) for p in codegen)
-        machine = self._machine.idle_cores()
-        # A process that started during the window has no CPU figure for all of it (and spent
-        # it starting): decide from the next window, one whose processes were all there.
-        whole = per_pid is None or set(pids) <= set(per_pid)
-        window = Window(
-            seconds=elapsed,
-            device_busy_s=b.busy_s,
-            device_starved_s=b.starved_s,
-            prepare_s=tuple(b.prepare_s),
-            measure_s=tuple(b.measure_s),
-            # Cores given with --cores are this worker's to use whatever else runs here.
-            idle_cores=idle_cores(
-                self.resources.share,
-                used,
-                elapsed,
-                None if self.resources.source == "--cores" else machine,
-            ),
-            codegen_cores=None if codegen_cpu is None else codegen_cpu / elapsed,
-        )
-        if self.controller is not None and not self.stopping and whole:
-            ceiling = pool_ceiling(self.resources, prefetch=self.settings.prefetch)
-            before = self.sizing.prepare_workers
-            after = self.controller.observe(window, ceiling)
-            if after != before or ceiling != self.sizing.ceiling:
-                self._resize(after, ceiling)
-                if after != before:
-                    log.info(
-                        "sizing: %s -> %s code-generation process(es) (%s; device busy %.0f%%, "
-                        "waited for code generation %.0f%%, %s prepared in %.1f s)",
-                        before,
-                        after,
-                        self.controller.last_reason,
-                        100 * window.busy_fraction,
-                        100 * window.starved_fraction,
-                        len(window.prepare_s),
-                        elapsed,
-                    )
-        if self._db_ready():
-            try:
-                self.link.run(self._report)
-            except DatabaseDown:
-                pass
-
-    def _resize(self, pool: int, ceiling: int) -> None:
-        prefetch = prefetch_for(pool) if self.sizing.auto_prefetch else self.sizing.prefetch
-        self.sizing = replace(self.sizing, prepare_workers=pool, prefetch=prefetch, ceiling=ceiling)
-        self._grow_children(pool)
-        self._retire_children()
-        self.next_claim_at = 0.0  # a larger prefetch claims at once
-
-    def _grow_children(self, pool: int) -> None:
-        while len(self.prepare_children) < pool:
-            self.prepare_children.append(Child(f"codegen-{self._codegen_seq}"))
-            self._codegen_seq += 1
-
-    def _retire_children(self) -> None:
-        """Close idle code-generation processes beyond the pool size (busy ones finish their
-        trial first)."""
-        while len(self.prepare_children) > self.sizing.prepare_workers:
-            idle = next((c for c in reversed(self.prepare_children) if not c.busy), None)
-            if idle is None:
-                return
-            if any(h.child is idle for h in self.held.values()):
-                return
-            idle.close()
-            self.prepare_children.remove(idle)
-
-    def device_busy_fraction(self) -> float | None:
-        """Share of the time since the first claim that the device had a trial to time."""
-        if self.first_claim_at is None:
-            return None
-        span = time.monotonic() - self.first_claim_at
-        return min(self.busy_total_s / span, 1.0) if span > 0 else None
-
-    def _report(
-        self, conn: psycopg.Connection[Any], initial: bool = False, force: bool = False
-    ) -> None:
-        """Write the sizing (when it changed, or every REPORT_EVERY_S) and learn how many
-        workers share this host; at start-up a larger count resizes the pool before any
-        code-generation process has started."""
-        now = time.monotonic()
-        busy = self.device_busy_fraction()
-        if (
-            not (initial or force)
-            and self.sizing == self.reported
-            and now - self.last_report_at < REPORT_EVERY_S
-        ):
-            return
-        peers = queue.report_worker_sizing(
-            conn,
-            self.worker_id,
-            self.worker_secret,
-            capacity=self.capacity,
-            prepare_workers=self.sizing.prepare_workers,
-            prefetch=self.sizing.prefetch,
-            sizing=self.sizing.source,
-            device_busy=busy,
-            peer_alive_s=PEER_ALIVE_S,
-        )
-        self.reported, self.last_report_at = self.sizing, now
-        peers = max(peers, self.settings.peers)
-        if peers == self.resources.peers:
-            return
-        self.resources = self.resources.with_peers(peers)
-        if initial and self.sizing.auto_pool:
-            self.sizing = initial_sizing(
-                self.resources, self.settings.prepare_workers, self.settings.prefetch
-            )
-            self.controller = PoolController(self.sizing.prepare_workers, self.sizing.ceiling)
-            self.prepare_children = []
-            self._grow_children(self.sizing.prepare_workers)
-            self.reported = None
-            self._report(conn)
-
-    # --- replies from the children ---------------------------------------------------------------
-    def _on_reply(self, held: Held, reply: Reply) -> None:
-        phase = "code generation" if held.stage == Stage.PREPARING else "evaluation"
-        run = held.claim.run_id
-        if reply.kind == ReplyKind.OK:
-            timed = self.books.prepare_s if held.stage == Stage.PREPARING else self.books.measure_s
-            timed.append(reply.seconds)
-        if reply.kind == ReplyKind.OK and held.stage == Stage.PREPARING:
-            if run in self.excluded:  # stood aside meanwhile: it is not timed here
-                held.finish(Verdict.HANDBACK, self.excluded[run])
-            else:
-                held.stage, held.prepared, held.child = Stage.PREPARED, reply.value, None
-            return
-        if reply.kind == ReplyKind.OK:
-            self._on_outcome(held, reply.value)
-        elif reply.kind == ReplyKind.INVALID:
-            held.finish(Verdict.INVALID, reply.message)
-        elif reply.kind == ReplyKind.TIMEOUT:
-            held.finish(Verdict.TIMED_OUT, f"{phase} {reply.message} and was killed")
-        elif reply.kind == ReplyKind.DIED:
-            held.finish(Verdict.FAILED, f"{phase} process {reply.message}")
-        elif reply.kind == ReplyKind.ENVIRONMENT:
-            held.finish(Verdict.ENVIRONMENT, f"{phase}: {reply.message}")
-        else:
-            held.finish(Verdict.ERROR, f"{phase} raised {reply.message}")
-        self._judge(held)
-        if held.stage == Stage.FINISHED and held.state not in (
-            Verdict.DONE,
-            Verdict.INVALID,
-            Verdict.HANDBACK,
-        ):
-            log.warning("trial %s: %s: %s", held.claim.trial_id, held.state, held.error)
-
-    def _claim_refused(self, exc: psycopg.DatabaseError, limit: int, now: float) -> None:
-        """Never die of one bad row. A claim the database refuses (a row in a state no
-        statement of ours expects) is tried again for one trial; refused again, that trial is
-        the bad row: logged, never claimed again by this worker, and the worker goes on.
-        While that cannot be told apart (nothing pending, a read that fails too, or several
-        trials in a row refused: then it is not one row), it waits, longer each time."""
-        reason = first_line(exc)
-        self.claim_failures += 1
-        bad: int | None = None
-        if limit == 1 and self.skips_in_row < MAX_SKIPS_IN_ROW:
-            try:
-                bad = self.link.run(
-                    queue.next_pending,
-                    device_classes=self.classes,
-                    excluded_runs=sorted(self.excluded),
-                    skipped_trials=sorted(self.skipped),
-                )
-            except (DatabaseDown, psycopg.DatabaseError):
-                bad = None
-        if bad is not None:
-            self.skipped[bad] = reason
-            self.skips_in_row += 1
-            self.claim_failures = 0
-            log.error(
-                "trial %s cannot be claimed (%s); this worker leaves it alone and goes on",
-                bad,
-                reason,
-            )
-            return
-        delay = 0.0
-        if self.claim_failures > 1:
-            delay = min(self.settings.poll_s * 2 ** (self.claim_failures - 2), CLAIM_BACKOFF_S)
-        self.next_claim_at = now + delay
-        log.error("claim failed: %s; trying one trial at a time in %g s", reason, delay)
-
-    # --- environment faults ----------------------------------------------------------------------
-    def _judge(self, held: Held) -> None:
-        """Tell the configuration's fault from the environment's (see the module docstring)."""
-        run = held.claim.run_id
-        if held.state in (Verdict.ENVIRONMENT, Verdict.ERROR) and run in self.excluded:
-            held.finish(Verdict.HANDBACK, self.excluded[run])
-        elif held.state == Verdict.ENVIRONMENT:
-            held.finish(Verdict.HANDBACK, held.error)
-            self._stand_aside(run, str(held.error))
-        elif held.state == Verdict.ERROR:
-            k = self.settings.stand_aside_after
-            if run in self.proven or k == 0:
-                held.state = Verdict.FAILED
-                return
-            held.stage = Stage.SUSPECT
-            suspects = [h for h in self.held.values() if h.stage == Stage.SUSPECT]
-            for other in suspects:
-                if other.claim.run_id == run and other.error != held.error:
-                    other.stage, other.state = (
-                        Stage.FINISHED,
-                        Verdict.FAILED,
-                    )  # not one fault after all
-            streak = [h for h in suspects if h.claim.run_id == run and h.error == held.error]
-            log.info(
-                "trial %s: %s (held: %s of %s in a row before this worker stands aside from "
-                "run %s)",
-                held.claim.trial_id,
-                held.error,
-                len(streak),
-                k,
-                run,
-            )
-            if len(streak) >= k:
-                streak = self._not_followed(streak)
-            if len(streak) >= k:
-                for h in streak:
-                    h.finish(Verdict.HANDBACK, h.error)
-                self._stand_aside(
-                    run, f"the same error on {len(streak)} configurations in a row: {held.error}"
-                )
-        elif held.state in (Verdict.DONE, Verdict.INVALID, Verdict.TIMED_OUT):
-            self.proven.add(run)
-            for other in self.held.values():
-                if other.stage == Stage.SUSPECT and other.claim.run_id == run:
-                    other.stage, other.state = Stage.FINISHED, Verdict.FAILED
-
-    def _not_followed(self, streak: list[Held]) -> list[Held]:
-        """The streak without the trials another worker already handed back for this same
-        error: an error that follows configurations from worker to worker is theirs (counted
-        as failed), or a streak of a few configurations that always raise the same exception
-        would make every worker of the fleet stand aside in turn."""
-        try:
-            elsewhere = self.link.run(
-                queue.handed_back_elsewhere,
-                worker_id=self.worker_id,
-                trial_ids=[h.claim.trial_id for h in streak],
-            )
-        except DatabaseDown:
-            return streak  # no evidence either way: the streak stands
-        kept = []
-        for held in streak:
-            if held.error in elsewhere.get(held.claim.trial_id, set()):
-                log.info(
-                    "trial %s: another worker handed it back for the same error; it is the "
-                    "configuration's",
-                    held.claim.trial_id,
-                )
-                held.stage, held.state = Stage.FINISHED, Verdict.FAILED
-            else:
-                kept.append(held)
-        return kept
-
-    def _settle_suspects(self, why: str) -> None:
-        """Suspects that no further trial of their run can settle are configuration faults:
-        the streak rule needs ``stand_aside_after`` configurations to call it the
-        environment's."""
-        for held in self.held.values():
-            if held.stage == Stage.SUSPECT:
-                log.info("trial %s: counted as failed (%s)", held.claim.trial_id, why)
-                held.stage, held.state = Stage.FINISHED, Verdict.FAILED
-
-    def _stand_aside(self, run: int, reason: str) -> None:
-        """Stop serving ``run``: hand back what we hold of it that is not being worked on
-        (a trial in a child finishes there and is judged when it ends), and record why."""
-        if run in self.excluded:
-            return
-        self.excluded[run] = self.unrecorded[run] = reason
-        log.warning(
-            "standing aside from run %s: worker %s on %s cannot run this problem: %s",
-            run,
-            self.worker_id,
-            self.host,
-            reason,
-        )
-        for held in self.held.values():
-            if held.claim.run_id == run and held.stage in (
-                Stage.CLAIMED,
-                Stage.PREPARED,
-                Stage.SUSPECT,
-            ):
-                held.finish(Verdict.HANDBACK, reason)
-        self.next_claim_at = 0.0
-
-    def _record_stand_asides(self) -> bool:
-        """Write the stand-aside rows not written yet; False while the database is away."""
-        for run, reason in list(self.unrecorded.items()):
-            try:
-                self.link.run(
-                    queue.stand_aside,
-                    worker_id=self.worker_id,
-                    secret=self.worker_secret,
-                    run_id=run,
-                    reason=reason,
-                )
-            except DatabaseDown:
-                return False
-            except psycopg.DatabaseError as exc:  # e.g. the run was deleted meanwhile
-                log.error("could not record standing aside from run %s: %s", run, first_line(exc))
-            del self.unrecorded[run]
-        return True
-
-    def _hand_back(self, held: Held) -> bool:
-        """Release one trial uncounted after an environment fault; False while the database
-        is away (tried again later)."""
-        c = held.claim
-        try:
-            released = self.link.run(
-                queue.release_trials,
-                worker_id=self.worker_id,
-                held=[c.key],
-                reason=f"{queue.ENVIRONMENT_PREFIX}{held.error}",
-            )
-        except DatabaseDown:
-            return False
-        except psycopg.DatabaseError as exc:
-            # The trial's lease expires and the reaper requeues it; we go on.
-            log.error("trial %s: could not hand it back: %s", c.trial_id, first_line(exc))
-            released = set()
-        if c.trial_id in released:
-            log.info("trial %s handed back (not counted): %s", c.trial_id, held.error)
-            self.outcomes["handed back"] += 1
-        self._forget(held)
-        self.next_claim_at = 0.0
-        return True
-
-    def _cannot_serve(self) -> str:
-        reasons = "; ".join(f"run {run}: {why}" for run, why in sorted(self.excluded.items()))
-        return (
-            f"worker {self.worker_id} on {self.host} cannot serve any run with work: it stands "
-            f"aside from every one ({reasons})"
-        )
-
-    def _busy(self) -> list[Held]:
-        """Held trials that count against the capacity (all but the suspects)."""
-        return [h for h in self.held.values() if h.stage != Stage.SUSPECT]
-
-    def _on_outcome(self, held: Held, outcome: Any) -> None:
-        if not isinstance(outcome, Outcome):
-            held.finish(
-                Verdict.FAILED, f"measure returned {type(outcome).__name__}, not an Outcome"
-            )
-            return
-        if outcome.state == TrialState.INVALID:
-            held.finish(Verdict.INVALID, outcome.error or "invalid configuration")
-            return
-        if outcome.state != TrialState.DONE:
-            held.finish(Verdict.FAILED, f"measure returned an outcome in state {outcome.state!r}")
-            return
-        try:
-            row = self._measurement(held.claim, outcome)
-        except (TypeError, ValueError) as exc:
-            held.finish(Verdict.FAILED, f"measure returned numbers that are not numbers: {exc}")
-            return
-        bad = row.problems()
-        if bad:
-            held.finish(Verdict.FAILED, "measure returned unusable timings: " + "; ".join(bad))
-            return
-        held.finish(Verdict.DONE, None, row)
-
-    def _measurement(self, claim: ClaimedTrial, outcome: Outcome) -> MeasurementRow:
-        protocol = outcome.protocol or Protocol.from_json(claim.protocol).to_json()
-        return MeasurementRow(
-            median_s=_number(outcome.median_s),  # type: ignore[arg-type]
-            min_s=_number(outcome.min_s),  # type: ignore[arg-type]
-            samples_s=[float(x) for x in outcome.samples_s],
-            protocol=plain_json(protocol),
-            gflops=_number(outcome.gflops),
-            gbps=_number(outcome.gbps),
-            flop_count=_number(outcome.flop_count),
-            byte_count=_number(outcome.byte_count),
-            compile_s=_number(outcome.compile_s),
-            validation=plain_json(dict(outcome.validation)),
-            versions=plain_json({"tunefleet": __version__, **outcome.versions}),
-            code=None if outcome.code is None else str(outcome.code),
-        )
-
     def step_stop(self) -> None:
         """While stopping: give back every held trial that is not being timed. If the database
         stays unreachable for a whole lease, give up on what is left (the leases expire)."""
         if not self.stopping:
             return
-        waiting = [
-            h
-            for h in self.held.values()
-            if h.stage in (Stage.CLAIMED, Stage.PREPARING, Stage.PREPARED, Stage.SUSPECT)
-        ]
-        if self.stop_deadline is not None and time.monotonic() > self.stop_deadline:
+        waiting = [h for h in self.held.values() if h.stage in RELEASED_ON_STOP]
+        deadline = self.signals.stop_deadline
+        if deadline is not None and time.monotonic() > deadline:
             unsent = [h for h in self.held.values() if h.stage != Stage.MEASURING]
             if unsent and not self._db_ready():
                 log.warning(
@@ -1099,10 +459,374 @@ class Worker:
                 self.outcomes["released"] += 1
             self._forget(held)
 
+    def step_size(self) -> None:
+        """Book the time since the last turn under what the device was doing then; when the
+        window is full, let the controller resize the pool and report the sizing."""
+        now = time.monotonic()
+        starved = not self.stopping and any(
+            h.stage in (Stage.CLAIMED, Stage.PREPARING) for h in self.held.values()
+        )
+        self.pool.book(now, busy=self.device_child.busy, starved=starved)
+        self.pool.retire(self._in_use())
+        device = [self.device_child.proc.pid] if self.device_child.proc is not None else []
+        ended = self.pool.end_window(now, [self.pid, *device])
+        if ended is None:
+            return
+        window, whole = ended
+        if whole and not self.stopping and self.pool.control(window, self._in_use()):
+            self.next_claim_at = 0.0  # a larger prefetch claims at once
+        if self._db_ready():
+            try:
+                self.link.run(self._report)
+            except DatabaseDown:
+                pass
+
+    def step_wait(self) -> None:
+        if self.link.up and self.link.conn is not None:
+            self._pump_notifications(self.link.conn)
+        now = time.monotonic()
+        deadlines = [self.next_reap_at] if not self.stopping else []
+        if not self.stopping and len(self.held) < self.capacity:
+            deadlines.append(self.next_claim_at)
+        for child in self._children():
+            if child.busy and child.deadline is not None:
+                deadlines.append(child.deadline)
+        if not self.link.up:
+            wait = self.link.wait_s()
+            if wait is not None:
+                deadlines.append(now + wait)
+        if any(h.stage == Stage.FINISHED for h in self.held.values()) and self.link.up:
+            deadlines.append(now)
+        if self.stopping and self.signals.stop_deadline is not None:
+            deadlines.append(self.signals.stop_deadline)
+        timeout = max(0.0, min([*deadlines, now + self.settings.poll_s]) - now)
+        waitables: list[Any] = [self.signals.waitable]
+        for child in self._children():
+            waitables.extend(child.waitables())
+        db = self.link.conn if self.link.up else None
+        if db is not None:
+            waitables.append(db)
+        ready = multiprocessing.connection.wait(waitables, timeout=timeout)
+        if self.signals.waitable in ready:
+            self.signals.drain()
+        if db is not None and db in ready:
+            self._pump_notifications(db)
+
+    def step_finish(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+        try:
+            self.link.run(self._report, force=True)  # the final busy fraction, for status
+            self.link.run(queue.stop_worker, self.worker_id, self.worker_secret)
+        except DatabaseDown:
+            log.warning("could not mark worker %s stopped: database unreachable", self.worker_id)
+        summary = ", ".join(f"{k} {v}" for k, v in sorted(self.outcomes.items())) or "nothing"
+        log.info("worker %s exiting: %s", self.worker_id, summary)
+
+    # --- claims --------------------------------------------------------------------------------
+    def _take(self, claims: Sequence[ClaimedTrial], now: float) -> None:
+        self.skips_in_row = 0
+        if self.pool.first_claim_at is None:
+            self.pool.first_claim_at = now
+        for claim in claims:
+            self.held[claim.trial_id] = Held(claim)
+            self.leases.add(claim.key)
+            self.claimed += 1
+            log.info(
+                "claimed trial %s (run %s, attempt %s/%s)",
+                claim.trial_id,
+                claim.run_id,
+                claim.attempt,
+                claim.max_attempts,
+            )
+        self.next_claim_at = 0.0
+        self.drained = self.idle = False
+
+    def _found_nothing(self, now: float) -> None:
+        """Nothing to claim: poll again later, settle the suspects nothing else can, and
+        (holding nothing) find out whether there is work left at all."""
+        self.next_claim_at = now + self.settings.poll_s
+        self._settle_suspects("no other trial of the run to compare with")
+        if not self.held and not self.idle:
+            self.idle = True
+            log.info(
+                "waiting for work (woken by notifications, polling every %g s)",
+                self.settings.poll_s,
+            )
+        excluded = self.judge.excluded
+        if self.held or not (self.settings.drain or excluded):
+            return
+        try:
+            if excluded:
+                work = self.link.run(queue.open_work, self.classes, sorted(excluded))
+                if work.excluded and not work.servable:
+                    raise StandingAside(cannot_serve(str(self.worker_id), self.host, excluded))
+                open_work = work.servable or work.excluded
+            else:
+                open_work = self.link.run(queue.has_open_trials, self.classes)
+        except DatabaseDown:
+            return
+        if self.settings.drain:
+            self.drained = not open_work
+            if self.drained:
+                log.info(
+                    "drained: no trial of classes %s is pending or running, and no live "
+                    "coordinator drives a run of them",
+                    self.classes,
+                )
+
+    def _claim_refused(self, exc: psycopg.DatabaseError, limit: int, now: float) -> None:
+        """Never die of one bad row. A claim the database refuses (a row in a state no
+        statement of ours expects) is tried again for one trial; refused again, that trial is
+        the bad row: logged, never claimed again by this worker, and the worker goes on.
+        While that cannot be told apart (nothing pending, a read that fails too, or several
+        trials in a row refused: then it is not one row), it waits, longer each time."""
+        reason = first_line(exc)
+        self.claim_failures += 1
+        bad: int | None = None
+        if limit == 1 and self.skips_in_row < MAX_SKIPS_IN_ROW:
+            try:
+                bad = self.link.run(
+                    queue.next_pending,
+                    device_classes=self.classes,
+                    excluded_runs=sorted(self.judge.excluded),
+                    skipped_trials=sorted(self.skipped),
+                )
+            except (DatabaseDown, psycopg.DatabaseError):
+                bad = None
+        if bad is not None:
+            self.skipped[bad] = reason
+            self.skips_in_row += 1
+            self.claim_failures = 0
+            log.error(
+                "trial %s cannot be claimed (%s); this worker leaves it alone and goes on",
+                bad,
+                reason,
+            )
+            return
+        delay = 0.0
+        if self.claim_failures > 1:
+            delay = min(self.settings.poll_s * 2 ** (self.claim_failures - 2), CLAIM_BACKOFF_S)
+        self.next_claim_at = now + delay
+        log.error("claim failed: %s; trying one trial at a time in %g s", reason, delay)
+
+    # --- replies from the children, and the fault policy -------------------------------------
+    def _on_reply(self, held: Held, reply: Reply) -> None:
+        preparing = held.stage == Stage.PREPARING
+        if reply.kind == ReplyKind.OK:
+            self.pool.timed(preparing, reply.seconds)
+        if reply.kind == ReplyKind.OK and preparing:
+            aside = self.judge.aside_from(held.claim.run_id)
+            if aside is not None:  # stood aside meanwhile: it is not timed here
+                held.finish(Verdict.HANDBACK, aside)
+            else:
+                held.stage, held.prepared, held.child = Stage.PREPARED, reply.value, None
+            return
+        ended = results.ending(held.claim, reply, preparing)
+        held.finish(ended.verdict, ended.error, ended.measurement)
+        decision = self.judge.judge(held.seen(), self._seen())
+        self._execute(decision)
+        if decision.ask:
+            elsewhere = self._handed_back_elsewhere(decision.ask)
+            self._execute(self.judge.weigh(decision.ask, elsewhere, self._seen()))
+        if held.stage == Stage.FINISHED and held.state not in (
+            Verdict.DONE,
+            Verdict.INVALID,
+            Verdict.HANDBACK,
+        ):
+            log.warning("trial %s: %s: %s", held.claim.trial_id, held.state, held.error)
+
+    def _execute(self, decision: Decision) -> None:
+        """Carry out what the judge decided about the held trials."""
+        if decision.suspect is not None:
+            s = decision.suspect
+            held = self.held[s.trial_id]
+            held.stage = Stage.SUSPECT
+            log.info(
+                "trial %s: %s (held: %s of %s in a row before this worker stands aside from "
+                "run %s)",
+                s.trial_id,
+                held.error,
+                s.streak,
+                s.of,
+                held.claim.run_id,
+            )
+        for counted in decision.failed:
+            held = self.held[counted.trial_id]
+            if counted.note is not None:
+                log.info("trial %s: %s", counted.trial_id, counted.note)
+            held.finish(Verdict.FAILED, held.error)
+        for trial_id, reason in decision.handed_back.items():
+            self.held[trial_id].finish(Verdict.HANDBACK, reason)
+        if decision.stand_aside is not None:
+            run, reason = decision.stand_aside.run_id, decision.stand_aside.reason
+            self.unrecorded[run] = reason
+            log.warning(
+                "standing aside from run %s: worker %s on %s cannot run this problem: %s",
+                run,
+                self.worker_id,
+                self.host,
+                reason,
+            )
+            self.next_claim_at = 0.0
+
+    def _settle_suspects(self, why: str) -> None:
+        self._execute(self.judge.settle(self._seen(), why))
+
+    def _handed_back_elsewhere(self, streak: Sequence[Trial]) -> dict[int, set[str]] | None:
+        """Which of the streak's trials other workers handed back, for which errors
+        (``None``: the database is away, no evidence either way)."""
+        try:
+            return self.link.run(  # type: ignore[no-any-return]
+                queue.handed_back_elsewhere,
+                worker_id=self.worker_id,
+                trial_ids=[t.trial_id for t in streak],
+            )
+        except DatabaseDown:
+            return None
+
+    # --- writing results -----------------------------------------------------------------------
+    def _send(self, held: Held) -> bool:
+        """The fenced completion of one finished trial; False while the database is away
+        (the trial stays finished and is sent again, while the lease may still be ours)."""
+        c = held.claim
+        held.sends += 1
+        try:
+            state = self.link.run(
+                queue.complete_trial,
+                trial_id=c.trial_id,
+                attempt=c.attempt,
+                token=c.lease_token,
+                worker_id=self.worker_id,
+                state=held.state,
+                error=held.error,
+                measurement=held.measurement,
+            )
+        except DatabaseDown:
+            return False
+        except psycopg.DatabaseError as exc:
+            # The result itself cannot be stored (a value the table refuses): record the
+            # attempt as failed rather than crash; the fence still applies.
+            reason = first_line(exc, repr(exc))
+            if held.state == Verdict.DONE:
+                held.finish(Verdict.FAILED, f"the result could not be stored: {reason}")
+                return True
+            log.error("trial %s: completion failed (%s); dropping it", c.trial_id, reason)
+            self._forget(held)
+            return True
+        if state is None and held.sends > 1:
+            # The first send may have committed before the connection broke.
+            try:
+                recorded = self.link.run(
+                    queue.attempt_outcome,
+                    trial_id=c.trial_id,
+                    attempt=c.attempt,
+                    worker_id=self.worker_id,
+                )
+            except DatabaseDown:
+                return False
+            if recorded == held.state:
+                state = "recorded"
+        if state is None:
+            log.warning(
+                "completion rejected: trial %s attempt %s is no longer ours (lease lost); "
+                "dropping its %s result",
+                c.trial_id,
+                c.attempt,
+                held.state,
+            )
+            self.outcomes["dropped"] += 1
+        else:
+            self.outcomes[str(held.state)] += 1
+            log.info(
+                "trial %s attempt %s: %s%s -> trial %s",
+                c.trial_id,
+                c.attempt,
+                held.state,
+                f" ({held.error})" if held.error else "",
+                state,
+            )
+        self._forget(held)
+        self.next_claim_at = 0.0  # room for another trial
+        return True
+
+    def _hand_back(self, held: Held) -> bool:
+        """Release one trial uncounted after an environment fault; False while the database
+        is away (tried again later)."""
+        c = held.claim
+        try:
+            released = self.link.run(
+                queue.release_trials,
+                worker_id=self.worker_id,
+                held=[c.key],
+                reason=f"{queue.ENVIRONMENT_PREFIX}{held.error}",
+            )
+        except DatabaseDown:
+            return False
+        except psycopg.DatabaseError as exc:
+            # The trial's lease expires and the reaper requeues it; we go on.
+            log.error("trial %s: could not hand it back: %s", c.trial_id, first_line(exc))
+            released = set()
+        if c.trial_id in released:
+            log.info("trial %s handed back (not counted): %s", c.trial_id, held.error)
+            self.outcomes["handed back"] += 1
+        self._forget(held)
+        self.next_claim_at = 0.0
+        return True
+
+    def _record_stand_asides(self) -> bool:
+        """Write the stand-aside rows not written yet; False while the database is away."""
+        for run, reason in list(self.unrecorded.items()):
+            try:
+                self.link.run(
+                    queue.stand_aside,
+                    worker_id=self.worker_id,
+                    secret=self.worker_secret,
+                    run_id=run,
+                    reason=reason,
+                )
+            except DatabaseDown:
+                return False
+            except psycopg.DatabaseError as exc:  # e.g. the run was deleted meanwhile
+                log.error("could not record standing aside from run %s: %s", run, first_line(exc))
+            del self.unrecorded[run]
+        return True
+
+    def _report(
+        self, conn: psycopg.Connection[Any], initial: bool = False, force: bool = False
+    ) -> None:
+        """Write the sizing (when it changed, or every REPORT_EVERY_S) and learn how many
+        workers share this host; at start-up a larger count resizes the pool before any
+        code-generation process has started."""
+        now = time.monotonic()
+        sizing = self.pool.sizing
+        if (
+            not (initial or force)
+            and sizing == self.reported
+            and now - self.last_report_at < REPORT_EVERY_S
+        ):
+            return
+        peers = queue.report_worker_sizing(
+            conn,
+            self.worker_id,
+            self.worker_secret,
+            capacity=self.capacity,
+            prepare_workers=sizing.prepare_workers,
+            prefetch=sizing.prefetch,
+            sizing=sizing.source,
+            device_busy=self.pool.busy_fraction(now),
+            peer_alive_s=PEER_ALIVE_S,
+        )
+        self.reported, self.last_report_at = sizing, now
+        if self.pool.share_with(max(peers, self.settings.peers), initial):
+            self.reported = None
+            self._report(conn)
+
+    # --- shutdown ------------------------------------------------------------------------------
     def _give_back_everything(self) -> None:
         """After a fatal error: stop timing, release what we hold, mark the worker stopped."""
         self.device_child.kill()
-        for child in self.prepare_children:
+        for child in self.pool.children:
             child.kill()
         unfinished = [h for h in self.held.values() if h.stage != Stage.FINISHED]
         try:
@@ -1125,76 +849,12 @@ class Worker:
     def _teardown(self) -> None:
         if self.heartbeat is not None and self.heartbeat.is_alive():
             self.heartbeat.stop()
-        for child in [*self.prepare_children, self.device_child]:
+        for child in self._children():
             child.close()
         self.link.close()
-        self._restore_signals()
-        self._wake_r.close()
-        self._wake_w.close()
+        self.signals.close()
 
-    # --- signals and wake-ups --------------------------------------------------------------------
-    def _install_signals(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return  # embedded in another program's thread: that program handles signals
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._old_handlers[sig] = signal.signal(sig, self._on_signal)
-        self._old_handlers[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, self._on_parent_gone)
-        self._old_wakeup_fd = signal.set_wakeup_fd(self._wake_w.fileno())
-
-    def _restore_signals(self) -> None:
-        if not self._old_handlers:
-            return
-        for sig, handler in self._old_handlers.items():
-            signal.signal(sig, handler)
-        signal.set_wakeup_fd(self._old_wakeup_fd)
-
-    def _on_parent_gone(self, signum: int, frame: FrameType | None) -> None:
-        if not self.stopping:
-            self.stopping = True
-            self.stop_deadline = time.monotonic() + self.settings.lease_s
-            log.warning(
-                "SIGUSR1: the process that started this worker is gone; finishing the trial "
-                "being timed, releasing the others, then exiting"
-            )
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.signals += 1
-        if self.signals == 1:
-            self.stopping = True
-            self.stop_deadline = time.monotonic() + self.settings.lease_s
-            log.warning(
-                "%s: finishing the trial being timed, releasing the others, then exiting "
-                "(send it again to exit at once)",
-                signal.Signals(signum).name,
-            )
-            return
-        # Second signal: abort now. Children first, or a hung kernel would outlive us.
-        for child in [*self.prepare_children, self.device_child]:
-            if child.proc is not None:
-                try:
-                    child.proc.kill()
-                except Exception:
-                    pass
-        os.write(
-            2,
-            b"tunefleet worker: aborted; held trials return to the queue when their "
-            b"leases expire\n",
-        )
-        os._exit(128 + signum)
-
-    def _wake(self) -> None:
-        try:
-            self._wake_w.send(b"\0")
-        except (BlockingIOError, OSError):
-            pass  # already awake
-
-    def _drain_wakeups(self) -> None:
-        try:
-            while self._wake_r.recv(4096):
-                pass
-        except (BlockingIOError, OSError):
-            pass
-
+    # --- helpers ---------------------------------------------------------------------------------
     def _pump_notifications(self, conn: psycopg.Connection[Any]) -> None:
         """Read notifications without waiting (psycopg also queues those that arrived during
         other statements); one for our classes makes the next claim due now."""
@@ -1205,12 +865,26 @@ class Worker:
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
             self.link.broken(exc)
 
-    # --- helpers ---------------------------------------------------------------------------------
     def _db_ready(self) -> bool:
         try:
             return self.link.get() is not None
         except DatabaseUnavailable:
             return False
+
+    def _children(self) -> list[Child]:
+        return [*self.pool.children, self.device_child]
+
+    def _in_use(self) -> list[Child]:
+        """The children tied to a held trial."""
+        return [h.child for h in self.held.values() if h.child is not None]
+
+    def _seen(self) -> list[Trial]:
+        """The held trials as the fault policy sees them."""
+        return [h.seen() for h in self.held.values()]
+
+    def _busy(self) -> list[Held]:
+        """Held trials that count against the capacity (all but the suspects)."""
+        return [h for h in self.held.values() if h.stage != Stage.SUSPECT]
 
     def _timeout(self, claim: ClaimedTrial) -> float:
         return claim.timeout_s if claim.timeout_s else self.settings.timeout_s
@@ -1230,27 +904,6 @@ class Worker:
     def _forget(self, held: Held) -> None:
         self.held.pop(held.claim.trial_id, None)
         self.leases.remove(held.key)
-
-
-def _number(value: Any) -> float | None:
-    """A float PostgreSQL accepts (numpy scalars included); ``None`` stays ``None``."""
-    return None if value is None else float(value)
-
-
-def plain_json(value: Any) -> Any:
-    """What a problem reports, made storable as JSONB: numpy scalars and arrays become plain
-    numbers and lists, tuples lists, non-finite floats ``None`` (JSON has no NaN)."""
-    if isinstance(value, dict):
-        return {str(k): plain_json(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [plain_json(v) for v in value]
-    if hasattr(value, "tolist") and callable(value.tolist):  # numpy arrays and scalars
-        return plain_json(value.tolist())
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    return str(value)
 
 
 def _device_failure(what: str, reply: Reply) -> str:

@@ -12,7 +12,7 @@ from tunefleet.vocabulary import TrialState
 class Stage(StrEnum):
     """Where a claimed trial is in this worker: ``claimed -> preparing -> prepared ->
     measuring -> finished``, or ``suspect`` (an unexplained error held until the run's next
-    verdict on this worker; see :mod:`tunefleet.worker.loop`)."""
+    verdict on this worker; see :mod:`tunefleet.worker.judge`)."""
 
     CLAIMED = "claimed"
     PREPARING = "preparing"
@@ -25,8 +25,9 @@ class Stage(StrEnum):
 class Verdict(StrEnum):
     """How a finished trial leaves this worker: a completion state, or ``handback`` (an
     environment fault: released uncounted). ``environment`` and ``error`` are the verdicts
-    still to be judged (``Worker._judge``): the child's reply said so, and whether it is the
-    configuration's fault or this worker's depends on what else the run saw here."""
+    still to be judged (:mod:`tunefleet.worker.judge`): the child's reply said so, and
+    whether it is the configuration's fault or this worker's depends on what else the run
+    saw here."""
 
     DONE = TrialState.DONE.value
     INVALID = TrialState.INVALID.value

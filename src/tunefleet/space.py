@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from tunefleet import jsonvalues
 from tunefleet.errors import InvalidConfiguration, ProblemError
 
 Config = dict[str, Any]
@@ -33,7 +34,7 @@ def canonical_json(value: Any) -> str:
 
 def config_hash(config: Mapping[str, Any]) -> str:
     """Stable hash of a configuration (tuples and lists hash alike)."""
-    return hashlib.sha256(canonical_json(_jsonable(config)).encode()).hexdigest()[:32]
+    return hashlib.sha256(canonical_json(jsonvalues.exact(config)).encode()).hexdigest()[:32]
 
 
 def require(condition: bool, message: str) -> None:
@@ -41,16 +42,6 @@ def require(condition: bool, message: str) -> None:
     that make a point of the box illegal (``require(tile % wg == 0, "tile_i must be ...")``)."""
     if not condition:
         raise InvalidConfiguration(message)
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if hasattr(value, "item") and callable(value.item):  # numpy scalars
-        return value.item()
-    return value
 
 
 @dataclass(frozen=True)
@@ -66,10 +57,10 @@ class Param:
 
     def contains(self, value: Any) -> bool:
         try:
-            key = canonical_json(_jsonable(value))
+            key = canonical_json(jsonvalues.exact(value))
         except (TypeError, ValueError):
             return False
-        return key in {canonical_json(_jsonable(v)) for v in self.values()}
+        return key in {canonical_json(jsonvalues.exact(v)) for v in self.values()}
 
     def default(self) -> Any:
         return self.values()[0]
@@ -169,7 +160,7 @@ class Choice(Param):
     def __post_init__(self) -> None:
         if not self.options:
             raise ProblemError(f"parameter {self.name!r}: a choice needs at least one option")
-        object.__setattr__(self, "options", tuple(_jsonable(o) for o in self.options))
+        object.__setattr__(self, "options", tuple(jsonvalues.exact(o) for o in self.options))
 
     def values(self) -> list[Any]:
         return list(self.options)
@@ -316,7 +307,7 @@ class Space:
             )
         out: Config = {}
         for p in self.params:
-            value = _jsonable(config[p.name])
+            value = jsonvalues.exact(config[p.name])
             if not p.contains(value):
                 raise InvalidConfiguration(f"{p.name}={value!r} is outside the space")
             out[p.name] = value

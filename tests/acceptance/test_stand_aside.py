@@ -1,7 +1,17 @@
 """A worker whose environment cannot run a problem stands aside instead of failing the run:
 real ``python -m tunefleet.worker`` processes against a real PostgreSQL. The broken node is
 simulated by ``TUNEFLEET_TEST_BROKEN`` in one worker's environment (see environment_problem.py);
-the healthy worker started afterwards runs the same code without it."""
+the healthy worker started afterwards runs the same code without it.
+
+The policy itself is pure (tunefleet.worker.judge) and tested case by case in
+tests/unit/test_worker_judge.py: a missing module, the same error on every configuration, a
+process dying as it loads the problem, standing aside from one run while serving the others,
+errors of some configurations counted against them only (what each broken node's children
+answer: tests/unit/test_supervise.py). Here, end to end: a problem that cannot load (the trials
+are handed back, not failed, the row and status say why, a healthy worker finishes the run),
+errors of some configurations counted against them (at once in a run that works here, once
+nothing can settle them in a run of nothing else), and an error that follows configurations
+from worker to worker (the database's record of other workers' hand-backs)."""
 
 from __future__ import annotations
 
@@ -11,17 +21,15 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.coordinator import register_worker
 from tests.helpers.launch import WorkerProcess, start_worker
 from tests.helpers.queue_data import (
     attempts_of,
     insert_run,
     insert_trials,
-    synthetic_configs,
     trial_states,
     wait_until,
 )
-from tunefleet.cli.front import status_text
+from tunefleet.cli.render import status_text
 from tunefleet.cli.output import short_id
 
 pytestmark = pytest.mark.acceptance
@@ -69,42 +77,30 @@ def measured_once(db: Any, ids: list[int]) -> bool:
     return {int(r["trial_id"]): int(r["n"]) for r in rows} == dict.fromkeys(ids, 1)
 
 
-@pytest.mark.parametrize(
-    ("mode", "prepare_workers", "drain", "reason"),
-    [
-        # The user problem file does not import on this node (the code-generation process
-        # loads it).
-        ("import", 1, True, "tunefleet_test_module_missing_on_this_node"),
-        # prepare raises a missing-module error for every configuration (feinsum's case).
-        ("needs_module", 0, False, "No module named 'libfoo'"),
-        # prepare raises the same unexplained error for every configuration: K = 3 in a row.
-        ("same_error", 1, True, "the same error on 3 configurations in a row"),
-        # The device process dies as it loads the problem.
-        ("die", 0, False, "device process killed by SIGSEGV loading the problem"),
-    ],
-)
-def test_a_broken_node_stands_aside_and_a_healthy_one_then_finishes_the_run(
-    db_url, db, tmp_path, mode, prepare_workers, drain, reason
-):
+#: The user problem file does not import on this node (the code-generation process loads it).
+REASON = "tunefleet_test_module_missing_on_this_node"
+
+
+def test_a_broken_node_stands_aside_and_a_healthy_one_then_finishes_the_run(db_url, db, tmp_path):
     run = insert_run(db, problem=PROBLEM)
     ids = insert_trials(db, run, CONFIGS)
     broken = start_worker(
         db_url,
         log_path=tmp_path / "broken.log",
-        env=broken_env(mode),
-        drain=drain,
-        prepare_workers=prepare_workers,
+        env=broken_env("import"),
+        drain=False,
+        prepare_workers=1,
         **OPTS,
     )
     try:
         me = worker_row(db, broken)
-        # It cannot serve anything: it exits 1 with the reason, drained or not.
+        # It cannot serve anything: it exits 1 with the reason, even without --drain.
         assert broken.wait(EXIT_S) == 1, broken.log()
     finally:
         broken.kill()
     last = broken.log().strip().splitlines()[-1]
     assert last.startswith("tunefleet: error: worker "), last
-    assert "cannot serve any run with work" in last and reason in last, last
+    assert "cannot serve any run with work" in last and REASON in last, last
 
     # Nothing was counted against the configurations.
     rows = trial_rows(db, ids)
@@ -120,12 +116,12 @@ def test_a_broken_node_stands_aside_and_a_healthy_one_then_finishes_the_run(
     # One row says why, and status names it.
     aside = db.execute("SELECT * FROM tunefleet.standing_aside").fetchall()
     assert [(a["worker_id"], a["run_id"]) for a in aside] == [(me["id"], run)]
-    assert reason in aside[0]["reason"]
+    assert REASON in aside[0]["reason"]
     text = status_text(db, run)
     assert (
         f"worker {short_id(me['id'])} on host {me['host']} (gone) cannot run this problem: " in text
     ), text
-    assert reason in text
+    assert REASON in text
     assert "nobody can serve this run" in text
 
     healthy = start_worker(db_url, log_path=tmp_path / "healthy.log", drain=True, **OPTS)
@@ -139,35 +135,15 @@ def test_a_broken_node_stands_aside_and_a_healthy_one_then_finishes_the_run(
     assert "nobody can serve this run" not in status_text(db, run)
 
 
-def test_a_worker_standing_aside_from_one_run_keeps_serving_the_others(db_url, db, tmp_path):
-    broken_run = insert_run(db, problem=PROBLEM)
-    broken_ids = insert_trials(db, broken_run, CONFIGS)
-    fine_run = insert_run(db, problem_args={"duration": 0.01})
-    fine_ids = insert_trials(db, fine_run, synthetic_configs(4), priority=1)
-    w = start_worker(
-        db_url,
-        log_path=tmp_path / "w.log",
-        env=broken_env("needs_module"),
-        drain=True,
-        prepare_workers=1,
-        **OPTS,
-    )
-    try:
-        assert w.wait(EXIT_S) == 1, w.log()
-    finally:
-        w.kill()
-    assert set(trial_states(db, fine_ids).values()) == {"done"}, w.log()
-    assert set(trial_states(db, broken_ids).values()) == {"pending"}
-    assert {r["attempt"] for r in trial_rows(db, broken_ids).values()} == {0}
-    aside = db.execute("SELECT run_id FROM tunefleet.stand_aside").fetchall()
-    assert [a["run_id"] for a in aside] == [broken_run]
-
-
-def test_an_error_of_some_configurations_counts_against_them_only(db_url, db, tmp_path):
-    """Configurations 6 and 7 raise the same error on every node: once the run has worked on
-    this worker (x = 0 first), their errors are theirs, failed at once."""
-    run = insert_run(db, problem=PROBLEM)
-    ids = insert_trials(db, run, CONFIGS, max_attempts=1)
+def test_errors_of_some_configurations_count_against_them_only(db_url, db, tmp_path):
+    """Configurations 6 and 7 raise the same error on every node. In a run that has worked on
+    this worker (x = 0 first) their errors are theirs, failed at once; in a run of only those
+    two the streak of 3 cannot be reached, so once nothing else is left they are judged one
+    by one (failed). The worker stands aside from neither and drains normally."""
+    worked = insert_run(db, problem=PROBLEM)
+    worked_ids = insert_trials(db, worked, CONFIGS, max_attempts=1)
+    only_errors = insert_run(db, problem=PROBLEM)
+    error_ids = insert_trials(db, only_errors, CONFIGS[6:], max_attempts=1)
     w = start_worker(
         db_url, log_path=tmp_path / "w.log", env=broken_env("config_error"), drain=True, **OPTS
     )
@@ -175,26 +151,10 @@ def test_an_error_of_some_configurations_counts_against_them_only(db_url, db, tm
         assert w.wait(EXIT_S) == 0, w.log()
     finally:
         w.kill()
-    states = trial_states(db, ids)
-    assert [states[t] for t in ids] == ["done"] * 6 + ["failed"] * 2, w.log()
-    assert not db.execute("SELECT 1 FROM tunefleet.stand_aside").fetchall()
-
-
-def test_fewer_erring_configurations_than_the_streak_are_counted_when_nothing_else_is_left(
-    db_url, db, tmp_path
-):
-    """Two erring configurations and nothing else of the run: the streak of 3 cannot be
-    reached, so they are judged one by one (failed), and the worker drains normally."""
-    run = insert_run(db, problem=PROBLEM)
-    ids = insert_trials(db, run, CONFIGS[6:], max_attempts=1)
-    w = start_worker(
-        db_url, log_path=tmp_path / "w.log", env=broken_env("config_error"), drain=True, **OPTS
-    )
-    try:
-        assert w.wait(EXIT_S) == 0, w.log()
-    finally:
-        w.kill()
-    assert set(trial_states(db, ids).values()) == {"failed"}, w.log()
+    states = trial_states(db, worked_ids)
+    assert [states[t] for t in worked_ids] == ["done"] * 6 + ["failed"] * 2, w.log()
+    assert set(trial_states(db, error_ids).values()) == {"failed"}, w.log()
+    assert "counted as failed (no other trial of the run to compare with)" in w.log()
     assert not db.execute("SELECT 1 FROM tunefleet.stand_aside").fetchall()
 
 
@@ -222,68 +182,3 @@ def test_an_error_that_follows_configurations_to_another_worker_is_theirs(db_url
     aside = db.execute("SELECT worker_id FROM tunefleet.stand_aside").fetchall()
     assert [a["worker_id"] for a in aside] == [first_id]
     assert "the configuration's" in second.log()
-
-
-def test_a_trial_reset_by_hand_with_its_attempt_recorded_is_claimed_and_measured(
-    db_url, db, tmp_path
-):
-    """Reported: a trial put back to pending with its attempt counter at 0 while its history
-    holds attempt 1 made every worker that claimed it exit with a UniqueViolation."""
-    run = insert_run(db, problem_args={"duration": 0.01})
-    ids = insert_trials(db, run, synthetic_configs(3))
-    ghost = register_worker(db, device_class="host-cpu")
-    db.execute(
-        "INSERT INTO tunefleet.attempt (trial_id, attempt, worker_id, ended_at, outcome, error)"
-        " VALUES (%s, 1, %s, now(), 'failed', 'worker lost')",
-        (ids[0], ghost),
-    )
-    w = start_worker(db_url, log_path=tmp_path / "w.log", drain=True, **OPTS)
-    try:
-        assert w.wait(EXIT_S) == 0, w.log()
-    finally:
-        w.kill()
-    assert set(trial_states(db, ids).values()) == {"done"}, w.log()
-    assert counted(db, ids[0]) == [(1, "failed"), (2, "done")]
-    assert trial_rows(db, [ids[0]])[ids[0]]["attempt"] == 2
-    assert "Traceback" not in w.log()
-
-
-def test_a_trial_the_database_refuses_to_claim_is_left_alone_and_the_worker_goes_on(
-    db_url, db, tmp_path
-):
-    """An unexpected database error about one trial (here a trigger refusing its attempt
-    row, as a broken row or a foreign constraint would): logged, that trial left alone, the
-    others measured, the worker drains with status 0."""
-    run = insert_run(db, problem_args={"duration": 0.01})
-    ids = insert_trials(db, run, synthetic_configs(4))
-    assert ids[0] == min(ids)  # a fresh database: the trigger below picks it by that
-    db.execute(
-        """
-        CREATE FUNCTION tunefleet.refuse_one() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            IF NEW.trial_id = (SELECT min(id) FROM tunefleet.trial) THEN
-                RAISE EXCEPTION 'this row is broken';
-            END IF;
-            RETURN NEW;
-        END $$
-        """
-    )
-    db.execute(
-        "CREATE TRIGGER refuse_one BEFORE INSERT ON tunefleet.attempt FOR EACH ROW "
-        "EXECUTE FUNCTION tunefleet.refuse_one()"
-    )
-    w = start_worker(db_url, log_path=tmp_path / "w.log", drain=False, **OPTS)
-    try:
-        wait_until(
-            lambda: set(trial_states(db, ids[1:]).values()) == {"done"},
-            timeout=EXIT_S,
-            what="the other trials to be measured",
-        )
-        assert w.alive, w.log()
-        w.stop()
-        assert w.wait(EXIT_S) == 0, w.log()
-    finally:
-        w.kill()
-    assert trial_states(db, [ids[0]]) == {ids[0]: "pending"}
-    assert f"trial {ids[0]} cannot be claimed (this row is broken)" in w.log()
-    assert "Traceback" not in w.log()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing.connection
+from pathlib import Path
 
 import pytest
 
@@ -94,9 +95,7 @@ def test_exit_descriptions():
 def test_a_child_that_dies_loading_the_problem_is_an_environment_fault(monkeypatch):
     """Before the child says it has loaded the problem no configuration has run: its death
     is the environment's; after that, the configuration's."""
-    from pathlib import Path
-
-    problem = str(Path(__file__).resolve().parents[1] / "acceptance" / "environment_problem.py")
+    problem = ENVIRONMENT_PROBLEM
     child = Child("device")
     try:
         monkeypatch.setenv("TUNEFLEET_TEST_BROKEN", "die")
@@ -110,3 +109,49 @@ def test_a_child_that_dies_loading_the_problem_is_an_environment_fault(monkeypat
         assert crash.kind == "died" and "SIGSEGV" in crash.message
     finally:
         child.close()
+
+
+ENVIRONMENT_PROBLEM = str(
+    Path(__file__).resolve().parents[1] / "acceptance" / "environment_problem.py"
+)
+
+
+@pytest.mark.parametrize(
+    ("mode", "where", "kind", "fragments"),
+    [
+        # The problem file does not import on this node.
+        (
+            "import",
+            "codegen",
+            "environment",
+            ("loading the problem failed: ", "tunefleet_test_module_missing_on_this_node"),
+        ),
+        # prepare raises a missing-module error (feinsum's case): known as the environment's.
+        (
+            "needs_module",
+            "device",
+            "environment",
+            ("ModuleNotFoundError", "No module named 'libfoo'"),
+        ),
+        # The same unexplained error for every configuration: the fault policy decides.
+        ("same_error", "codegen", "error", ("RuntimeError: libfoo.so.1: cannot open shared",)),
+    ],
+)
+def test_a_broken_node_answers_environment_or_error(monkeypatch, mode, where, kind, fragments):
+    """What the children of a broken node answer (tests/acceptance/environment_problem.py);
+    tests/unit/test_worker_judge.py takes it from there."""
+    monkeypatch.setenv("TUNEFLEET_TEST_BROKEN", mode)
+    child = Child(where)
+    try:
+        if where == "codegen":
+            request: Prepare | Measure = Prepare(ENVIRONMENT_PROBLEM, {}, {"x": 1}, HOST_DEVICE)
+        else:
+            request = Measure(
+                ENVIRONMENT_PROBLEM, {}, {"x": 1}, HOST_DEVICE, PROTO, inline_prepare=True
+            )
+        reply = child.call(request, 60)
+    finally:
+        child.close()
+    assert reply.kind == kind, reply
+    assert all(f in reply.message for f in fragments), reply.message
+    assert reply.message.startswith(fragments[0]), reply.message

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from tunefleet import jsonvalues
+
 
 @dataclass(frozen=True)
 class Column:
@@ -105,25 +107,6 @@ def _scalar(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def jsonable(value: Any) -> Any:
-    """Rows from the database as JSON-friendly values (datetimes and UUIDs as strings,
-    intervals as seconds)."""
-    from datetime import date, timedelta
-    from decimal import Decimal
-    from uuid import UUID
-
-    if isinstance(value, Mapping):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [jsonable(v) for v in value]
-    if isinstance(value, datetime | date):
-        return value.isoformat()
-    if isinstance(value, timedelta):
-        return value.total_seconds()
-    if isinstance(value, UUID):
-        return str(value)
-    if isinstance(value, Decimal):
-        return float(value)
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
+#: Rows from the database as JSON values (``tunefleet.jsonvalues.readable``); the commands
+#: and the dashboard take it from here.
+jsonable = jsonvalues.readable
