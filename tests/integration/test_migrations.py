@@ -18,8 +18,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
 from tests.helpers.build import project_wheel
-from tunefleet.db.engine import connect, current_revision
+from tunefleet.db.engine import connect
 from tunefleet.db.migrate import downgrade, head_revision, make_engine, script_directory, upgrade
+from tunefleet.db.resolve import current_revision
 from tunefleet.db.schema import SCHEMA, VIEWS, metadata
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1035,14 +1035,3 @@ def default_server() -> EmbeddedServer:
     from tunefleet.settings import home_dir
 
     return EmbeddedServer(home_dir() / "postgres" / "data")
-
-
-def ensure_embedded_url() -> str:
-    """Start (or reuse) the embedded server, upgrade it to head, return its local URL."""
-    from tunefleet.db.migrate import upgrade
-
-    server = default_server()
-    server.start()
-    url = server.local_url()
-    upgrade(url)
-    return url
