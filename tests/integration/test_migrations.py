@@ -233,6 +233,7 @@ def test_migrations_ship_in_the_wheel(
         "tunefleet/migrations/env.py",
         "tunefleet/migrations/script.py.mako",
         "tunefleet/migrations/versions/0001_initial.py",
+        "tunefleet/db/functions.sql",
         # The dashboard's page serves from the wheel on a cluster without network access.
         "tunefleet/dashboard/static/index.html",
         "tunefleet/dashboard/static/app.js",
