@@ -4,12 +4,12 @@
 --
 -- Read, not run. DDL reaches a database only through the migrations (migrations/versions/),
 -- and each revision carries its own frozen copy of the bodies it installs. This file is the
--- same truth in one readable place, and it is checked: tests/integration/
--- test_functions_sql.py, on a database migrated to head, drops the schema's functions inside
--- a transaction, runs this file, compares every function's pg_get_functiondef (arguments,
--- result, language, volatility, security, settings, body byte for byte), its signature and
--- its privileges with what the migrations made, and rolls back. A body that drifts, a
--- function missing here or one too many fails it.
+-- same truth in one readable place, and it is checked:
+-- tests/integration/test_functions_sql.py, on a database migrated to head, drops the schema's
+-- functions inside a transaction, runs this file, compares every function's
+-- pg_get_functiondef (arguments, result, language, volatility, security, settings, the body
+-- byte for byte), its signature and its privileges with what the migrations made, and rolls
+-- back. A body that drifts, a function missing here or one too many fails it.
 --
 -- Decided: migrations never read this file. A revision is history; one that read its bodies
 -- from here would install something else each time this file changed (two databases at the
@@ -20,9 +20,10 @@
 -- downgrade; a new worker-callable function also goes into tunefleet.db.roles.WORKER_FUNCTIONS.
 -- The test fails until this file and the migrations agree.
 --
--- Each body starts and ends with an empty line: create() wraps the body in newlines, and
--- PostgreSQL keeps a body exactly as given. The headers are laid out for reading: PostgreSQL
--- compares them as parsed, not as written.
+-- create() puts a body on lines of its own, so a body its revision wrote as a block of lines
+-- starts and ends with an empty line here: PostgreSQL keeps a body exactly as given. The
+-- headers are laid out for reading: the test compares PostgreSQL's rendering of them, not
+-- their text.
 
 -- ============================================================================================
 -- Internal helpers (SECURITY INVOKER: they run as the definer function that calls them, under
