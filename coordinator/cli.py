@@ -99,7 +99,7 @@ def _coordinator(args: argparse.Namespace) -> int:
     )
 
     from tunefleet.cli.progress import ProgressReader
-    from tunefleet.db.engine import database_url
+    from tunefleet.db.resolve import database_url
     from tunefleet.settings import DatabaseSettings
 
     db = DatabaseSettings.build(

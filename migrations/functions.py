@@ -9,7 +9,10 @@ can stand in for one the body names; every name of ours in the body is written
 grants it to the roles that may call it, from ``tunefleet.db.roles.WORKER_FUNCTIONS``).
 
 Migrations are frozen history: each revision passes its own copy of the function bodies, and
-what :func:`create` emits must never change (write a new helper instead).
+what :func:`create` emits must never change (write a new helper instead). The current body of
+every function, whichever revision last defined it, is in ``src/tunefleet/db/functions.sql``:
+a revision that changes a function changes it there too (that file's header says how), and
+``tests/integration/test_functions_sql.py`` holds the two together. Revisions never read it.
 """
 
 from __future__ import annotations

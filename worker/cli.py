@@ -84,7 +84,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run_worker(args: argparse.Namespace) -> int:
-    from tunefleet.db.engine import database_url
+    from tunefleet.db.resolve import database_url
 
     from .loop import Worker
     from .settings import WorkerSettings

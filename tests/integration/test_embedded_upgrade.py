@@ -19,8 +19,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tunefleet.db import embedded
 from tunefleet.db.embedded import EmbeddedServer, find_binaries, find_old_binaries
+from tunefleet.db.embedded import upgrade as embedded_upgrade
 from tunefleet.db.migrate import upgrade
 from tunefleet.errors import EmbeddedServerError
 
@@ -153,7 +153,7 @@ def test_failed_verification_and_interruptions_leave_the_old_directory_in_charge
     data = home / "postgres" / "data"
 
     # A carry-forward that finds a different row set refuses, changing nothing.
-    real = embedded._fingerprint
+    real = embedded_upgrade._fingerprint
     calls: list[int] = []
 
     def second_differs(dsn: Any) -> dict[str, tuple[int, str]]:
@@ -163,14 +163,14 @@ def test_failed_verification_and_interruptions_leave_the_old_directory_in_charge
             found.pop(next(iter(found)))
         return found
 
-    monkeypatch.setattr(embedded, "_fingerprint", second_differs)
+    monkeypatch.setattr(embedded_upgrade, "_fingerprint", second_differs)
     server = EmbeddedServer(data)
     with pytest.raises(EmbeddedServerError, match=r"different rows.*old directory is unchanged"):
         server.start()
     assert (data / "PG_VERSION").read_text().strip() == "16"
     assert not (home / "postgres" / "upgrade").exists()
     assert not (home / "postgres" / "data.pg16").exists()
-    monkeypatch.setattr(embedded, "_fingerprint", real)
+    monkeypatch.setattr(embedded_upgrade, "_fingerprint", real)
 
     # A leftover of an attempt killed half-way (not verified) is thrown away and redone.
     (home / "postgres" / "upgrade" / "data").mkdir(parents=True)

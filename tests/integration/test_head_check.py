@@ -1,6 +1,6 @@
 """A database that is not at the migration head is refused, naming the command that fixes it.
 
-The coordinator and the worker open their database through ``tunefleet.db.engine
+The coordinator and the worker open their database through ``tunefleet.db.resolve
 .database_url``; ``tunefleet db check`` runs that same check from the command line.
 """
 
@@ -15,8 +15,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from tunefleet.db.engine import check_at_head, connect, current_revision, database_url
+from tunefleet.db.engine import connect
 from tunefleet.db.migrate import downgrade, head_revision, upgrade
+from tunefleet.db.resolve import check_at_head, current_revision, database_url
 from tunefleet.errors import SchemaOutOfDate
 from tunefleet.settings import DatabaseSettings
 
@@ -59,7 +60,8 @@ class Blocker:
         if name.split(".")[0] in {"sqlalchemy", "alembic"}:
             raise ImportError(f"import of {name!r} is forbidden here")
 sys.meta_path.insert(0, Blocker())
-from tunefleet.db.engine import check_at_head, connect
+from tunefleet.db.engine import connect
+from tunefleet.db.resolve import check_at_head
 with connect(sys.argv[1]) as conn:
     print(check_at_head(conn))
 """

@@ -18,8 +18,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
 from tests.helpers.build import project_wheel
-from tunefleet.db.engine import connect, current_revision
+from tunefleet.db.engine import connect
 from tunefleet.db.migrate import downgrade, head_revision, make_engine, script_directory, upgrade
+from tunefleet.db.resolve import current_revision
 from tunefleet.db.schema import SCHEMA, VIEWS, metadata
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -232,6 +233,7 @@ def test_migrations_ship_in_the_wheel(
         "tunefleet/migrations/env.py",
         "tunefleet/migrations/script.py.mako",
         "tunefleet/migrations/versions/0001_initial.py",
+        "tunefleet/db/functions.sql",
         # The dashboard's page serves from the wheel on a cluster without network access.
         "tunefleet/dashboard/static/index.html",
         "tunefleet/dashboard/static/app.js",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tunefleet.db.engine import check_at_head
+from tunefleet.db.resolve import check_at_head
 from tunefleet.db.schema import VIEWS, metadata
 
 

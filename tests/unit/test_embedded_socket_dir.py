@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tunefleet.db import embedded
-from tunefleet.db.embedded import SOCKET_PATH_MAX, EmbeddedServer
+from tunefleet.db.embedded import SOCKET_PATH_MAX, EmbeddedServer, datadir
 from tunefleet.errors import EmbeddedServerError
 
 
@@ -32,7 +31,7 @@ def test_the_socket_goes_under_a_short_tmpdir(
     tmp_path: Path, short_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     short = short_dir
-    monkeypatch.setattr(embedded.tempfile, "tempdir", str(short))
+    monkeypatch.setattr(tempfile, "tempdir", str(short))
     sock = EmbeddedServer(tmp_path / "data").socket_dir()
     assert sock.parent == short
     assert len(str(sock / ".s.PGSQL.65535.lock")) <= SOCKET_PATH_MAX
@@ -43,11 +42,11 @@ def test_a_tmpdir_too_deep_for_a_socket_falls_back_to_a_short_directory(
 ) -> None:
     deep = _deep_dir(tmp_path)
     assert len(str(deep)) > SOCKET_PATH_MAX
-    monkeypatch.setattr(embedded.tempfile, "tempdir", str(deep))
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
     sock = EmbeddedServer(tmp_path / "data").socket_dir()
     assert sock.parent == Path("/tmp")
     # One data directory, one socket directory: the name does not depend on TMPDIR.
-    monkeypatch.setattr(embedded.tempfile, "tempdir", "/tmp")
+    monkeypatch.setattr(tempfile, "tempdir", "/tmp")
     assert EmbeddedServer(tmp_path / "data").socket_dir() == sock
 
 
@@ -55,8 +54,8 @@ def test_no_directory_short_enough_is_one_line_naming_tmpdir(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     deep = _deep_dir(tmp_path)
-    monkeypatch.setattr(embedded.tempfile, "tempdir", str(deep))
-    monkeypatch.setattr(embedded, "SHORT_TEMP_DIRS", (str(tmp_path / "missing"), str(deep)))
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    monkeypatch.setattr(datadir, "SHORT_TEMP_DIRS", (str(tmp_path / "missing"), str(deep)))
     with pytest.raises(EmbeddedServerError) as err:
         EmbeddedServer(tmp_path / "data").socket_dir()
     message = str(err.value)

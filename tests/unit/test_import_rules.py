@@ -8,7 +8,8 @@ modules are covered the day they are added):
   neither of the two, nor OpenCL at import time
   (the ``tunefleet.cli`` aggregator excepted: it registers both components' subcommands);
 - the ``tunefleet`` command itself loads without OpenCL;
-- the worker loads without SQLAlchemy.
+- the worker loads without SQLAlchemy;
+- no import cycle between first-party modules (:func:`import_graph`, :func:`cycles`).
 
 Two checks each: the source (every import statement, also those inside functions) and a real
 import of every module in a fresh interpreter where the forbidden packages cannot load.
@@ -24,6 +25,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -116,7 +118,7 @@ def _import_blocked(blocked: set[str], modules: list[str]) -> list[str]:
 def _imported_names(path: Path, package: str = "") -> set[str]:
     """Areas imported anywhere in a file (functions included); ``package`` is the file's own
     package, against which relative imports resolve."""
-    names = set()
+    names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
             names.update(area(alias.name) for alias in node.names)
@@ -139,6 +141,162 @@ def _imported_names(path: Path, package: str = "") -> set[str]:
         ):
             names.add(area(node.args[0].value))
     return names
+
+
+def first_party_modules() -> dict[str, Path]:
+    """Every module of the distribution, by installed name (``__main__`` modules too: they
+    are never imported, so they cannot close a cycle, but what they import is checked)."""
+    return {
+        _module_name(path): path for folder in FOLDERS.values() for path in folder.rglob("*.py")
+    }
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+class _Imports(ast.NodeVisitor):
+    """The first-party modules one file imports, with the line of the first such import.
+
+    What counts (everything that runs, wherever it is):
+
+    - every ``import``/``from ... import`` statement, in functions too, relative ones resolved
+      against the file's package, and ``importlib.import_module("...")``/``__import__("...")``
+      of a constant name;
+    - ``from P import n`` is an import of the submodule ``P.n`` where that is a module, else of
+      ``P`` itself (a name ``P``'s ``__init__`` defines); ``from . import x`` likewise;
+    - ``import a.b.c`` is an import of ``a.b.c`` only. Python initialises the parent packages
+      first, but that is no edge: a submodule reaches its parent while the parent is already
+      being imported (``__init__`` importing its submodule, which imports a sibling, works and
+      is no cycle). A submodule that needs a *name* from its parent's ``__init__`` writes
+      ``from P import name``, and that is an edge to ``P``.
+
+    Not counted: imports under ``if TYPE_CHECKING:`` (its ``else`` branch is). They never run,
+    so they order nothing at import time; they are how an annotation names a type of a module
+    that imports this one.
+    """
+
+    def __init__(self, name: str, is_package: bool, modules: Mapping[str, Path]) -> None:
+        self.name = name
+        self.package = name if is_package else name.rpartition(".")[0]
+        self.modules = modules
+        self.found: dict[str, int] = {}
+
+    def _add(self, target: str, node: ast.AST) -> None:
+        if target != self.name and target in self.modules:
+            self.found.setdefault(target, getattr(node, "lineno", 0))
+
+    def visit_If(self, node: ast.If) -> None:
+        if _is_type_checking(node.test):
+            for child in node.orelse:
+                self.visit(child)
+        else:
+            self.generic_visit(node)
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            self._add(alias.name, node)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.level:
+            parts = self.package.split(".")
+            base = ".".join(parts[: len(parts) - (node.level - 1)])
+            base = f"{base}.{node.module}" if node.module else base
+        else:
+            base = node.module or ""
+        for alias in node.names:
+            submodule = f"{base}.{alias.name}"
+            self._add(submodule if submodule in self.modules else base, node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        func = node.func
+        called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if (
+            called in {"import_module", "__import__"}
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            self._add(node.args[0].value, node)
+        self.generic_visit(node)
+
+
+def import_graph(modules: Mapping[str, Path]) -> dict[str, dict[str, int]]:
+    """``{module: {imported module: line of the first import}}`` over ``modules`` (by name)."""
+    graph = {}
+    for name, path in modules.items():
+        visitor = _Imports(name, path.name == "__init__.py", modules)
+        visitor.visit(ast.parse(path.read_text(), filename=str(path)))
+        graph[name] = visitor.found
+    return graph
+
+
+def cycles(graph: Mapping[str, Mapping[str, int]]) -> list[tuple[str, ...]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted: the
+    modules of each can all reach each other through imports, a cycle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[tuple[str, ...]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, {})):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(tuple(sorted(component)))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def _loop(graph: Mapping[str, Mapping[str, int]], component: tuple[str, ...]) -> list[str]:
+    """One import loop through a component, from its first module back to it (shortest)."""
+    start = component[0]
+    paths = {start: [start]}
+    queue = [start]
+    while queue:
+        node = queue.pop(0)
+        for target in sorted(graph[node]):
+            if target == start:
+                return paths[node]
+            if target in component and target not in paths:
+                paths[target] = [*paths[node], target]
+                queue.append(target)
+    raise AssertionError(f"{component} is not a cycle")
+
+
+def describe_cycle(
+    graph: Mapping[str, Mapping[str, int]],
+    component: tuple[str, ...],
+    modules: Mapping[str, Path],
+) -> str:
+    loop = _loop(graph, component)
+    steps = [
+        f"  {modules[a].relative_to(ROOT) if modules[a].is_relative_to(ROOT) else modules[a]}"
+        f":{graph[a][b]} imports {b}"
+        for a, b in zip(loop, [*loop[1:], loop[0]], strict=True)
+    ]
+    return " <-> ".join(component) + "\n" + "\n".join(steps)
 
 
 def _violations(folder: str, forbidden: set[str], exclude: tuple[str, ...] = ()) -> list[str]:
@@ -225,3 +383,56 @@ def test_the_command_line_loads_without_opencl(blocked: set[str]) -> None:
     """`tunefleet ...` runs the coordinator on login nodes: building the whole command tree
     (which registers the worker's subcommands too) must not need OpenCL."""
     assert _import_blocked(blocked, ["tunefleet.cli", "@cli"]) == []
+
+
+def test_no_import_cycle_between_first_party_modules() -> None:
+    """A cycle hidden by a function-local import is a cycle too: it decides which module
+    must load first, and a newcomer cannot change one side alone."""
+    modules = first_party_modules()
+    graph = import_graph(modules)
+    found = cycles(graph)
+    told = [describe_cycle(graph, c, modules) for c in found]
+    assert not told, "import cycles between first-party modules:\n" + "\n".join(told)
+
+
+def test_the_cycle_rule_catches_a_cycle(tmp_path: Path) -> None:
+    """The graph and the search find a loop closed by a function-local relative import, and
+    nothing where Python's import order has none."""
+    files = {
+        # An __init__ importing its submodule, which imports a sibling: no cycle.
+        "pkg/__init__.py": "from pkg import a\nVERSION = 1\n",
+        # a -> b -> c -> a, closed inside a function, relative.
+        "pkg/a.py": "from pkg import b\n",
+        "pkg/b.py": "def f():\n    from . import c\n",
+        "pkg/c.py": "import json\n\ndef g():\n    import pkg.a\n",
+        # d -> e only under TYPE_CHECKING; e -> d: no cycle.
+        "pkg/d.py": (
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.e import E\n"
+        ),
+        "pkg/e.py": "from pkg.d import TYPE_CHECKING\nclass E: ...\n",
+        # A name of the parent's __init__, which imports a: f -> pkg -> a -> ... no way back.
+        "pkg/f.py": "from pkg import VERSION\n",
+        # g <-> h through importlib and a parent-relative import of a subpackage.
+        "pkg/g.py": "import importlib\nimportlib.import_module('pkg.sub.h')\n",
+        "pkg/sub/__init__.py": "",
+        "pkg/sub/h.py": "from .. import g\n",
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    modules = {}
+    for rel in files:
+        parts = rel.removesuffix(".py").split("/")
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = tmp_path / rel
+    graph = import_graph(modules)
+    assert graph["pkg"] == {"pkg.a": 1}
+    assert graph["pkg.b"] == {"pkg.c": 2}
+    assert graph["pkg.d"] == {}
+    assert graph["pkg.f"] == {"pkg": 1}
+    assert cycles(graph) == [("pkg.a", "pkg.b", "pkg.c"), ("pkg.g", "pkg.sub.h")]
+    told = describe_cycle(graph, ("pkg.a", "pkg.b", "pkg.c"), modules)
+    assert told.splitlines()[1:] == [
+        f"  {tmp_path}/pkg/a.py:1 imports pkg.b",
+        f"  {tmp_path}/pkg/b.py:2 imports pkg.c",
+        f"  {tmp_path}/pkg/c.py:4 imports pkg.a",
+    ]

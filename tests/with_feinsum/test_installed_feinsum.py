@@ -72,7 +72,7 @@ def test_static_spaces_agree_with_feinsum_on_shipped_spaces():
     _feinsum()
     from feinsum.tuning import get_transform_func_from_module_path
 
-    from tunefleet.feinsum_support import runtime
+    from tunefleet.feinsum_support import canonical as fc
     from tunefleet.feinsum_support.einsum_spec import EinsumSpec, parse_einsum
     from tunefleet.feinsum_support.spaces import installed_impls_dir
     from tunefleet.feinsum_support.static_space import space_from_file
@@ -82,11 +82,9 @@ def test_static_spaces_agree_with_feinsum_on_shipped_spaces():
     compared = 0
     for family in FAMILIES:
         spec = parse_einsum(family)[0]
-        canonical = runtime.canonical_einsum(spec)
+        canonical = fc.canonical_einsum(spec)
         keys = ("subscripts", "index_to_length", "args", "arg_to_dtype")
-        cspec = EinsumSpec.from_json(
-            dict(zip(keys, runtime.canonical_archive_key(spec), strict=True))
-        )
+        cspec = EinsumSpec.from_json(dict(zip(keys, fc.canonical_archive_key(spec), strict=True)))
         for module in sorted(impls.glob("*.py")):
             if module.name == "__init__.py":
                 continue

@@ -55,7 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def cmd_dashboard(args: argparse.Namespace) -> int:
     from tunefleet.dashboard.server import DashboardServer
     from tunefleet.dashboard.settings import DashboardSettings
-    from tunefleet.db.engine import connect, database_url, redact
+    from tunefleet.db.engine import connect, redact
+    from tunefleet.db.resolve import database_url
 
     settings = DashboardSettings.build(
         host=args.host, port=args.port, token=args.token, refresh_s=args.refresh

@@ -255,8 +255,9 @@ def _url(args: argparse.Namespace) -> int:
 
 
 def _upgrade(args: argparse.Namespace) -> int:
-    from tunefleet.db.engine import connection, current_revision
+    from tunefleet.db.engine import connection
     from tunefleet.db.migrate import head_revision, is_known_revision, upgrade
+    from tunefleet.db.resolve import current_revision
 
     settings = DatabaseSettings.build(args.db)
     if settings.url is None:
@@ -280,7 +281,7 @@ def _upgrade(args: argparse.Namespace) -> int:
 
 
 def _roles(args: argparse.Namespace) -> int:
-    from tunefleet.db.engine import database_url
+    from tunefleet.db.resolve import database_url
     from tunefleet.db.roles import RolesSettings, setup_roles
 
     db_settings = DatabaseSettings.build(args.db)
@@ -307,10 +308,11 @@ def _check(args: argparse.Namespace) -> int:
     """Report the revision; a database behind (or ahead of) head is an error naming the fix.
 
     For an explicit database this is exactly the check the coordinator and the worker run
-    before they start (:func:`tunefleet.db.engine.database_url`). The embedded server is
+    before they start (:func:`tunefleet.db.resolve.database_url`). The embedded server is
     checked as it is: neither started nor upgraded.
     """
-    from tunefleet.db.engine import check_at_head, connection, current_revision, database_url
+    from tunefleet.db.engine import connection
+    from tunefleet.db.resolve import check_at_head, current_revision, database_url
 
     settings = DatabaseSettings.build(args.db)
     if settings.url is not None:

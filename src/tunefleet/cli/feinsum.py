@@ -63,7 +63,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _connect(db: str | None) -> Any:
-    from tunefleet.db.engine import connect, database_url
+    from tunefleet.db.engine import connect
+    from tunefleet.db.resolve import database_url
     from tunefleet.settings import DatabaseSettings
 
     settings = DatabaseSettings.build(db)

@@ -154,7 +154,8 @@ def run_id_arg(text: str) -> int:
 @contextmanager
 def open_db(db_flag: str | None) -> Iterator[Any]:
     """A read connection to the database of ``--db`` (or the embedded one), at head."""
-    from tunefleet.db.engine import connect, database_url
+    from tunefleet.db.engine import connect
+    from tunefleet.db.resolve import database_url
 
     settings = DatabaseSettings.build(db_flag, application_name="tunefleet-cli")
     url = database_url(settings)

@@ -310,7 +310,8 @@ class ProgressDisplay:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from tunefleet.db.engine import connect, database_url
+    from tunefleet.db.engine import connect
+    from tunefleet.db.resolve import database_url
     from tunefleet.problems.registry import get_problem
     from tunefleet.queries import report
 

@@ -1,3 +1,5 @@
-"""Database access: schema (``schema``), connections (``engine``), migrations (``migrate``)
-and the embedded PostgreSQL server (``embedded``). SQL statements live in ``tunefleet.queries``.
+"""Database access: schema (``schema``), connections (``engine``, a leaf), which database to use
+and whether it is at head (``resolve``), migrations (``migrate``), the embedded PostgreSQL
+server (``embedded``), roles (``roles``) and poolers (``pooler``). SQL statements live in
+``tunefleet.queries``.
 """

@@ -1,33 +1,37 @@
-"""Connections to the database.
+"""Connections to the database: the leaf every other database module builds on.
 
-Two kinds of handle: plain psycopg connections (the queue statements in ``tunefleet.queries``
-run on these, autocommit, with ``statement_timeout`` and
-``idle_in_transaction_session_timeout`` set at connect time) and a SQLAlchemy engine for
-Alembic. :func:`database_url` resolves the settings (explicit URL or the embedded server),
-checks the schema is at head and returns the URL to connect with.
+It owns what a URL may look like (:func:`normalise_url`, :func:`redact`), the session settings
+every non-migrator session carries (``statement_timeout`` and
+``idle_in_transaction_session_timeout``, set at connect time), :func:`connect` (plain psycopg
+connections, autocommit: the statements in ``tunefleet.queries`` run on these) with a one-line
+reason and hint when it fails, and :func:`wait_for_database`, the start-up wait for a server
+that is not up yet. It imports no other database module: which URL to use (explicit, else the
+embedded server) and whether its schema is at head is :mod:`tunefleet.db.resolve`'s; the
+SQLAlchemy engine for Alembic is :mod:`tunefleet.db.migrate`'s.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-import shlex
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
 
 from tunefleet.backoff import Backoff
-from tunefleet.errors import DatabaseUnavailable, SchemaOutOfDate, UsageError, first_line
+from tunefleet.errors import DatabaseProblem, DatabaseUnavailable, UsageError, first_line
 from tunefleet.settings import DatabaseSettings
 
 _log = logging.getLogger("tunefleet.db")
 #: Backoff of the start-up wait for the database (``DatabaseSettings.wait_s``).
 _FIRST_WAIT_S = 0.5
 _MAX_WAIT_S = 10.0
+
+T = TypeVar("T")
 
 _SCHEME = re.compile(r"^(postgres|postgresql)(\+\w+)?://")
 
@@ -200,75 +204,24 @@ def connection(
         conn.close()
 
 
-def current_revision(conn: psycopg.Connection[Any]) -> str | None:
-    """The Alembic revision the database is at, or ``None`` when it has no tunefleet schema."""
-    row = conn.execute(
-        "SELECT to_regclass('tunefleet.alembic_version') IS NOT NULL AS present"
-    ).fetchone()
-    present = row["present"] if isinstance(row, dict) else row[0]  # type: ignore[index]
-    if not present:
-        return None
-    row = conn.execute("SELECT version_num FROM tunefleet.alembic_version").fetchone()
-    if row is None:
-        return None
-    return str(row["version_num"] if isinstance(row, dict) else row[0])  # type: ignore[index]
+def wait_for_database(
+    url: str, settings: DatabaseSettings, check: Callable[[psycopg.Connection[Any]], T]
+) -> T:
+    """Connect to ``url`` and return what ``check`` finds on that connection (closed after).
 
-
-def check_at_head(conn: psycopg.Connection[Any], url_hint: str = "") -> str:
-    """Refuse to work on a database that is not at the migration head; return the head.
-
-    ``url_hint`` is the (redacted) URL to put into the fixing command of the message.
+    With ``settings.wait_s`` a database problem that says waiting may fix it (an unreachable
+    server, a schema another process is migrating) is retried, with backoff, until that many
+    seconds have passed; problems that waiting cannot fix (a wrong password, database or host
+    name) are raised at once.
     """
-    from tunefleet.migrations import HEAD
-
-    current = current_revision(conn)
-    if current == HEAD:
-        return HEAD
-    from tunefleet.db.migrate import head_revision, is_known_revision
-
-    head = head_revision()
-    if current == head:
-        return head
-    fix = "tunefleet db upgrade" + (f" --db {shlex.quote(url_hint)}" if url_hint else "")
-    # Missing or behind is what a database looks like while another process migrates it.
-    if current is None:
-        raise SchemaOutOfDate(
-            f"the database has no tunefleet schema (expected revision {head}); run `{fix}`",
-            transient=True,
-        )
-    if not is_known_revision(current):
-        raise SchemaOutOfDate(
-            f"the database schema is at revision {current}, which this tunefleet does not know "
-            f"(its newest is {head}): the database is newer; upgrade tunefleet "
-            "(pip install -U tunefleet)"
-        )
-    raise SchemaOutOfDate(
-        f"the database schema is at revision {current}, this tunefleet needs {head}; run `{fix}`",
-        transient=True,
-    )
-
-
-def database_url(settings: DatabaseSettings) -> str:
-    """The URL to use: the explicit one (checked to be at head), else the embedded server
-    (started or reused, and upgraded to head).
-
-    With ``settings.wait_s`` an unreachable server or a schema not yet at head is retried,
-    with backoff, until that many seconds have passed; errors that waiting cannot fix (a
-    wrong password, database or host name) are raised at once.
-    """
-    if settings.url is None:
-        from tunefleet.db.embedded import ensure_embedded_url
-
-        return ensure_embedded_url()
     deadline = time.monotonic() + settings.wait_s
     pause = Backoff(_FIRST_WAIT_S, _MAX_WAIT_S)
     said = ""
     while True:
         try:
-            with connection(settings.url, settings) as conn:
-                check_at_head(conn, url_hint=redact(settings.url))
-            return settings.url
-        except (DatabaseUnavailable, SchemaOutOfDate) as exc:
+            with connection(url, settings) as conn:
+                return check(conn)
+        except DatabaseProblem as exc:
             left = deadline - time.monotonic()
             if not exc.transient or left <= 0:
                 if settings.wait_s and exc.transient:

@@ -43,7 +43,8 @@ from typing import Any
 
 import psycopg
 
-from tunefleet.db.engine import check_at_head, connect
+from tunefleet.db.engine import connect
+from tunefleet.db.resolve import check_at_head
 from tunefleet.db.schema import SCHEMA, VIEWS
 from tunefleet.errors import DatabaseProblem, UsageError, first_line
 from tunefleet.queries import roles as q

@@ -352,7 +352,7 @@ def _canonical_key(einsum: EinsumSpec, measurement_id: Any) -> tuple[str, str, s
     )
     if not feinsum_installed():
         raise ArchiveError(fix)
-    from tunefleet.feinsum_support.runtime import canonical_archive_key
+    from tunefleet.feinsum_support.canonical import canonical_archive_key
 
     try:
         return canonical_archive_key(einsum)

@@ -33,7 +33,13 @@ from typing import Any
 
 from tunefleet.devices import DeviceInfo
 from tunefleet.errors import InvalidConfiguration, ProblemError
-from tunefleet.feinsum_support import INSTALL_HINT, archive
+from tunefleet.feinsum_support import archive
+from tunefleet.feinsum_support.canonical import (
+    archive_strings,
+    canonical_einsum,
+    canonical_of_json,
+    require_feinsum,
+)
 from tunefleet.feinsum_support.einsum_spec import EinsumSpec
 from tunefleet.feinsum_support.spaces import space_path
 from tunefleet.problems.base import Outcome
@@ -46,64 +52,17 @@ BUILD_OPTIONS = ("-cl-fast-relaxed-math", "-cl-mad-enable")
 VALIDATION_LONG_DIM = 100
 
 
-def require_feinsum() -> Any:
-    """The feinsum module, or a ProblemError that says how to get it."""
-    try:
-        import feinsum
-    except ImportError as exc:
-        raise ProblemError(f"the feinsum problem needs feinsum ({exc}); {INSTALL_HINT}") from None
-    except SyntaxError:
-        raise ProblemError(f"feinsum does not run on this Python; {INSTALL_HINT}") from None
-    return feinsum
-
-
-def build_einsum(spec: EinsumSpec) -> Any:
-    """feinsum's ``BatchedEinsum`` for a spec (long dimensions as size parameters)."""
-    fe = require_feinsum()
-    dtypes = spec.arg_to_dtype
-    rows = [
-        [fe.array(name, spec.arg_shape(name), dtypes[name]) for name in row] for row in spec.args
-    ]
-    return fe.batched_einsum(spec.subscripts, rows)
-
-
-@functools.lru_cache(maxsize=16)
-def _canonical(einsum_json: str) -> Any:
-    fe = require_feinsum()
-    return fe.canonicalize_einsum(build_einsum(EinsumSpec.from_json(json.loads(einsum_json))))
-
-
-def canonical_einsum(spec: EinsumSpec) -> Any:
-    return _canonical(canonical_json(spec.to_json()))
-
-
 def _canonical_of(args: Mapping[str, Any]) -> Any:
     return canonical_einsum(EinsumSpec.from_json(args["einsum"]))
-
-
-def archive_strings(canonical: Any) -> dict[str, str]:
-    """The four einsum columns of an archive row, rendered by feinsum itself."""
-    from feinsum import sql_utils
-
-    return {
-        "subscripts": canonical.get_subscripts(),
-        "index_to_length": sql_utils.dump_index_to_length(canonical),
-        "args": sql_utils.dump_arg_names(canonical),
-        "arg_to_dtype": sql_utils.dump_arg_to_dtype(canonical),
-    }
-
-
-def canonical_archive_key(spec: EinsumSpec) -> tuple[str, str, str, str]:
-    """``(subscripts, index_to_length, args, arg_to_dtype)`` of the canonical form."""
-    s = archive_strings(canonical_einsum(spec))
-    return (s["subscripts"], s["index_to_length"], s["args"], s["arg_to_dtype"])
 
 
 @functools.lru_cache(maxsize=16)
 def _op_info(einsum_json: str, long_dim_length: int) -> str:
     from feinsum import sql_utils
 
-    return str(sql_utils.dump_op_info(_canonical(einsum_json), long_dim_length=long_dim_length))
+    return str(
+        sql_utils.dump_op_info(canonical_of_json(einsum_json), long_dim_length=long_dim_length)
+    )
 
 
 def op_info(args: Mapping[str, Any]) -> str:

@@ -1,0 +1,102 @@
+"""Which database a command works on, and the check that its schema is the one we need.
+
+:func:`database_url` resolves :class:`~tunefleet.settings.DatabaseSettings`: the explicit URL,
+checked to be at the migration head (waiting for it with ``wait_s``), else the embedded server,
+started or reused and upgraded to head. :func:`check_at_head` and :func:`current_revision` are
+that check on an open connection (also used by ``tunefleet db check`` and ``tunefleet db
+roles``).
+
+This module sits above :mod:`~tunefleet.db.engine` (connections), :mod:`~tunefleet.db.migrate`
+(Alembic) and :mod:`~tunefleet.db.embedded` (the server), which never import it. The last two
+are imported inside the functions that need them: every worker (and each of its children)
+resolves its URL at start, and a database at head is recognised by comparing with
+``tunefleet.migrations.HEAD`` alone, without loading Alembic and SQLAlchemy (0.9 s of CPU per
+process) or the embedded server's code.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+import psycopg
+
+from tunefleet.db.engine import redact, wait_for_database
+from tunefleet.errors import SchemaOutOfDate
+from tunefleet.settings import DatabaseSettings
+
+
+def current_revision(conn: psycopg.Connection[Any]) -> str | None:
+    """The Alembic revision the database is at, or ``None`` when it has no tunefleet schema."""
+    row = conn.execute(
+        "SELECT to_regclass('tunefleet.alembic_version') IS NOT NULL AS present"
+    ).fetchone()
+    present = row["present"] if isinstance(row, dict) else row[0]  # type: ignore[index]
+    if not present:
+        return None
+    row = conn.execute("SELECT version_num FROM tunefleet.alembic_version").fetchone()
+    if row is None:
+        return None
+    return str(row["version_num"] if isinstance(row, dict) else row[0])  # type: ignore[index]
+
+
+def check_at_head(conn: psycopg.Connection[Any], url_hint: str = "") -> str:
+    """Refuse to work on a database that is not at the migration head; return the head.
+
+    ``url_hint`` is the (redacted) URL to put into the fixing command of the message.
+    """
+    from tunefleet.migrations import HEAD
+
+    current = current_revision(conn)
+    if current == HEAD:
+        return HEAD
+    # Not at the recorded head: ask the migration scripts themselves (loads Alembic).
+    from tunefleet.db.migrate import head_revision, is_known_revision
+
+    head = head_revision()
+    if current == head:
+        return head
+    fix = "tunefleet db upgrade" + (f" --db {shlex.quote(url_hint)}" if url_hint else "")
+    # Missing or behind is what a database looks like while another process migrates it.
+    if current is None:
+        raise SchemaOutOfDate(
+            f"the database has no tunefleet schema (expected revision {head}); run `{fix}`",
+            transient=True,
+        )
+    if not is_known_revision(current):
+        raise SchemaOutOfDate(
+            f"the database schema is at revision {current}, which this tunefleet does not know "
+            f"(its newest is {head}): the database is newer; upgrade tunefleet "
+            "(pip install -U tunefleet)"
+        )
+    raise SchemaOutOfDate(
+        f"the database schema is at revision {current}, this tunefleet needs {head}; run `{fix}`",
+        transient=True,
+    )
+
+
+def database_url(settings: DatabaseSettings) -> str:
+    """The URL to use: the explicit one (checked to be at head), else the embedded server
+    (started or reused, and upgraded to head).
+
+    With ``settings.wait_s`` an unreachable server or a schema not yet at head is retried,
+    with backoff, until that many seconds have passed; errors that waiting cannot fix (a
+    wrong password, database or host name) are raised at once.
+    """
+    if settings.url is None:
+        return embedded_url()
+    url = settings.url
+    wait_for_database(url, settings, lambda conn: check_at_head(conn, url_hint=redact(url)))
+    return url
+
+
+def embedded_url() -> str:
+    """Start (or reuse) the embedded server, upgrade it to head, return its local URL."""
+    from tunefleet.db.embedded import default_server
+    from tunefleet.db.migrate import upgrade
+
+    server = default_server()
+    server.start()
+    url = server.local_url()
+    upgrade(url)
+    return url
