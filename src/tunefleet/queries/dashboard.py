@@ -380,3 +380,34 @@ def fleet(conn: Conn, *, stopped: int = 20) -> list[Row]:
         """,
         {"alive": ALIVE_S, "stopped": stopped},
     )
+
+
+def importance_trials(conn: Conn, run_id: int, *, all_runs: bool = False) -> list[Row]:
+    """The finished search trials behind a parameter-importance report
+    (:mod:`tunefleet.importance`): ``run_id``, ``trial_id``, ``config``, ``config_hash``,
+    ``state``, ``source``, ``median_s`` and ``gflops`` of the run, or with ``all_runs`` of
+    every run of its cache key (the same problem, arguments, device class and protocol, as
+    ``run_settings`` shows them: the four things the cache key is made of), in run and
+    trial order. Narrow rows: no samples, code or errors. Views only (``results``,
+    ``run_settings``), so the reader role can run it.
+
+    Read-only, no locks."""
+    return _all(
+        conn,
+        """
+        WITH me AS (SELECT problem, problem_args, device_class, protocol
+                      FROM tunefleet.run_settings WHERE run_id = %(run_id)s),
+             runs AS (SELECT s.run_id FROM tunefleet.run_settings s, me
+                       WHERE s.run_id = %(run_id)s
+                          OR (%(all_runs)s AND s.problem = me.problem
+                              AND s.problem_args = me.problem_args
+                              AND s.device_class = me.device_class
+                              AND s.protocol = me.protocol))
+        SELECT res.run_id, res.trial_id, res.config, res.config_hash, res.state, res.source,
+               res.median_s, res.gflops
+          FROM tunefleet.results res
+         WHERE res.run_id IN (SELECT run_id FROM runs)
+         ORDER BY res.run_id, res.trial_id
+        """,
+        {"run_id": run_id, "all_runs": all_runs},
+    )
