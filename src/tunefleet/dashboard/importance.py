@@ -1,0 +1,82 @@
+"""The dashboard's ``/api/runs/RUN/importance``: parameter importance of a run or of every run
+of its cache key (:mod:`tunefleet.importance`), with the fitted forests remembered.
+
+The variance method (NumPy) is computed on every request: on a run of 10,000 trials it
+costs about as much as reading the rows. A forest costs seconds, so its report is kept per
+(run, scope, top) and given again while the trials it was fitted on are unchanged (the rows
+are read on every request and compared by a digest); fits run one at a time, so a head
+node's cores are not all taken by people opening pages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import psycopg
+
+from tunefleet import importance
+from tunefleet.queries import dashboard as q
+
+Conn = psycopg.Connection[Any]
+#: Forest reports remembered (least recently used goes first).
+CACHED = 16
+SCOPES = ("run", "key")
+MAX_TOP = 100
+
+
+class ImportanceCache:
+    def __init__(self, bad_request: type[Exception]) -> None:
+        self._bad = bad_request
+        self._lock = threading.Lock()
+        self._fit = threading.Lock()
+        self._reports: OrderedDict[tuple[Any, ...], tuple[str, dict[str, Any]]] = OrderedDict()
+
+    def _param(self, params: dict[str, list[str]], name: str, choices: tuple[str, ...]) -> str:
+        value = (params.get(name) or [choices[0]])[-1]
+        if value not in choices:
+            raise self._bad(f"{name}={value!r} must be one of {', '.join(choices)}")
+        return value
+
+    def answer(self, conn: Conn, run_id: int, params: dict[str, list[str]]) -> dict[str, Any]:
+        scope = self._param(params, "scope", SCOPES)
+        method = self._param(params, "method", ("variance", "forest"))
+        raw_top = (params.get("top") or ["10"])[-1]
+        if not raw_top.isdigit() or not 1 <= int(raw_top) <= MAX_TOP:
+            raise self._bad(f"top={raw_top!r} must be a whole number from 1 to {MAX_TOP}")
+        top = int(raw_top)
+        rows = q.importance_trials(conn, run_id, all_runs=scope == "key")
+        missing = importance.forest_available()
+        if method == "forest" and missing is not None:
+            return {"importance": None, "forest_missing": missing}
+        if method == "variance":
+            report = importance.report(
+                rows, run_id=run_id, all_runs=scope == "key", method="variance", top=top
+            )
+            return {"importance": report, "forest_missing": missing}
+        digest = _digest(rows)
+        key = (run_id, scope, top)
+        with self._lock:
+            hit = self._reports.get(key)
+            if hit is not None and hit[0] == digest:
+                self._reports.move_to_end(key)
+                return {"importance": hit[1], "forest_missing": None, "cached": True}
+        with self._fit:
+            report = importance.report(
+                rows, run_id=run_id, all_runs=scope == "key", method="forest", top=top
+            )
+        with self._lock:
+            self._reports[key] = (digest, report)
+            self._reports.move_to_end(key)
+            while len(self._reports) > CACHED:
+                self._reports.popitem(last=False)
+        return {"importance": report, "forest_missing": None, "cached": False}
+
+
+def _digest(rows: list[dict[str, Any]]) -> str:
+    h = hashlib.sha256()
+    for r in rows:
+        h.update(f"{r['run_id']}:{r['trial_id']}:{r['state']}:{r['median_s']!r};".encode())
+    return h.hexdigest()
