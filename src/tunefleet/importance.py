@@ -94,6 +94,20 @@ def _key(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
+_SCALARS = {str, int, float, bool, type(None)}
+
+
+def _value_key(value: Any) -> Any:
+    """A hashable key equal for equal JSON values and different for different ones (``1``,
+    ``1.0`` and ``true`` are three values, as in the space); cheap for scalars, which almost
+    every value is."""
+    if value is _ABSENT:
+        return ("absent",)
+    if value is None or isinstance(value, str | bool | int | float):
+        return (type(value).__name__, value)
+    return ("json", _key(value))
+
+
 def label(value: Any) -> str:
     """How a value is shown: strings as they are, everything else as JSON."""
     if value is _ABSENT:
@@ -210,7 +224,8 @@ def analyse(
     if method == "forest" and missing is not None:
         raise ForestUnavailable(missing)
 
-    names = sorted({str(k) for r in rows for k in (r.get("config") or {})})
+    configs = [r.get("config") or {} for r in rows]
+    names = sorted({str(k) for c in configs for k in c})
     measured_mask = np.array([r["state"] == "done" and _time(r) is not None for r in rows])
     failed_mask = np.array([r["state"] in FAILED_STATES for r in rows])
     times = np.array([_time(r) or 1.0 for r in rows], dtype=float)
@@ -226,15 +241,18 @@ def analyse(
     params: list[dict[str, Any]] = []
     codes_all: dict[str, np.ndarray] = {}
     for name in names:
-        raw = [(r.get("config") or {}).get(name, _ABSENT) for r in rows]
-        distinct: dict[str, Any] = {}
-        for v in raw:
-            distinct.setdefault(_key(v) if v is not _ABSENT else "\0absent", v)
-        ordered = sorted(distinct.values(), key=_order)
-        index = {(_key(v) if v is not _ABSENT else "\0absent"): i for i, v in enumerate(ordered)}
-        codes = np.array(
-            [index[_key(v) if v is not _ABSENT else "\0absent"] for v in raw], dtype=np.int64
-        )
+        raw = [c.get(name, _ABSENT) for c in configs]
+        kinds = {type(v) for v in raw}
+        # One scalar type (the usual case): the values are their own keys (no 1 / 1.0 / True
+        # of different types can meet).
+        keys = raw if len(kinds) == 1 and kinds <= _SCALARS else [_value_key(v) for v in raw]
+        distinct: dict[Any, Any] = {}
+        for k, v in zip(keys, raw, strict=True):
+            distinct.setdefault(k, v)
+        ordered_keys = sorted(distinct, key=lambda k: _order(distinct[k]))
+        ordered = [distinct[k] for k in ordered_keys]
+        index = {k: i for i, k in enumerate(ordered_keys)}
+        codes = np.fromiter((index[k] for k in keys), dtype=np.int64, count=len(keys))
         k = len(ordered)
         codes_all[name] = codes
         mcodes = codes[measured_mask]

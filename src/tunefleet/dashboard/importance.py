@@ -1,11 +1,12 @@
 """The dashboard's ``/api/runs/RUN/importance``: parameter importance of a run or of every run
 of its cache key (:mod:`tunefleet.importance`), with the fitted forests remembered.
 
-The variance method (NumPy) is computed on every request: on a run of 10,000 trials it
-costs about as much as reading the rows. A forest costs seconds, so its report is kept per
-(run, scope, top) and given again while the trials it was fitted on are unchanged (the rows
-are read on every request and compared by a digest); fits run one at a time, so a head
-node's cores are not all taken by people opening pages.
+Reports are kept per (run, scope, top, method) and given again while the trials they were
+computed from are unchanged: the rows are read on every request and compared by a digest, so
+an open page of a finished run, or a second person opening it, costs the read alone. The
+variance method takes a few hundred milliseconds on 10,000 trials; a forest takes seconds,
+and fits run one at a time, so a head node's cores are not all taken by people opening
+pages.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ class ImportanceCache:
         self._fit = threading.Lock()
         self._reports: OrderedDict[tuple[Any, ...], tuple[str, dict[str, Any]]] = OrderedDict()
 
+    def clear(self) -> None:
+        """Forget every kept report (the next request computes its own)."""
+        with self._lock:
+            self._reports.clear()
+
     def _param(self, params: dict[str, list[str]], name: str, choices: tuple[str, ...]) -> str:
         value = (params.get(name) or [choices[0]])[-1]
         if value not in choices:
@@ -51,28 +57,28 @@ class ImportanceCache:
         missing = importance.forest_available()
         if method == "forest" and missing is not None:
             return {"importance": None, "forest_missing": missing}
-        if method == "variance":
-            report = importance.report(
-                rows, run_id=run_id, all_runs=scope == "key", method="variance", top=top
-            )
-            return {"importance": report, "forest_missing": missing}
         digest = _digest(rows)
-        key = (run_id, scope, top)
+        key = (run_id, scope, top, method)
         with self._lock:
             hit = self._reports.get(key)
             if hit is not None and hit[0] == digest:
                 self._reports.move_to_end(key)
-                return {"importance": hit[1], "forest_missing": None, "cached": True}
-        with self._fit:
+                return {"importance": hit[1], "forest_missing": missing, "cached": True}
+        if method == "variance":
             report = importance.report(
-                rows, run_id=run_id, all_runs=scope == "key", method="forest", top=top
+                rows, run_id=run_id, all_runs=scope == "key", method="variance", top=top
             )
+        else:
+            with self._fit:
+                report = importance.report(
+                    rows, run_id=run_id, all_runs=scope == "key", method="forest", top=top
+                )
         with self._lock:
             self._reports[key] = (digest, report)
             self._reports.move_to_end(key)
             while len(self._reports) > CACHED:
                 self._reports.popitem(last=False)
-        return {"importance": report, "forest_missing": None, "cached": False}
+        return {"importance": report, "forest_missing": missing, "cached": False}
 
 
 def _digest(rows: list[dict[str, Any]]) -> str:
