@@ -43,6 +43,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from operator import methodcaller
 from typing import Any
 
 import numpy as np
@@ -225,15 +226,16 @@ def analyse(
         raise ForestUnavailable(missing)
 
     configs = [r.get("config") or {} for r in rows]
-    names = sorted({str(k) for c in configs for k in c})
-    measured_mask = np.array([r["state"] == "done" and _time(r) is not None for r in rows])
-    failed_mask = np.array([r["state"] in FAILED_STATES for r in rows])
-    times = np.array([_time(r) or 1.0 for r in rows], dtype=float)
-    gfl = np.array(
-        [float(r["gflops"]) if r.get("gflops") is not None else np.nan for r in rows], dtype=float
-    )
+    names = sorted(str(k) for k in set().union(*configs))
     n_rows = len(rows)
-    state = np.array([str(r["state"]) for r in rows], dtype=object)
+    state = np.array([str(r["state"]) for r in rows] or [""], dtype=object)[:n_rows]
+    # None (no time) becomes NaN.
+    raw_times = np.array([r.get("median_s") for r in rows], dtype=float)
+    gfl = np.array([r.get("gflops") for r in rows], dtype=float)
+    with np.errstate(invalid="ignore"):
+        measured_mask = (state == "done") & np.isfinite(raw_times) & (raw_times > 0)
+    failed_mask = np.isin(state, FAILED_STATES)
+    times = np.where(measured_mask, raw_times, 1.0)
     y_all = np.log(times)
     y = y_all[measured_mask] if n_rows else np.zeros(0)
     z = failed_mask.astype(float)
@@ -241,18 +243,18 @@ def analyse(
     params: list[dict[str, Any]] = []
     codes_all: dict[str, np.ndarray] = {}
     for name in names:
-        raw = [c.get(name, _ABSENT) for c in configs]
-        kinds = {type(v) for v in raw}
+        # (map and dict built from iterators: these loops run once per trial and parameter,
+        # a hundred thousand times on a big run, so they stay in C.)
+        raw = list(map(methodcaller("get", name, _ABSENT), configs))
+        kinds = set(map(type, raw))
         # One scalar type (the usual case): the values are their own keys (no 1 / 1.0 / True
         # of different types can meet).
-        keys = raw if len(kinds) == 1 and kinds <= _SCALARS else [_value_key(v) for v in raw]
-        distinct: dict[Any, Any] = {}
-        for k, v in zip(keys, raw, strict=True):
-            distinct.setdefault(k, v)
+        keys = raw if len(kinds) == 1 and kinds <= _SCALARS else list(map(_value_key, raw))
+        distinct = dict(zip(keys, raw, strict=True))  # equal keys: equal values
         ordered_keys = sorted(distinct, key=lambda k: _order(distinct[k]))
         ordered = [distinct[k] for k in ordered_keys]
         index = {k: i for i, k in enumerate(ordered_keys)}
-        codes = np.fromiter((index[k] for k in keys), dtype=np.int64, count=len(keys))
+        codes = np.fromiter(map(index.__getitem__, keys), dtype=np.int64, count=len(keys))
         k = len(ordered)
         codes_all[name] = codes
         mcodes = codes[measured_mask]

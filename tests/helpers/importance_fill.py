@@ -158,3 +158,26 @@ def insert_run(
         {"ids": [i for i, _ in done], "times": [t for _, t in done], "flops": FLOPS},
     )
     return int(run)
+
+
+def add_trial(conn: Any, run_id: int, config: dict[str, Any], median_s: float) -> int:
+    """One more measured trial of a run, finished now; returns its id."""
+    tid = conn.execute(
+        """INSERT INTO tunefleet.trial (run_id, device_class, config, config_hash, state,
+                                        attempt, started_at, finished_at, reported)
+           SELECT r.id, r.device_class, %s, %s, 'done', 1, now(), now(), true
+             FROM tunefleet.run r WHERE r.id = %s RETURNING id""",
+        (Jsonb(config), config_hash(config), run_id),
+    ).fetchone()["id"]
+    conn.execute(
+        """INSERT INTO tunefleet.measurement (trial_id, run_id, attempt, cache_key, config_hash,
+                   problem, problem_args, config, median_s, min_s, samples_s, gflops,
+                   flop_count, protocol)
+           SELECT t.id, t.run_id, 1, r.cache_key, t.config_hash, r.problem, r.problem_args,
+                  t.config, %(s)s, %(s)s, ARRAY[%(s)s], %(flops)s / %(s)s / 1e9, %(flops)s,
+                  r.protocol
+             FROM tunefleet.trial t JOIN tunefleet.run r ON r.id = t.run_id
+            WHERE t.id = %(id)s""",
+        {"id": tid, "s": median_s, "flops": FLOPS},
+    )
+    return int(tid)

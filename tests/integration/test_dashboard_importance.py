@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from tests.helpers.importance_fill import insert_run, synthetic_trials
+from tests.helpers.importance_fill import add_trial, insert_run, synthetic_trials
 from tests.helpers.roles import drop_roles, unique_prefix
 from tests.helpers.runfill import module_database
 from tunefleet.dashboard.server import DashboardServer
@@ -116,3 +116,20 @@ def test_bad_parameters_are_a_400_naming_them(server, runs, query, names):
 def test_a_run_that_does_not_exist_is_a_404(server):
     code, data = get(server, "/api/runs/424242/importance")
     assert code == 404 and "run 424242 does not exist" in data["error"]
+
+
+def test_a_kept_report_is_computed_again_once_a_trial_finishes(server, runs):
+    url = runs[0]
+    with psycopg.connect(url, autocommit=True, row_factory=psycopg.rows.dict_row) as conn:
+        trials = synthetic_trials(("tile",), seed=5)
+        live = insert_run(conn, trials[:30], name="live", problem_args={"live": 1})
+        path = f"/api/runs/{live}/importance"
+        first = get(server, path)[1]
+        again = get(server, path)[1]
+        assert (first["cached"], again["cached"]) == (False, True)
+        assert again["importance"] == first["importance"]
+        config, _, _ = trials[30]
+        new = add_trial(conn, live, config, 1e-6)  # the fastest of all
+    after = get(server, path)[1]
+    assert after["cached"] is False and after["importance"]["trials"] == 31
+    assert after["importance"]["best"]["trial_id"] == new

@@ -2,8 +2,10 @@
 of its cache key (:mod:`tunefleet.importance`), with the fitted forests remembered.
 
 Reports are kept per (run, scope, top, method) and given again while the trials they were
-computed from are unchanged: the rows are read on every request and compared by a digest, so
-an open page of a finished run, or a second person opening it, costs the read alone. The
+computed from are unchanged: a cheap fingerprint of the rows (their count, newest finish and
+ids: :func:`tunefleet.queries.dashboard.importance_fingerprint`) is read on every request,
+the rows only when it changed, so an open page of a finished run, or a second person
+opening it, costs one small statement. The
 variance method takes a few hundred milliseconds on 10,000 trials; a forest takes seconds,
 and fits run one at a time, so a head node's cores are not all taken by people opening
 pages.
@@ -11,7 +13,6 @@ pages.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -53,25 +54,26 @@ class ImportanceCache:
         if not raw_top.isdigit() or not 1 <= int(raw_top) <= MAX_TOP:
             raise self._bad(f"top={raw_top!r} must be a whole number from 1 to {MAX_TOP}")
         top = int(raw_top)
-        rows = q.importance_trials(conn, run_id, all_runs=scope == "key")
         missing = importance.forest_available()
         if method == "forest" and missing is not None:
             return {"importance": None, "forest_missing": missing}
-        digest = _digest(rows)
+        all_runs = scope == "key"
+        digest = q.importance_fingerprint(conn, run_id, all_runs=all_runs)
         key = (run_id, scope, top, method)
         with self._lock:
             hit = self._reports.get(key)
             if hit is not None and hit[0] == digest:
                 self._reports.move_to_end(key)
                 return {"importance": hit[1], "forest_missing": missing, "cached": True}
+        rows = q.importance_trials(conn, run_id, all_runs=all_runs)
         if method == "variance":
             report = importance.report(
-                rows, run_id=run_id, all_runs=scope == "key", method="variance", top=top
+                rows, run_id=run_id, all_runs=all_runs, method="variance", top=top
             )
         else:
             with self._fit:
                 report = importance.report(
-                    rows, run_id=run_id, all_runs=scope == "key", method="forest", top=top
+                    rows, run_id=run_id, all_runs=all_runs, method="forest", top=top
                 )
         with self._lock:
             self._reports[key] = (digest, report)
@@ -79,10 +81,3 @@ class ImportanceCache:
             while len(self._reports) > CACHED:
                 self._reports.popitem(last=False)
         return {"importance": report, "forest_missing": missing, "cached": False}
-
-
-def _digest(rows: list[dict[str, Any]]) -> str:
-    h = hashlib.sha256()
-    for r in rows:
-        h.update(f"{r['run_id']}:{r['trial_id']}:{r['state']}:{r['median_s']!r};".encode())
-    return h.hexdigest()

@@ -384,6 +384,33 @@ def fleet(conn: Conn, *, stopped: int = 20) -> list[Row]:
     )
 
 
+def importance_fingerprint(conn: Conn, run_id: int, *, all_runs: bool = False) -> str:
+    """What changes whenever the rows of :func:`importance_trials` (same arguments) change:
+    how many there are, the newest finish and the sum of their trial ids. A finished trial's
+    row never changes (a trial finishes once per attempt, and a re-run finishes later), so
+    an unchanged fingerprint means unchanged rows. Reads trial columns only.
+
+    Read-only, no locks."""
+    row = _one(
+        conn,
+        """
+        WITH me AS (SELECT problem, problem_args, device_class, protocol
+                      FROM tunefleet.run_settings WHERE run_id = %(run_id)s),
+             runs AS (SELECT s.run_id FROM tunefleet.run_settings s, me
+                       WHERE s.run_id = %(run_id)s
+                          OR (%(all_runs)s AND s.problem = me.problem
+                              AND s.problem_args = me.problem_args
+                              AND s.device_class = me.device_class
+                              AND s.protocol = me.protocol))
+        SELECT concat_ws(':', count(*), max(res.finished_at), sum(res.trial_id)) AS f
+          FROM tunefleet.results res
+         WHERE res.run_id IN (SELECT run_id FROM runs)
+        """,
+        {"run_id": run_id, "all_runs": all_runs},
+    )
+    return str(row["f"]) if row else ""
+
+
 def importance_trials(conn: Conn, run_id: int, *, all_runs: bool = False) -> list[Row]:
     """The finished search trials behind a parameter-importance report
     (:mod:`tunefleet.importance`): ``run_id``, ``trial_id``, ``config``, ``state``,
