@@ -98,7 +98,7 @@ def _box(ax: Any, p: Mapping[str, Any], key: str) -> None:
     for v in p["values"]:
         q = v[key]
         under = f"{v['label']}\nn={v['trials']}" + (
-            f", {100 * v['fail_rate']:.0f}% fail" if v["fail_rate"] else ""
+            f"\n{100 * v['fail_rate']:.0f}% fail" if v["fail_rate"] else ""
         )
         labels.append(under)
         if q is None:

@@ -254,9 +254,9 @@ function importanceBars(rep) {
   const box = el("div", { class: "chart" });
   const ps = rep.parameters;
   if (!ps.length) { box.append(el("div", { class: "empty", text: "no parameters" })); return box; }
-  const row = 22, left = 130, right = 50, h = 24 + ps.length * row;
-  const s = svg("svg", { viewBox: `0 0 ${W} ${h}`, role: "img" });
-  const sx = (v) => left + v * (W - left - right);
+  const w = 380, row = 22, left = 96, right = 64, h = 24 + ps.length * row;
+  const s = svg("svg", { viewBox: `0 0 ${w} ${h}`, role: "img" });
+  const sx = (v) => left + v * (w - left - right);
   for (const t of [0, 0.25, 0.5, 0.75, 1]) {
     s.append(svg("line", { class: "grid-line", x1: sx(t), x2: sx(t), y1: 4, y2: h - 18 }));
     s.append(svg("text", { x: sx(t), y: h - 4, "text-anchor": "middle", text: `${t * 100}%` }));
@@ -264,11 +264,11 @@ function importanceBars(rep) {
   ps.forEach((p, i) => {
     const y = 6 + i * row, sp = speedShare(rep, p), va = p.validity.variance;
     s.append(svg("text", { x: left - 8, y: y + 13, "text-anchor": "end", text: p.name }));
-    s.append(svg("rect", { class: "imp-speed", x: left, y, width: Math.max((sp || 0) * (W - left - right), 0.5), height: 8 },
+    s.append(svg("rect", { class: "imp-speed", x: left, y, width: Math.max((sp || 0) * (w - left - right), 0.5), height: 8 },
       svg("title", { text: `${p.name}: speed ${pct(sp)}` })));
-    s.append(svg("rect", { class: "imp-validity", x: left, y: y + 9, width: Math.max((va || 0) * (W - left - right), 0.5), height: 8 },
+    s.append(svg("rect", { class: "imp-validity", x: left, y: y + 9, width: Math.max((va || 0) * (w - left - right), 0.5), height: 8 },
       svg("title", { text: `${p.name}: validity ${pct(va)}` })));
-    s.append(svg("text", { x: sx(Math.max(sp || 0, va || 0)) + 4, y: y + 13, text: pct(sp) }));
+    s.append(svg("text", { x: sx(Math.max(sp || 0, va || 0)) + 4, y: y + 13, text: `${pct(sp)} · ${pct(va)}` }));
   });
   box.append(s);
   return box;
