@@ -140,10 +140,20 @@ def _order(value: Any) -> tuple[int, Any]:
 
 
 def _quartiles(values: np.ndarray) -> dict[str, float] | None:
-    if values.size == 0:
+    """Best, quartiles and worst of ``values`` (linear interpolation, as ``np.quantile``),
+    from one sort: called for every value of every parameter, where ``np.quantile``'s own
+    overhead would cost more than the data."""
+    n = values.size
+    if n == 0:
         return None
-    q = np.quantile(values, [0.0, 0.25, 0.5, 0.75, 1.0])
-    return {k: float(v) for k, v in zip(("min", "q1", "median", "q3", "max"), q, strict=True)}
+    v = np.sort(values)
+    out = {}
+    for name, q in (("min", 0.0), ("q1", 0.25), ("median", 0.5), ("q3", 0.75), ("max", 1.0)):
+        pos = (n - 1) * q
+        lo = int(pos)
+        hi = min(lo + 1, n - 1)
+        out[name] = float(v[lo] + (v[hi] - v[lo]) * (pos - lo))
+    return out
 
 
 def between_share(codes: np.ndarray, y: np.ndarray, k: int) -> tuple[float | None, float | None]:

@@ -245,3 +245,11 @@ def test_the_report_is_plain_json():
     report = importance.analyse(rows, method="forest")
     text = json.dumps(report, allow_nan=False)
     assert math.isfinite(json.loads(text)["forest"]["oob_r2"])
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 100])
+def test_quartiles_interpolate_as_numpy_does(n):
+    values = np.random.default_rng(n).random(n)
+    q = importance._quartiles(values)
+    assert q is not None
+    assert list(q.values()) == pytest.approx(list(np.quantile(values, [0, 0.25, 0.5, 0.75, 1])))
