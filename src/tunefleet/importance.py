@@ -48,10 +48,12 @@ from typing import Any
 
 import numpy as np
 
+from tunefleet.vocabulary import FAULT_TRIAL_STATES, TrialState
+
 #: Methods a caller may ask for ("auto": forest where scikit-learn is installed).
 METHODS = ("auto", "variance", "forest")
 #: Trial states that gave no time, counted separately from slow ones.
-FAILED_STATES = ("invalid", "failed", "timed_out")
+FAILED_STATES = tuple(str(s) for s in FAULT_TRIAL_STATES)
 #: Measured configurations a forest needs before it is fitted at all.
 FOREST_MIN_MEASURED = 12
 #: Trees of the forest; each sees a bootstrap sample of at most FOREST_MAX_SAMPLES rows.
@@ -192,7 +194,7 @@ def dedupe(rows: Iterable[Row]) -> list[dict[str, Any]]:
         groups.setdefault(_key(r["config"]), []).append(r)
     out: list[dict[str, Any]] = []
     for members in groups.values():
-        done = [m for m in members if m["state"] == "done" and _time(m) is not None]
+        done = [m for m in members if m["state"] == TrialState.DONE and _time(m) is not None]
         if not done:
             out.append(dict(members[0]))
             continue
@@ -243,7 +245,7 @@ def analyse(
     raw_times = np.array([r.get("median_s") for r in rows], dtype=float)
     gfl = np.array([r.get("gflops") for r in rows], dtype=float)
     with np.errstate(invalid="ignore"):
-        measured_mask = (state == "done") & np.isfinite(raw_times) & (raw_times > 0)
+        measured_mask = (state == TrialState.DONE) & np.isfinite(raw_times) & (raw_times > 0)
     failed_mask = np.isin(state, FAILED_STATES)
     times = np.where(measured_mask, raw_times, 1.0)
     y_all = np.log(times)
@@ -286,9 +288,9 @@ def analyse(
                     "label": label(v),
                     "trials": n,
                     "measured": done,
-                    "invalid": int((states == "invalid").sum()),
-                    "failed": int((states == "failed").sum()),
-                    "timed_out": int((states == "timed_out").sum()),
+                    "invalid": int((states == TrialState.INVALID).sum()),
+                    "failed": int((states == TrialState.FAILED).sum()),
+                    "timed_out": int((states == TrialState.TIMED_OUT).sum()),
                     "fail_rate": (n - done) / n if n else None,
                     "time_s": _quartiles(times[msel]),
                     "gflops": _quartiles(g) if g.size == done and done else None,
@@ -371,9 +373,9 @@ def analyse(
         "method": "forest" if use_forest else "variance",
         "trials": n_rows,
         "measured": int(measured_mask.sum()),
-        "invalid": sum(1 for r in rows if r["state"] == "invalid"),
-        "failed": sum(1 for r in rows if r["state"] == "failed"),
-        "timed_out": sum(1 for r in rows if r["state"] == "timed_out"),
+        "invalid": sum(1 for r in rows if r["state"] == TrialState.INVALID),
+        "failed": sum(1 for r in rows if r["state"] == TrialState.FAILED),
+        "timed_out": sum(1 for r in rows if r["state"] == TrialState.TIMED_OUT),
         "forest": forest,
         "parameters": params,
         "best": best,
