@@ -132,3 +132,54 @@ def test_invalid_configurations_raise_in_prepare():
 def test_bad_arguments_are_named(raw, message):
     with pytest.raises(ProblemError, match=message):
         Synthetic().normalise_args(raw)
+
+
+def test_without_the_new_options_the_arguments_and_times_are_as_before():
+    args = Synthetic().normalise_args({})
+    assert "depends_on" not in args and "invalid_values" not in args
+    c = {"tile": 2, "unroll": 7, "vector": False, "order": "jki"}
+    expected = OPTIMUM_SECONDS * (1 + 0.15 * 9 + 0.05 * 9 + 0.5 + 1.2)
+    assert objective(c) == pytest.approx(expected)
+
+
+def test_depends_on_leaves_the_other_parameters_without_effect():
+    problem = Synthetic()
+    args = problem.normalise_args({"duration": 0, "depends_on": "order, tile"})
+    assert args["depends_on"] == ["tile", "order"]
+    times = {}
+    for c in all_configs():
+        out = problem.measure(problem.prepare(args, c, HOST_DEVICE), None, Protocol())
+        times.setdefault((c["tile"], c["order"]), set()).add(round(out.median_s, 12))
+    # Every (tile, order) pair has one time whatever unroll and vector are...
+    assert all(len(t) == 1 for t in times.values())
+    # ... and tile and order each change it.
+    assert len({t for (tile, _), (t,) in times.items() if tile == 16}) == 4
+    assert len({t for (_, order), (t,) in times.items() if order == "ikj"}) == 5  # (log2 - 4)^2
+
+
+def test_invalid_values_reject_exactly_those_configurations():
+    problem = Synthetic()
+    args = problem.normalise_args({"invalid_values": {"unroll": [7, 8], "vector": [False]}})
+    rejected = 0
+    for c in all_configs():
+        try:
+            problem.prepare(args, c, HOST_DEVICE)
+        except InvalidConfiguration as exc:
+            assert c["unroll"] in (7, 8) or c["vector"] is False, c
+            assert "invalid_values" in str(exc)
+            rejected += 1
+    assert rejected == 512 - 6 * 8 * 4  # the valid ones: unroll 1-6, vector True
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"depends_on": ["tile", "speed"]}, "depends_on names \\['speed'\\]"),
+        ({"depends_on": 3}, "depends_on=3 must be a list"),
+        ({"invalid_values": {"tile": 1}}, "invalid_values=.* must map"),
+        ({"invalid_values": {"size": [1]}}, "invalid_values names \\['size'\\]"),
+    ],
+)
+def test_bad_new_options_are_named(raw, message):
+    with pytest.raises(ProblemError, match=message):
+        Synthetic().normalise_args(raw)

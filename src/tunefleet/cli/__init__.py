@@ -23,6 +23,7 @@ _COMMAND_MODULES = (
     "tunefleet.cli.db",
     "tunefleet.cli.feinsum",
     "tunefleet.cli.dashboard",
+    "tunefleet.cli.importance",
     "tunefleet.worker.cli",
     "tunefleet.coordinator.cli",
 )

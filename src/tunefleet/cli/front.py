@@ -116,6 +116,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("run", type=run_id_arg, metavar="RUN")
     add_db_flag(p)
     p.add_argument("-o", "--output", metavar="FILE.png", required=True)
+    p.add_argument(
+        "--importance",
+        metavar="FILE.png",
+        help="also a second PNG: parameter importance, speed per value, top 10 vs the rest "
+        "(as `tunefleet importance RUN --plot`)",
+    )
     p.set_defaults(func=cmd_plot)
 
     p = sub.add_parser("problems", help="the built-in problems, their arguments and spaces")
@@ -359,6 +365,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
     path = Path(args.output)
     if path.suffix.lower() != ".png":
         raise UsageError(f"-o {args.output!r}: the plot is a PNG; name the file FILE.png")
+    if args.importance and Path(args.importance).suffix.lower() != ".png":
+        raise UsageError(f"--importance {args.importance!r}: a PNG; name the file FILE.png")
     with open_db(args.db) as conn:
         run = require_run(conn, args.run)
         series = report.progress_series(conn, args.run)
@@ -372,6 +380,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
         f"wrote {args.output}: {len(series)} evaluations, best {gflops(best)} GFLOP/s, "
         f"{n_workers} worker{'' if n_workers == 1 else 's'}"
     )
+    if args.importance:
+        from tunefleet.cli.importance import plot_importance
+
+        _out(plot_importance(args.db, args.run, Path(args.importance)))
     return 0
 
 

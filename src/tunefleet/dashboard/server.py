@@ -16,6 +16,8 @@ Routes (``RUN`` and ``TRIAL`` are decimal ids; anything else is a 404):
 ``GET /api/runs/RUN/charts``                best so far, speed histogram, failure reasons
 ``GET /api/runs/RUN/timeline``              how busy each worker was over the run
 ``GET /api/runs/RUN/trials?sort=&order=&limit=&offset=``  the configuration table
+``GET /api/runs/RUN/importance?scope=run|key&method=variance|forest&top=N``  parameter
+                                            importance, speed per value, top N vs the rest
 ``GET /api/runs/RUN/trials/TRIAL``          one trial, its code and reproduce command
 ``GET /api/fleet``                          workers, devices, heartbeats, served runs
 
@@ -64,7 +66,9 @@ MAX_PAGE = 500
 HISTOGRAM_BINS = 30
 TIMELINE_BINS = 60
 _ID = r"([1-9][0-9]{0,17})"  # fits PostgreSQL's bigint
-_RUN_API = re.compile(r"/api/runs/" + _ID + r"(/best|/charts|/timeline|/trials(?:/" + _ID + r")?)?")
+_RUN_API = re.compile(
+    r"/api/runs/" + _ID + r"(/best|/charts|/timeline|/importance|/trials(?:/" + _ID + r")?)?"
+)
 _ASSETS = {
     "app.js": "text/javascript; charset=utf-8",
     "style.css": "text/css; charset=utf-8",
@@ -171,6 +175,9 @@ class Dashboard:
         self.settings = settings
         self.pool = pool
         self._shell = _asset("index.html").decode()
+        from tunefleet.dashboard.importance import ImportanceCache
+
+        self.importance = ImportanceCache(BadRequest)
 
     def page(self) -> bytes:
         refresh = f"{self.settings.refresh_s:g}"
@@ -234,6 +241,8 @@ class Dashboard:
                     "timeline": _timeline(q.worker_timeline(conn, run_id, bins=TIMELINE_BINS)),
                     "timeline_bins": TIMELINE_BINS,
                 }
+            if part == "/importance":
+                return self.importance.answer(conn, run_id, params)
             if m.group(3) is None:
                 return self._trials(conn, run_id, params)
             trial_id = int(m.group(3))

@@ -40,6 +40,16 @@ Problem arguments (all optional):
 ``lucky_rate``       fraction of configurations that measure fast once (default 0)
 ``luck``             a lucky measurement's time as a fraction of the optimum's (default 0.5)
 ``seed``             selects which configurations are faulty or lucky (default 0)
+``depends_on``       the parameters the objective depends on (a list of names, or one string
+                     of comma-separated names); the others' terms are left out, so they do
+                     not change the time at all (default: every parameter, the objective
+                     above). For checking that an analysis finds the parameters that matter.
+``invalid_values``   ``{"name": [values]}``: a configuration with any of these values is
+                     invalid (rejected when prepared, like an illegal kernel), before
+                     ``invalid_rate`` is drawn (default: none)
+
+The last two are optional and, when absent, absent from the normalised arguments too (so
+runs made without them keep their cache keys).
 
 Faults are deterministic per configuration hash and seed, like a real configuration that
 always kills the driver: one uniform number ``u`` per configuration picks the fault, with
@@ -56,13 +66,22 @@ import random
 import signal
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from tunefleet.devices import DeviceInfo
 from tunefleet.errors import InvalidConfiguration, ProblemError
 from tunefleet.problems.base import Outcome, Problem, Protocol
-from tunefleet.space import Bool, Choice, Config, IntRange, PowerOfTwo, Space, config_hash
+from tunefleet.space import (
+    Bool,
+    Choice,
+    Config,
+    IntRange,
+    PowerOfTwo,
+    Space,
+    canonical_json,
+    config_hash,
+)
 from tunefleet.vocabulary import TrialState
 
 OPTIMUM: dict[str, Any] = {"tile": 16, "unroll": 4, "vector": True, "order": "ikj"}
@@ -88,18 +107,31 @@ FAULTS = ("none", "invalid", "fail", "hang")
 MAX_DURATION_S = 3600.0
 
 
-def objective(config: Mapping[str, Any]) -> float:
-    """The analytic time of a configuration, in seconds (minimum :data:`OPTIMUM_SECONDS`)."""
-    tile = int(config["tile"])
-    unroll = int(config["unroll"])
-    factor = (
-        1.0
-        + 0.15 * (math.log2(tile) - 4) ** 2
-        + 0.05 * (unroll - 4) ** 2
-        + (0.0 if config["vector"] else 0.5)
-        + ORDER_PENALTY[str(config["order"])]
-    )
+#: The parameters of the space, in order (``depends_on`` names a subset).
+PARAMETERS = ("tile", "unroll", "vector", "order")
+#: Optional arguments: absent from the normalised arguments unless given.
+OPTIONAL = ("depends_on", "invalid_values")
+
+
+def objective(config: Mapping[str, Any], depends_on: Collection[str] = PARAMETERS) -> float:
+    """The analytic time of a configuration, in seconds (minimum :data:`OPTIMUM_SECONDS`),
+    with the terms of the parameters in ``depends_on`` only."""
+    terms = {
+        "tile": lambda: 0.15 * (math.log2(int(config["tile"])) - 4) ** 2,
+        "unroll": lambda: 0.05 * (int(config["unroll"]) - 4) ** 2,
+        "vector": lambda: 0.0 if config["vector"] else 0.5,
+        "order": lambda: ORDER_PENALTY[str(config["order"])],
+    }
+    factor = 1.0 + sum(terms[name]() for name in PARAMETERS if name in depends_on)
     return OPTIMUM_SECONDS * factor
+
+
+def invalid_by_value(args: Mapping[str, Any], config: Mapping[str, Any]) -> str | None:
+    """The ``name=value`` of ``invalid_values`` this configuration has, or ``None``."""
+    for name, values in (args.get("invalid_values") or {}).items():
+        if any(canonical_json(config.get(name)) == canonical_json(v) for v in values):
+            return f"{name}={canonical_json(config.get(name))}"
+    return None
 
 
 def fault_of(args: Mapping[str, Any], config: Mapping[str, Any]) -> str:
@@ -147,12 +179,17 @@ class Synthetic(Problem):
     needs_opencl = False
 
     def normalise_args(self, raw: Mapping[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(raw) - set(DEFAULTS))
+        unknown = sorted(set(raw) - set(DEFAULTS) - set(OPTIONAL))
         if unknown:
             raise ProblemError(
-                f"synthetic: unknown argument(s) {unknown}; known are {sorted(DEFAULTS)}"
+                f"synthetic: unknown argument(s) {unknown}; known are "
+                f"{sorted([*DEFAULTS, *OPTIONAL])}"
             )
         args = {**DEFAULTS, **raw}
+        if "depends_on" in args:
+            args["depends_on"] = _depends_on(args["depends_on"])
+        if "invalid_values" in args:
+            args["invalid_values"] = _invalid_values(args["invalid_values"])
         for key in ("duration", "prepare_duration"):
             # An hour: past it an evaluation would outlive any worker's timeout anyway.
             args[key] = _number(key, args[key], low=0.0, high=MAX_DURATION_S)
@@ -191,6 +228,9 @@ class Synthetic(Problem):
         fault = fault_of(args, config)
         if args["prepare_duration"]:
             time.sleep(args["prepare_duration"])
+        rule = invalid_by_value(args, config)
+        if rule is not None:
+            raise InvalidConfiguration(f"synthetic: {rule} is invalid (invalid_values)")
         if fault == "invalid":
             raise InvalidConfiguration(
                 f"synthetic: configuration {config_hash(config)} is invalid by construction "
@@ -206,7 +246,7 @@ class Synthetic(Problem):
             time.sleep(args["duration"])
         if args["fault_phase"] == "measure":
             _inject(fault)
-        base = objective(config)
+        base = objective(config, args.get("depends_on", PARAMETERS))
         if protocol.seed == 0 and is_lucky(args, config):
             base = args["luck"] * OPTIMUM_SECONDS
         draw = f"{args['seed']}:{config_hash(config)}"
@@ -237,6 +277,38 @@ def _inject(fault: str) -> None:
         _crash()
     elif fault == "hang":
         _hang()
+
+
+def _depends_on(value: Any) -> list[str]:
+    names = value.split(",") if isinstance(value, str) else value
+    if not isinstance(names, list | tuple) or not all(isinstance(n, str) for n in names):
+        raise ProblemError(
+            f"synthetic: depends_on={value!r} must be a list of parameter names "
+            f"(of {', '.join(PARAMETERS)})"
+        )
+    names = [n.strip() for n in names if n.strip()]
+    bad = sorted(set(names) - set(PARAMETERS))
+    if bad:
+        raise ProblemError(
+            f"synthetic: depends_on names {bad}, not parameters; they are {', '.join(PARAMETERS)}"
+        )
+    return [n for n in PARAMETERS if n in names]
+
+
+def _invalid_values(value: Any) -> dict[str, list[Any]]:
+    if not isinstance(value, Mapping) or not all(
+        isinstance(v, list | tuple) for v in value.values()
+    ):
+        raise ProblemError(
+            f"synthetic: invalid_values={value!r} must map parameter names to lists of values"
+        )
+    bad = sorted(set(value) - set(PARAMETERS))
+    if bad:
+        raise ProblemError(
+            f"synthetic: invalid_values names {bad}, not parameters; they are "
+            f"{', '.join(PARAMETERS)}"
+        )
+    return {str(k): list(v) for k, v in value.items()}
 
 
 def _number(key: str, value: Any, *, low: float, high: float | None = None) -> float:

@@ -18,10 +18,12 @@ fractions per time bin.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import tuple_row
 
 from tunefleet.settings import WORKER_ALIVE_S
 
@@ -380,3 +382,76 @@ def fleet(conn: Conn, *, stopped: int = 20) -> list[Row]:
         """,
         {"alive": ALIVE_S, "stopped": stopped},
     )
+
+
+def importance_fingerprint(conn: Conn, run_id: int, *, all_runs: bool = False) -> str:
+    """What changes whenever the rows of :func:`importance_trials` (same arguments) change:
+    how many there are, the newest finish and the sum of their trial ids. A finished trial's
+    row never changes (a trial finishes once per attempt, and a re-run finishes later), so
+    an unchanged fingerprint means unchanged rows. Reads trial columns only.
+
+    Read-only, no locks."""
+    row = _one(
+        conn,
+        """
+        WITH me AS (SELECT problem, problem_args, device_class, protocol
+                      FROM tunefleet.run_settings WHERE run_id = %(run_id)s),
+             runs AS (SELECT s.run_id FROM tunefleet.run_settings s, me
+                       WHERE s.run_id = %(run_id)s
+                          OR (%(all_runs)s AND s.problem = me.problem
+                              AND s.problem_args = me.problem_args
+                              AND s.device_class = me.device_class
+                              AND s.protocol = me.protocol))
+        SELECT concat_ws(':', count(*), max(res.finished_at), sum(res.trial_id)) AS f
+          FROM tunefleet.results res
+         WHERE res.run_id IN (SELECT run_id FROM runs)
+        """,
+        {"run_id": run_id, "all_runs": all_runs},
+    )
+    return str(row["f"]) if row else ""
+
+
+def importance_trials(conn: Conn, run_id: int, *, all_runs: bool = False) -> list[Row]:
+    """The finished search trials behind a parameter-importance report
+    (:mod:`tunefleet.importance`): ``run_id``, ``trial_id``, ``config``, ``state``,
+    ``median_s`` and ``gflops`` of the run, or with ``all_runs`` of every run of its cache key
+    (the same problem, arguments, device class and protocol, as ``run_settings`` shows them:
+    the four things the cache key is made of), in run and trial order. Narrow rows: no
+    samples, code or errors. Views only (``results``, ``run_settings``), so the reader role
+    can run it.
+
+    The rows travel as one row of arrays, the configurations as one JSON text (an array)
+    parsed at once: decoding ten thousand JSONB values one by one costs the client several
+    times what the statement costs the server (and building one JSON value of the rows on
+    the server costs it more than both).
+
+    Read-only, no locks."""
+    query = """
+        WITH me AS (SELECT problem, problem_args, device_class, protocol
+                      FROM tunefleet.run_settings WHERE run_id = %(run_id)s),
+             runs AS (SELECT s.run_id FROM tunefleet.run_settings s, me
+                       WHERE s.run_id = %(run_id)s
+                          OR (%(all_runs)s AND s.problem = me.problem
+                              AND s.problem_args = me.problem_args
+                              AND s.device_class = me.device_class
+                              AND s.protocol = me.protocol))
+        SELECT '[' || coalesce(string_agg(res.config::text, ',' ORDER BY res.run_id,
+                                                                       res.trial_id), '')
+                   || ']',
+               array_agg(res.run_id ORDER BY res.run_id, res.trial_id),
+               array_agg(res.trial_id ORDER BY res.run_id, res.trial_id),
+               array_agg(res.state ORDER BY res.run_id, res.trial_id),
+               array_agg(res.median_s ORDER BY res.run_id, res.trial_id),
+               array_agg(res.gflops ORDER BY res.run_id, res.trial_id)
+          FROM tunefleet.results res
+         WHERE res.run_id IN (SELECT run_id FROM runs)
+        """
+    with conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute(query, {"run_id": run_id, "all_runs": all_runs}).fetchone()
+    if row is None or row[1] is None:
+        return []
+    configs = json.loads(row[0])
+    return [
+        {"run_id": r, "trial_id": t, "config": c, "state": st, "median_s": m, "gflops": g}
+        for r, t, c, st, m, g in zip(row[1], row[2], configs, row[3], row[4], row[5], strict=True)
+    ]

@@ -108,7 +108,11 @@ function poll(fn) {
   tick();
 }
 
-function ready() { document.body.dataset.ready = "1"; }
+// The page is drawn: a mark for tests and for the page-load benchmark (performance entries).
+function ready() {
+  if (!document.body.dataset.ready) performance.mark("tunefleet-ready");
+  document.body.dataset.ready = "1";
+}
 
 function stateBar(r, big) {
   const total = STATES.reduce((s, k) => s + (r[k] || 0), 0);
@@ -240,6 +244,119 @@ function timeline(workers, nbins) {
   return box;
 }
 
+// --- parameter importance -----------------------------------------------------------------
+
+// The share a report gives a parameter for speed: the forest's where it was fitted.
+function speedShare(rep, p) { return rep.forest.fitted ? p.speed.forest : p.speed.variance; }
+
+// Bars: each parameter's importance for speed and for validity (0-100 %).
+function importanceBars(rep) {
+  const box = el("div", { class: "chart" });
+  const ps = rep.parameters;
+  if (!ps.length) { box.append(el("div", { class: "empty", text: "no parameters" })); return box; }
+  const w = 380, row = 22, left = 96, right = 64, h = 24 + ps.length * row;
+  const s = svg("svg", { viewBox: `0 0 ${w} ${h}`, role: "img" });
+  const sx = (v) => left + v * (w - left - right);
+  for (const t of [0, 0.25, 0.5, 0.75, 1]) {
+    s.append(svg("line", { class: "grid-line", x1: sx(t), x2: sx(t), y1: 4, y2: h - 18 }));
+    s.append(svg("text", { x: sx(t), y: h - 4, "text-anchor": "middle", text: `${t * 100}%` }));
+  }
+  ps.forEach((p, i) => {
+    const y = 6 + i * row, sp = speedShare(rep, p), va = p.validity.variance;
+    s.append(svg("text", { x: left - 8, y: y + 13, "text-anchor": "end", text: p.name }));
+    s.append(svg("rect", { class: "imp-speed", x: left, y, width: Math.max((sp || 0) * (w - left - right), 0.5), height: 8 },
+      svg("title", { text: `${p.name}: speed ${pct(sp)}` })));
+    s.append(svg("rect", { class: "imp-validity", x: left, y: y + 9, width: Math.max((va || 0) * (w - left - right), 0.5), height: 8 },
+      svg("title", { text: `${p.name}: validity ${pct(va)}` })));
+    s.append(svg("text", { x: sx(Math.max(sp || 0, va || 0)) + 4, y: y + 13, text: `${pct(sp)} · ${pct(va)}` }));
+  });
+  box.append(s);
+  return box;
+}
+
+// One parameter's speed per value: a box (quartiles), whiskers (best and worst measured) and
+// the median of its measured configurations, on a log axis; under each value its count and
+// failure rate.
+function sliceChart(p, useGflops) {
+  const box = el("div", { class: "chart slice", "data-param": p.name });
+  const key = useGflops ? "gflops" : "time_s";
+  const vals = p.values, measured = vals.filter((v) => v[key]);
+  const w = 280, h = 200, pad = { l: 44, r: 8, t: 8, b: 44 };
+  const s = svg("svg", { viewBox: `0 0 ${w} ${h}`, role: "img" });
+  if (!measured.length) { box.append(el("div", { class: "empty", text: "nothing measured" })); return box; }
+  const scale = useGflops ? 1 : 1e3;
+  let lo = Math.min(...measured.map((v) => v[key].min)) * scale, hi = Math.max(...measured.map((v) => v[key].max)) * scale;
+  if (!(hi > lo)) { lo /= 1.5; hi *= 1.5; }
+  const L = (v) => Math.log10(v), sy = (v) => h - pad.b - ((L(v) - L(lo)) / (L(hi) - L(lo))) * (h - pad.t - pad.b);
+  const band = (w - pad.l - pad.r) / vals.length;
+  for (const t of [lo, Math.sqrt(lo * hi), hi]) {
+    s.append(svg("line", { class: "grid-line", x1: pad.l, x2: w - pad.r, y1: sy(t), y2: sy(t) }));
+    s.append(svg("text", { x: pad.l - 4, y: sy(t) + 4, "text-anchor": "end", text: useGflops ? gflops(t) : `${t.toPrecision(2)}` }));
+  }
+  s.append(svg("text", { x: 10, y: (h - pad.b + pad.t) / 2, "text-anchor": "middle", transform: `rotate(-90 10 ${(h - pad.b + pad.t) / 2})`, text: useGflops ? "GFLOP/s" : "ms" }));
+  vals.forEach((v, i) => {
+    const cx = pad.l + band * (i + 0.5), bw = Math.min(band * 0.6, 26);
+    const label = v.label.length > 8 ? v.label.slice(0, 7) + "…" : v.label;
+    s.append(svg("text", { x: cx, y: h - pad.b + 13, "text-anchor": "middle", text: label }, svg("title", { text: v.label })));
+    s.append(svg("text", { class: "count", x: cx, y: h - pad.b + 26, "text-anchor": "middle", text: `n=${v.trials}` }));
+    if (v.fail_rate) s.append(svg("text", { class: "fail", x: cx, y: h - pad.b + 38, "text-anchor": "middle", "data-rate": pct(v.fail_rate), text: pct(v.fail_rate) }, svg("title", { text: `${v.trials - v.measured} of ${v.trials} gave no time` })));
+    const q = v[key];
+    if (!q) return;
+    const g = svg("g", { class: "box" }, svg("title", { text: `${p.name}=${v.label}: ${v.measured} measured of ${v.trials}; best ${useGflops ? gflops(q.max) + " GFLOP/s" : secs(q.min)}, median ${useGflops ? gflops(q.median) + " GFLOP/s" : secs(q.median)}` }));
+    g.append(svg("line", { class: "whisker", x1: cx, x2: cx, y1: sy(q.min * scale), y2: sy(q.max * scale) }));
+    const y1 = sy(q.q3 * scale), y2 = sy(q.q1 * scale);
+    g.append(svg("rect", { class: "iqr", x: cx - bw / 2, y: Math.min(y1, y2), width: bw, height: Math.max(Math.abs(y2 - y1), 1.5) }));
+    g.append(svg("line", { class: "median", x1: cx - bw / 2, x2: cx + bw / 2, y1: sy(q.median * scale), y2: sy(q.median * scale) }));
+    s.append(g);
+  });
+  box.append(s);
+  return box;
+}
+
+// Parallel coordinates: an axis per parameter (most important first, values in order) and
+// the speed last; the top N configurations drawn over a sample of the rest.
+function parallelChart(rep) {
+  const box = el("div", { class: "chart" });
+  const t = rep.top, names = t.order;
+  if (!t.lines.length || !names.length) { box.append(el("div", { class: "empty", text: "no measured configuration yet" })); return box; }
+  const values = Object.fromEntries(rep.parameters.map((p) => [p.name, p.values]));
+  const w = 1100, h = 300, pad = { l: 30, r: 70, t: 14, b: 40 };
+  const s = svg("svg", { viewBox: `0 0 ${w} ${h}`, role: "img" });
+  const axes = names.length + 1, dx = (w - pad.l - pad.r) / (axes - 1 || 1);
+  const speed = (ln) => (ln.gflops !== null && ln.gflops !== undefined ? ln.gflops : 1 / ln.median_s);
+  const all = t.rest.concat(t.lines).map(speed);
+  const lo = Math.min(...all), hi = Math.max(...all), span = hi - lo || 1;
+  const sy = (f) => h - pad.b - f * (h - pad.t - pad.b);
+  const ys = (ln) => ln.codes.map((c, i) => { const k = values[names[i]].length; return k > 1 ? c / (k - 1) : 0.5; }).concat([(speed(ln) - lo) / span]);
+  const path = (ln) => ys(ln).map((f, i) => `${i ? "L" : "M"}${(pad.l + i * dx).toFixed(1)},${sy(f).toFixed(1)}`).join("");
+  const rest = svg("g", { class: "pc-rest" }), top = svg("g", { class: "pc-top" });
+  for (const ln of t.rest) rest.append(svg("path", { d: path(ln) }));
+  for (const ln of t.lines) top.append(svg("path", { d: path(ln) }, svg("title", { text: `trial ${ln.trial_id}: ${ln.gflops !== null ? gflops(ln.gflops) + " GFLOP/s" : secs(ln.median_s)}` })));
+  s.append(rest, top);
+  names.forEach((n, i) => {
+    const x = pad.l + i * dx, k = values[n].length;
+    s.append(svg("line", { class: "axis", x1: x, x2: x, y1: sy(0), y2: sy(1) }));
+    s.append(svg("text", { class: "pc-name", x, y: h - pad.b + 16, "text-anchor": "middle", text: n }));
+    values[n].forEach((v, c) => s.append(svg("text", { class: "pc-value", x: x + 4, y: sy(k > 1 ? c / (k - 1) : 0.5) + 3, text: v.label.length > 10 ? v.label.slice(0, 9) + "…" : v.label })));
+  });
+  const xs = pad.l + names.length * dx, unit = t.lines[0].gflops !== null ? "GFLOP/s" : "1/s";
+  s.append(svg("line", { class: "axis", x1: xs, x2: xs, y1: sy(0), y2: sy(1) }));
+  s.append(svg("text", { class: "pc-name", x: xs, y: h - pad.b + 16, "text-anchor": "middle", text: `speed (${unit})` }));
+  for (const f of [0, 0.5, 1]) s.append(svg("text", { class: "pc-value", x: xs + 4, y: sy(f) + 3, text: gflops(lo + f * span) }));
+  box.append(s);
+  return box;
+}
+
+function importanceText(rep) {
+  const f = rep.forest, scope = rep.scope;
+  const runs = scope.all_runs ? `runs ${scope.runs.map((r) => "#" + r).join(", ")} (every run of this cache key)` : "this run";
+  const counts = `${rep.trials} finished configurations of ${runs}: ${rep.measured} measured, ${rep.invalid} invalid, ${rep.failed + rep.timed_out} failed or timed out.`;
+  const how = f.fitted
+    ? ` Forest of ${f.trees} trees on ${f.fitted_on} measured configurations, out-of-bag R² ${f.oob_r2.toFixed(2)}${f.oob_r2 < 0.5 ? " (low: read it with care)" : ""}; interactions ${pct(f.interactions)}.`
+    : " Speed: share of the variance of log time between a parameter's values (corrected for chance). Validity: the same for the share of configurations that gave no time.";
+  return counts + how;
+}
+
 // --- pages --------------------------------------------------------------------------------
 
 function runsPage() {
@@ -277,6 +394,12 @@ function card(key, label, value) {
   return el("div", { class: "card", id: `card-${key}` }, el("div", { class: "k", text: label }), el("div", { class: "v", id: `count-${key}`, text: value }));
 }
 
+// A query parameter of the page's address, if it is one of the choices (else the first).
+function params0(name, choices) {
+  const v = new URLSearchParams(location.search).get(name);
+  return choices.includes(v) ? v : choices[0];
+}
+
 function runPage(runId) {
   document.getElementById("nav-runs").classList.add("active");
   document.title = `Run ${runId} · tunefleet`;
@@ -290,10 +413,15 @@ function runPage(runId) {
   const chartWorkers = el("div", { class: "panel", id: "chart-timeline" });
   const failures = el("div", { class: "panel", id: "failures" });
   const configs = el("div", { class: "panel", id: "configurations" });
+  const importanceBox = el("div", { class: "panel", id: "importance" });
+  const slices = el("div", { class: "panel", id: "slices" });
+  const parallel = el("div", { class: "panel", id: "parallel" });
   const trialBox = el("div", { class: "panel", id: "trial", hidden: true });
   main.replaceChildren(head, cards, states, trialBox, bestBox,
     el("div", { class: "grid" }, chartTime, chartEvals, chartHist, chartWorkers), el("div", { class: "spacer" }),
-    failures, configs);
+    importanceBox, slices, parallel, failures, configs);
+  const impState = { scope: params0("scope", ["run", "key"]), method: params0("method", ["variance", "forest"]), top: 10 };
+  let impSeq = 0;
 
   const tableState = { sort: "gflops", order: "desc", offset: 0, limit: 50 };
   let lastKey = null, summary = null;
@@ -363,6 +491,50 @@ function runPage(runId) {
     for (const tr of configs.querySelectorAll("tbody tr")) tr.classList.toggle("selected", tr.dataset.id === openTrial);
   }
 
+  async function loadImportance() {
+    const seq = ++impSeq;
+    const q = new URLSearchParams({ scope: impState.scope, method: impState.method, top: impState.top });
+    if (impState.method === "forest" && !importanceBox.dataset.method) importanceBox.dataset.loading = "1";
+    const data = await api(`/api/runs/${runId}/importance?${q}`);
+    if (seq !== impSeq) return;  // a newer choice is on its way
+    delete importanceBox.dataset.loading;
+    const rep = data.importance;
+    const pick = (name, options, labels) => el("select", { id: `importance-${name}`, onchange: (e) => {
+      impState[name] = e.target.value;
+      const u = new URL(location.href); u.searchParams.set(name, e.target.value); history.replaceState(null, "", u);
+      importanceBox.dataset.method = "";
+      loadImportance().catch((err) => setStatus(err.message, true));
+    } }, options.map((o, i) => el("option", { value: o, selected: impState[name] === o, text: labels[i] })));
+    const controls = el("div", { class: "controls" },
+      el("label", {}, "trials of ", pick("scope", ["run", "key"], ["this run", "every run of its cache key"])),
+      el("label", {}, "method ", pick("method", ["variance", "forest"], ["variance between values (NumPy)", data.forest_missing ? "forest (needs scikit-learn)" : "random forest (fANOVA)"])));
+    const heading = el("h2", { text: "Parameter importance: what decides the speed, what makes configurations fail" });
+    if (!rep) {
+      importanceBox.replaceChildren(heading, controls, el("div", { class: "empty", id: "importance-missing", text: data.forest_missing }));
+      importanceBox.dataset.method = "none";
+      return;
+    }
+    const useGflops = rep.parameters.every((p) => p.values.every((v) => !v.measured || v.gflops));
+    const best = (p) => { const m = p.values.filter((v) => v.time_s); if (!m.length) return "-"; const v = m.reduce((a, b) => (b.time_s.median < a.time_s.median ? b : a)); return `${v.label} (${secs(v.time_s.median)})`; };
+    const failing = (p) => { const m = p.values.filter((v) => v.fail_rate); if (!m.length) return "-"; const v = m.reduce((a, b) => (b.fail_rate > a.fail_rate ? b : a)); return `${v.label} (${pct(v.fail_rate)} of ${v.trials})`; };
+    const cols = [
+      { title: "Parameter", value: (p) => p.name },
+      { title: "Values", num: true, value: (p) => p.values.length },
+    ];
+    if (rep.forest.fitted) cols.push({ title: "Speed (forest)", num: true, value: (p) => pct(p.speed.forest) });
+    cols.push({ title: "Speed (variance)", num: true, value: (p) => pct(p.speed.variance) },
+      { title: "Validity", num: true, value: (p) => pct(p.validity.variance) },
+      { title: "Fastest value (median)", value: best }, { title: "Most failing", value: failing });
+    importanceBox.replaceChildren(heading, controls,
+      el("div", { class: "sub", id: "importance-summary", text: importanceText(rep) }),
+      el("div", { class: "imp-grid" }, el("div", {}, importanceBars(rep), el("div", { class: "legend" }, el("span", {}, el("i", { class: "imp-speed" }), "speed"), el("span", {}, el("i", { class: "imp-validity" }), "validity"))),
+        el("div", { class: "scroll" }, table(cols, rep.parameters, { rowId: (p) => p.name }))));
+    importanceBox.dataset.method = rep.method;
+    slices.replaceChildren(el("h2", { text: `Speed per value: ${useGflops ? "GFLOP/s" : "median time"} of the measured configurations (log scale: box the middle half, whiskers best and worst); under each value n finished and, in purple, the share that gave no time` }),
+      rep.parameters.length ? el("div", { class: "slices" }, rep.parameters.map((p) => el("div", { class: "slice-box" }, el("h3", { text: `${p.name} · ${pct(speedShare(rep, p))}` }), sliceChart(p, useGflops)))) : el("div", { class: "empty", text: "no parameters" }));
+    parallel.replaceChildren(el("h2", { text: `The ${rep.top.n} fastest configurations (orange) against ${rep.top.rest.length} of the other ${rep.top.rest_total} measured (grey)` }), parallelChart(rep));
+  }
+
   async function loadTimeline() {
     const t = await api(`/api/runs/${runId}/timeline`);
     chartWorkers.replaceChildren(el("h2", { text: "Workers: share of time holding a trial" }), timeline(t.timeline, t.timeline_bins));
@@ -426,7 +598,7 @@ function runPage(runId) {
     // The heavier parts are asked for only when the run changed (in parallel).
     const key = JSON.stringify([summary.run_state, summary.trials, ...STATES.map((k) => summary[k]), summary.best_gflops, summary.confirmed]);
     if (key !== lastKey) {
-      await Promise.all([loadCharts(summary), loadTimeline(), loadTable(), loadBest()]);
+      await Promise.all([loadCharts(summary), loadTimeline(), loadTable(), loadBest(), loadImportance()]);
       if (openTrial) await showTrial(openTrial);
       lastKey = key;
     }
