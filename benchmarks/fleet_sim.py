@@ -155,6 +155,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a scratch database URL (default: a private embedded server in a temporary "
         "directory, started with the settings the fleet needs)",
     )
+    p.add_argument(
+        "--sample-s",
+        type=float,
+        default=0.1,
+        help="sample pg_stat_activity this often during each window (0: never)",
+    )
     p.add_argument("--out", default=None, help="JSON file or folder (default benchmarks/results)")
     return p.parse_args(argv)
 
@@ -475,6 +481,15 @@ class Host:
         # Connections are made a few at a time: a backlog of thousands of forks at once
         # only times out.
         self.connect_slots = threading.BoundedSemaphore(4)
+        self.lag: list[tuple[str, float, float, int]] = []
+        threading.Thread(target=self._probe_lag, name="lag-probe", daemon=True).start()
+
+    def _probe_lag(self) -> None:
+        """How late a thread of this process wakes from a 5 ms sleep (GIL and run queue)."""
+        while not self.stopping:
+            t = time.perf_counter()
+            time.sleep(0.005)
+            self.lag.append(("lag", time.monotonic(), (time.perf_counter() - t - 0.005) * 1e3, 0))
 
     def grow(self, count: int) -> dict[str, Any]:
         start = len(self.workers)
@@ -497,8 +512,17 @@ class Host:
             while w.acked < self.generation and w.is_alive() and time.monotonic() < deadline:
                 time.sleep(0.01)
 
+    def backend_pids(self) -> list[tuple[int, int]]:
+        """(server pid, worker number) of every session of the virtual workers."""
+        out = []
+        for w in self.workers:
+            for link in (w.link, w.heartbeat.link if w.heartbeat is not None else None):
+                if link is not None and link.conn is not None and not link.conn.closed:
+                    out.append((link.conn.info.backend_pid, w.index))
+        return out
+
     def take_samples(self) -> list[tuple[str, float, float, int]]:
-        out: list[tuple[str, float, float, int]] = []
+        out, self.lag = self.lag, []
         for w in self.workers:
             taken, w.samples = w.samples, []
             out.extend(taken)
@@ -520,6 +544,8 @@ def host_main(pipe: Pipe, name: str, url: str) -> None:
         elif command in ("end_cell", "one_session"):
             host.broadcast(command)
             pipe.send({"samples": host.take_samples()})
+        elif command == "pids":
+            pipe.send({"pids": host.backend_pids()})
         elif command == "errors":
             pipe.send({"errors": [w.error for w in host.workers if w.error][:3]})
         elif command == "stop":
@@ -568,6 +594,14 @@ class Fleet:
 
     def samples(self, command: str = "end_cell") -> list[tuple[str, float, float, int]]:
         return [s for r in self.ask(command) for s in r["samples"]]
+
+    def owners(self) -> dict[int, int]:
+        """Server pid -> a number per virtual worker (unique over the hosts)."""
+        out = {}
+        for host, r in enumerate(self.ask("pids")):
+            for pid, index in r["pids"]:
+                out[int(pid)] = host * 1_000_000 + int(index)
+        return out
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
@@ -667,6 +701,102 @@ class Coordinator(threading.Thread):
 
 
 # --- measuring ---------------------------------------------------------------------------------
+class ActivitySampler(threading.Thread):
+    """Samples what the virtual workers' server sessions do (``capacity.activity``) every
+    ``interval_s`` on its own session, for the window of one cell: which statement each
+    session runs, and what it waits on. Over a window, the mean number of sessions active in
+    one kind of statement divided by that statement's rate is its mean time inside the
+    server (Little's law), to hold against the time the client measured."""
+
+    def __init__(self, url: str, interval_s: float, owners: dict[int, int]) -> None:
+        super().__init__(name="activity-sampler", daemon=True)
+        self.conn = connect(url)
+        self.interval_s = interval_s
+        #: server pid -> the virtual worker (a number) whose session it serves
+        self.owners = owners
+        self.blocks: collections.Counter[tuple[str, str, str, str, str]] = collections.Counter()
+        self.lock_samples = 0
+        self.halt = threading.Event()
+        self.samples = 0
+        self.counts: collections.Counter[tuple[str, str, str]] = collections.Counter()
+        self.seconds = 0.0
+
+    def run(self) -> None:
+        started = time.monotonic()
+        last_blockers = -math.inf
+        while not self.halt.is_set():
+            t = time.monotonic()
+            for r in capacity.activity(self.conn, APPLICATION):
+                self.counts[(str(r["statement"]), str(r["state"]), str(r["wait"]))] += int(
+                    r["count"]
+                )
+            self.samples += 1
+            waiting = any(k[2].startswith("Lock:") for k in self.counts)
+            if waiting and t - last_blockers >= BLOCKERS_EVERY_S:
+                last_blockers = t
+                self.lock_samples += 1
+                for r in capacity.lock_waits(self.conn, APPLICATION):
+                    mine = self.owners.get(int(r["pid"]))
+                    theirs = self.owners.get(int(r["blocker_pid"]))
+                    whose = (
+                        "the same worker's other session"
+                        if mine is not None and mine == theirs
+                        else "another worker"
+                        if theirs is not None
+                        else "not a worker"
+                    )
+                    key = (str(r["statement"]), str(r["lock"]), str(r["blocker_statement"]),
+                           f"{r['blocker_state']} {r['blocker_wait']}".strip(), whose)  # fmt: skip
+                    self.blocks[key] += 1
+            self.halt.wait(max(0.0, self.interval_s - (time.monotonic() - t)))
+        self.seconds = time.monotonic() - started
+
+    def stop(self) -> dict[str, Any]:
+        self.halt.set()
+        self.join(30)
+        self.conn.close()
+        n = max(1, self.samples)
+        active = {k: v for k, v in self.counts.items() if k[1] == "active"}
+        total_active = sum(active.values())
+        by_wait: collections.Counter[str] = collections.Counter()
+        by_statement: collections.Counter[str] = collections.Counter()
+        for (statement, _, wait), v in active.items():
+            by_wait[wait or "CPU"] += v
+            by_statement[statement] += v
+        return {
+            "samples": self.samples,
+            "interval_s": self.interval_s,
+            "mean_active": total_active / n,
+            "mean_active_by_statement": {k: v / n for k, v in by_statement.most_common()},
+            # Shares of the active samples: what a session that runs a statement waits on
+            # ("CPU": on a core or waiting for one).
+            "active_share_by_wait": {
+                k: v / total_active for k, v in by_wait.most_common() if total_active
+            },
+            "active_by_statement_and_wait": [
+                {"statement": s, "wait": w or "CPU", "mean_sessions": v / n}
+                for (s, _, w), v in sorted(active.items(), key=lambda kv: -kv[1])[:25]
+            ],
+            # Heavyweight lock waits, sampled about once a second: who waits for whom.
+            "lock_wait_samples": self.lock_samples,
+            "lock_waits": [
+                {
+                    "statement": s,
+                    "lock": lock,
+                    "blocker_statement": b,
+                    "blocker_doing": doing,
+                    "blocker": whose,
+                    "mean_sessions": v / max(1, self.lock_samples),
+                }
+                for (s, lock, b, doing, whose), v in self.blocks.most_common(20)
+            ],
+            "mean_sessions_by_state": {
+                state: sum(v for k, v in self.counts.items() if k[1] == state) / n
+                for state in sorted({k[1] for k in self.counts})
+            },
+        }
+
+
 def proc_cpu_s(pids: Sequence[int], children: bool = False) -> float:
     """User + system CPU seconds of these processes (with their reaped children's)."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -740,7 +870,11 @@ def measure_cell(
     server0, load0 = proc_cpu_s(h.descendants(postmaster), children=True), proc_cpu_s(fleet.pids())
     t0 = time.monotonic()
     t1 = t0 + window
+    sampler = ActivitySampler(url, args.sample_s, fleet.owners()) if args.sample_s > 0 else None
+    if sampler is not None:
+        sampler.start()
     time.sleep(window)
+    activity = sampler.stop() if sampler is not None else None
     server1, load1 = proc_cpu_s(h.descendants(postmaster), children=True), proc_cpu_s(fleet.pids())
     cpu_span = time.monotonic() - c0
     busy = cpu.stop()
@@ -798,7 +932,24 @@ def measure_cell(
         "server_memory": memory,
         "sessions": sessions_now,
         "load_average": os.getloadavg(),
+        # Scheduling delay inside the host processes (a thread asking to sleep 5 ms, late
+        # by this much): the part of a client-measured latency that is the load generator's.
+        "host_lag_ms": h.summary([s[2] for s in inside if s[0] == "lag"]),
+        "activity": activity,
     }
+    if activity is not None:
+        # Little's law: mean sessions inside a statement / its rate = its mean time in the
+        # server, beside the mean the clients measured.
+        server_ms = {}
+        for kind, functions in SAMPLED_STATEMENTS.items():
+            rate = cell["statement_rates"].get(kind, 0.0)
+            inside_server = sum(activity["mean_active_by_statement"].get(f, 0.0) for f in functions)
+            client = lat[kind].get("mean")
+            server_ms[kind] = {
+                "server_mean_ms": 1e3 * inside_server / rate if rate else None,
+                "client_mean_ms": client,
+            }
+        cell["server_vs_client_ms"] = server_ms
     print(
         f"[{h.elapsed(started)}] N={n} T={duration:g} sessions={sessions}: {trials} trials in "
         f"{window:g} s, efficiency {cell['efficiency']:.3f} (by count "
@@ -1088,6 +1239,18 @@ def fit_model(out: dict[str, Any], predict: Sequence[int], durations: Sequence[f
         "predictions": predictions,
     }
 
+
+#: Seconds between two samples of the lock waits (``pg_blocking_pids`` is not free).
+BLOCKERS_EVERY_S = 1.0
+
+#: The worker statements of each timed kind, as ``capacity.activity`` names them.
+SAMPLED_STATEMENTS = {
+    "claim": ("claim_trials",),
+    "complete": ("complete_trial",),
+    "heartbeat": ("heartbeat_trials", "heartbeat_worker", "heartbeat"),
+    "reap": ("reap_expired_leases",),
+    "report": ("report_worker_sizing",),
+}
 
 #: A cell whose efficiency is below this saturated the machine.
 SATURATED = 0.8
