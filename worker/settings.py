@@ -130,7 +130,7 @@ class WorkerSettings:
     ) -> WorkerSettings:
         return cls(
             db=DatabaseSettings.build(
-                db, wait_s=wait_for_db_s, application_name="tunefleet-worker"
+                db, wait_s=wait_for_db_s, application_name="tunefleet-worker", behind_pooler=True
             ),
             device=resolve(device, "WORKER_DEVICE", None, str),
             drain=resolve(drain, "WORKER_DRAIN", False, parse_bool),
