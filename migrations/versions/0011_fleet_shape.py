@@ -19,6 +19,10 @@ statement of a worker a round trip of its own: halving the beat's halves its cos
 ``tunefleet.stop_worker`` also gives the device back. Lock order everywhere: trial rows (by
 id), then the worker row, then the device lease row.
 
+``worker_host_active_idx``: every sizing report (every worker, every 10 s) counts the live
+workers of its host, which read the whole worker table (stopped rows included, one per
+worker start ever) without it: at N workers, N/10 such reads a second of N or more rows.
+
 Revision ID: 0011_fleet_shape
 Revises: 0010_lease_lock_order
 Create Date: 2026-12-02 09:00:00
@@ -196,10 +200,18 @@ def upgrade() -> None:
     )
     # A worker's own lease, found by its heartbeat and its stop.
     op.create_index("device_lease_worker_idx", "device_lease", ["worker_id"], schema=SCHEMA)
+    op.create_index(
+        "worker_host_active_idx",
+        "worker",
+        ["host"],
+        schema=SCHEMA,
+        postgresql_where=sa.text("state = 'active'"),
+    )
     create([TAKE_DEVICE, HEARTBEAT, STOP_WORKER])
 
 
 def downgrade() -> None:
+    op.drop_index("worker_host_active_idx", table_name="worker", schema=SCHEMA)
     create([STOP_WORKER_0003])
     drop([TAKE_DEVICE, HEARTBEAT])
     op.drop_index("device_lease_worker_idx", table_name="device_lease", schema=SCHEMA)

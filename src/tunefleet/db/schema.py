@@ -168,6 +168,9 @@ Index(
     postgresql_where=text("state = 'active'"),
 )
 
+# The live workers of one host: every sizing report counts them (0011_fleet_shape).
+Index("worker_host_active_idx", worker.c.host, postgresql_where=text("state = 'active'"))
+
 trial = Table(
     "trial",
     metadata,
