@@ -40,8 +40,8 @@ What this module decides itself is only the order of things and the database's a
 ``pool``     the code-generation processes and the books their sizing is decided from
              (``size``; the decisions are ``sizing``'s)
 ``signals``  the stop request (SIGTERM, SIGINT, SIGUSR1) and the wake-up pipe
-``wake``     when to claim next, and whether to LISTEN meanwhile (only while waiting for
-             work, and only on a route that keeps a session; else polling with backoff)
+``wake``     when to claim next (polling with jittered backoff) and whether to LISTEN
+             meanwhile (only while idle, and only on a route that keeps a session)
 ``heartbeat`` the heartbeat thread on the worker's one session, and the main loop's liveness
              (a stuck loop stops its heartbeats, so its leases expire)
 """
@@ -143,7 +143,7 @@ class Worker:
         )
         #: What sits between this worker and PostgreSQL (found on the first connection).
         self.route: Route | None = None
-        self.wake = Wakeups(settings.poll_s, listen=True, rng=random.Random())
+        self.wake = Wakeups(settings.poll_s, listen=settings.listen, rng=random.Random())
         #: This worker holds its device's lease (every worker but a host one).
         self.holds_device = False
         self.heartbeat: Heartbeat | None = None
@@ -266,7 +266,7 @@ class Worker:
             self.device.platform,
             ", ".join(self.classes),
             self.settings.lease_s,
-            "woken by notifications" if self.wake.listen else "polling (no LISTEN here)",
+            "polling, listening while idle" if self.wake.listen else "polling",
         )
         r, sizing = self.pool.resources, self.pool.sizing
         log.info(
@@ -290,8 +290,10 @@ class Worker:
         self.route = pooler.detect(
             conn, lambda: connect(self.url, self.settings.db, connect_timeout=5)
         )
-        self.wake.listen = self.route.keeps_session
+        self.wake.listen = self.settings.listen and self.route.keeps_session
         log.info("database route: %s", self.route.describe())
+        if self.settings.listen and not self.route.keeps_session:
+            log.warning("--listen ignored: LISTEN does not work through this pooler; polling")
         if self.route.pooler:
             timeout = queue.session_timeout(conn)
             if not timeout:
@@ -439,7 +441,7 @@ class Worker:
         now = time.monotonic()
         if limit <= 0 or now < self.next_claim_at or not self._db_ready():
             return
-        listen_first = self.wake.wants_listen(limit)
+        listen_first = self.wake.wants_listen(len(self.held))
         try:
             claims = self.link.run(
                 queue.claim_trials,
@@ -464,8 +466,8 @@ class Worker:
             self._take(claims, now)
         else:
             self._found_nothing(now)
-        self.next_claim_at = self.wake.after_claim(now, len(claims), limit)
-        if self.wake.wants_unlisten(self.capacity - len(self._busy())):
+        self.next_claim_at = self.wake.after_claim(now, len(claims), limit, len(self.held))
+        if self.wake.wants_unlisten(len(self.held)):
             try:
                 self.link.run(queue.unlisten)
                 self.wake.listening = False
@@ -649,10 +651,9 @@ class Worker:
         if not self.held and not self.idle:
             self.idle = True
             log.info(
-                "waiting for work (%s)",
-                f"woken by notifications, polling every {self.settings.poll_s:g} s"
-                if self.wake.listen
-                else f"polling, backing off to every {self.settings.poll_s:g} s",
+                "waiting for work (polling, backing off to every %g s%s)",
+                self.settings.poll_s,
+                ", woken by notifications" if self.wake.listen else "",
             )
         excluded = self.judge.excluded
         if self.held or not (self.settings.drain or excluded):

@@ -4,9 +4,9 @@ not installed).
 A worker holds one session, directly (8 workers, 8 server sessions) or through any pooler.
 Behind **transaction pooling** (PgBouncer ``pool_mode = transaction``) it keeps no session
 state: its device is a leased row, exclusive though every client shares one server
-connection; it polls instead of LISTENing, sends no SET and prepares nothing, so 8 workers on
-a pool of 3 server connections finish a run with every trial measured once. Behind **session
-pooling** it is woken by notifications as on a direct connection. A pooler that refuses the
+connection; it polls, sends no SET and prepares nothing, so 8 workers on a pool of 3 server
+connections finish a run with every trial measured once. Behind **session pooling** a worker
+with ``--listen`` is woken by notifications as on a direct connection. A pooler that refuses the
 startup ``options`` (no ``ignore_startup_parameters = options``) does not stop a worker: it
 connects without them (the role's settings apply). A coordinator still needs a session: behind
 transaction pooling it exits at once with one line naming the fix, before it writes anything.
@@ -218,8 +218,9 @@ def test_routes_are_told_apart(db_url: str, session_pooler: PgBouncer) -> None:
 def test_worker_behind_session_pooling_is_woken_and_serves(
     db_url: str, session_pooler: PgBouncer, tmp_path: Path
 ) -> None:
-    # An hour's polling: only a notification can wake it for the trials inserted below.
-    with workers(session_pooler.url(db_url), 1, tmp_path, poll_s=3600) as (w,):
+    # An hour's polling, listening while idle: only a notification can wake it for the
+    # trials inserted below.
+    with workers(session_pooler.url(db_url), 1, tmp_path, poll_s=3600, listen=True) as (w,):
         wait_until(lambda: "waiting for work" in w.log() or not w.alive, 120, what="idle worker")
         assert w.alive, w.log()
         assert "a connection pooler in session mode" in w.log()

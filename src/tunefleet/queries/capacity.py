@@ -134,3 +134,17 @@ def lock_waits(conn: psycopg.Connection[Any], application_name: str) -> list[Row
         """,
         (application_name,),
     ).fetchall()
+
+
+def pooler_pools(console: psycopg.Connection[Any], database: str) -> list[Row]:
+    """PgBouncer's pools of ``database`` (``SHOW POOLS`` on its admin console, a connection
+    to the database ``pgbouncer`` as one of its ``admin_users``; tuple rows or dict rows):
+    clients active and waiting for a server connection (``cl_active``, ``cl_waiting``),
+    server connections active, idle, used, tested and logging in, and the longest current
+    wait (``maxwait`` s + ``maxwait_us``). Locks: none (PgBouncer answers from its memory;
+    the server is not involved)."""
+    cur = psycopg.ClientCursor(console)  # the console speaks only the simple query protocol
+    cur.execute("SHOW POOLS")
+    names = [d.name for d in cur.description or ()]
+    rows = [r if isinstance(r, dict) else dict(zip(names, r, strict=True)) for r in cur]
+    return [r for r in rows if r.get("database") == database]
