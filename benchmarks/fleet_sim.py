@@ -1430,9 +1430,12 @@ def main(argv: list[str] | None = None) -> int:
                             console,
                         )
                     )  # fmt: skip
+                    # Each cell's numbers are kept at once: a run cut short keeps what it had.
+                    h.write_json(NAME, {**out, "partial": True}, args.out)
             finally:
                 fleet.stop()
     out["model"] = fit_model(out, [int(x) for x in args.predict.split(",") if x], durations)
+    out["wall_s"] = time.monotonic() - started
     print_table(out)
     h.write_json(NAME, out, args.out)
     return 0
