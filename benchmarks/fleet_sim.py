@@ -28,8 +28,10 @@ change of shape reconnects the live fleet (registration, leases and device lease
 virtual worker runs in a cell lasts a uniform random fraction of T, as if the fleet had been
 running for a long time with workers started at random moments: completions then arrive at
 the steady rate N/T from the first second, instead of in N-wide bursts every T seconds.
-After a warm-up (``--warmup``, 3 s) a window of ``k x T`` seconds is measured (``k`` whole
-trials, ``k = max(1, round(--window / T))``: 10 s at T = 1 s and 10 s, 30 s at 30 s);
+After a warm-up (``--warmup``, 6 s: longer than the polling interval an idle worker has
+backed off to, so every worker has found the cell's work) a window of ``k x T`` seconds is
+measured (``k`` whole trials, ``k = max(1, round(--window / T))``: 10 s at T = 1 s and 10 s,
+30 s at 30 s);
 a whole number of trial lengths makes every worker contribute the same number of
 completions whatever its phase. At the end of a cell its runs are finished and every virtual
 worker releases what it holds (the worker's shutdown statement).
@@ -175,7 +177,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="PgBouncer's server connections for the pooled cells (default_pool_size)",
     )
     p.add_argument("--window", type=float, default=10.0, help="measured window, seconds")
-    p.add_argument("--warmup", type=float, default=3.0, help="warm-up of each cell, seconds")
+    p.add_argument(
+        "--warmup",
+        type=float,
+        default=6.0,
+        help="warm-up of each cell, seconds (longer than the workers' 5 s polling interval: an "
+        "idle fleet finds the cell's first trials before the window opens)",
+    )
     p.add_argument("--procs", type=int, default=4, help="processes holding the virtual workers")
     p.add_argument("--ab-workers", type=int, default=64, help="N of the real-vs-simulated A/B")
     p.add_argument("--ab-duration", type=float, default=1.0, help="T of the A/B, seconds")
