@@ -307,11 +307,11 @@ def test_a_beat_goes_before_calls_waiting_behind_a_long_statement(db_url, db):
     """The heartbeat waits for the one call in flight, never for the queue behind it."""
     link = Link(db_url, DatabaseSettings(url=db_url), "main")
     order: list[str] = []
-    started = threading.Event()
+    key = 0x7466_7473  # an advisory lock the test holds: the long call waits for it
 
     def long_call(conn) -> None:
-        started.set()
-        conn.execute("SELECT pg_sleep(1.0)")
+        conn.execute("SELECT pg_advisory_lock(%s)", (key,))
+        conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
         order.append("long")
 
     def queued(name: str, urgent: bool) -> threading.Thread:
@@ -324,13 +324,15 @@ def test_a_beat_goes_before_calls_waiting_behind_a_long_statement(db_url, db):
 
     try:
         pid = backend_pid(link.connect_now())
+        db.execute("SELECT pg_advisory_lock(%s)", (key,))
         first = threading.Thread(target=link.run, args=(long_call,), daemon=True)
         first.start()
-        started.wait(30)
-        wait_until(lambda: active_statement(db, pid).startswith("SELECT pg_sleep"), 30, "sleep")
+        wait_until(lambda: waiting_on_a_lock(db, pid), 30, what="the long call to wait")
         behind = [queued(f"main {i}", urgent=False) for i in range(3)]
-        wait_until(lambda: len(waiters(link)) >= 3, 30, what="three waiters")
+        wait_until(lambda: len(waiters(link)) >= 3, 30, what="three callers waiting")
         beat = queued("beat", urgent=True)
+        wait_until(lambda: len(waiters(link)) >= 4, 30, what="the beat waiting too")
+        db.execute("SELECT pg_advisory_unlock(%s)", (key,))
         for t in [first, *behind, beat]:
             t.join(30)
         assert order[:2] == ["long", "beat"], order
@@ -338,12 +340,6 @@ def test_a_beat_goes_before_calls_waiting_behind_a_long_statement(db_url, db):
         assert backend_pid(link.connect_now()) == pid  # one session throughout
     finally:
         link.close()
-
-
-def active_statement(db, pid: int) -> str:
-    row = db.execute("SELECT query, state FROM pg_stat_activity WHERE pid = %s", (pid,))
-    r = row.fetchone()
-    return str(r["query"]) if r and r["state"] == "active" else ""
 
 
 def waiters(link: Link) -> list[threading.Thread]:
