@@ -1,25 +1,37 @@
-"""A fleet past one machine, simulated: N virtual workers on N real database sessions (two
-per worker, as today: work and heartbeat), held by a few processes, against one PostgreSQL.
-What does the server carry at N = 100 ... 2,000, and would the simulation tell the truth?
+"""A fleet past one machine, simulated: N virtual workers, each on its own database session
+(or, behind PgBouncer in transaction mode, sharing its pool), held by a few processes, against
+one PostgreSQL. What does the server carry at N = 100 ... 10,000, what do its sessions wait
+on, and would the simulation tell the truth?
 
-A virtual worker is the worker's loop without a device: it takes its device lock, registers
-its device and itself, reports its sizing, LISTENs, claims up to its capacity (1 + prefetch),
+A virtual worker is the worker's loop without a device: it registers its device and itself,
+takes its device's lease, reports its sizing, claims up to its capacity (1 + prefetch),
 "times" a trial by waiting the trial's ``duration`` (its device), starts the next held trial
 before it writes the last result, completes (fenced, with a measurement row), runs the
-reaper every ``lease / 2`` (at most 15 s), reports its sizing every 10 s, wakes on NOTIFY or
-polls every 5 s, and its heartbeat thread (the worker's own ``Heartbeat`` class, on its own
-session) extends its leases every third of the lease. Every statement is the worker's own,
-from ``tunefleet.queries.queue``, on connections made by the worker's ``Link``. A coordinator
-thread keeps the queue at the coordinator's target (``coordinator.rules.queue_target``, poll
-0.2 s), reading outcomes with ``fetch_unreported`` and inserting with ``insert_trials`` (one
-NOTIFY per poll).
+reaper every ``lease / 2`` (at most 15 s), reports its sizing every 10 s, waits for work as
+the worker does (``tunefleet.worker.wake``: polling with jittered backoff), and its heartbeat
+thread (the worker's own ``Heartbeat`` on the worker's one session, with the main loop's
+liveness) extends its leases and its device lease every third of the lease. Every statement
+is the worker's own, from ``tunefleet.queries.queue``, on connections made by the worker's
+``Link``. A coordinator thread keeps the queue at the coordinator's target
+(``coordinator.rules.queue_target``, poll 0.2 s), reading outcomes with ``fetch_unreported``
+and inserting with ``insert_trials`` (one NOTIFY per poll that inserted).
 
-**Steady state within minutes.** Each cell (N, T) starts from an idle fleet. The first trial
-each virtual worker runs in a cell lasts a uniform random fraction of T, as if the fleet had
-been running for a long time with workers started at random moments: completions then arrive
-at the steady rate N/T from the first second, instead of in N-wide bursts every T seconds.
-After a warm-up (``--warmup``, 3 s) a window of ``k x T`` seconds is measured (``k`` whole
-trials, ``k = max(1, round(--window / T))``: 10 s at T = 1 s and 10 s, 30 s at 30 s);
+**Shapes** (``--shapes``, or per cell in ``--cells N:T:SHAPE,...``): ``one`` is the worker;
+``one-idle-listen`` the worker with ``--listen``; ``one-listen`` LISTENs all the time and
+claims on every notification, and ``two-listen`` is the worker before migration
+0011_fleet_shape (its heartbeat on a second session, two statements a beat, LISTEN all the
+time): the A/B of the wake-ups and of the sessions; ``pooled`` is the worker behind PgBouncer
+in transaction mode (``--pool-size`` server connections, ``--pgbouncer`` the binary). A
+change of shape reconnects the live fleet (registration, leases and device leases stay).
+
+**Steady state within minutes.** Each cell starts from an idle fleet. The first trial each
+virtual worker runs in a cell lasts a uniform random fraction of T, as if the fleet had been
+running for a long time with workers started at random moments: completions then arrive at
+the steady rate N/T from the first second, instead of in N-wide bursts every T seconds.
+After a warm-up (``--warmup``, 6 s: longer than the polling interval an idle worker has
+backed off to, so every worker has found the cell's work) a window of ``k x T`` seconds is
+measured (``k`` whole trials, ``k = max(1, round(--window / T))``: 10 s at T = 1 s and 10 s,
+30 s at 30 s);
 a whole number of trial lengths makes every worker contribute the same number of
 completions whatever its phase. At the end of a cell its runs are finished and every virtual
 worker releases what it holds (the worker's shutdown statement).
@@ -31,28 +43,33 @@ trial's start, however late the worker noticed its end): the batch definition wi
 edges cut off. ``efficiency_by_count`` counts whole trials completed in the window instead
 (one more or less per worker whose phase drifted across an edge: a check, noisier at T = 30 s).
 
+**What the sessions wait on.** During each window ``pg_stat_activity`` is sampled every
+``--sample-s`` (0.1 s): which statement each worker session runs and its wait event, so a
+statement's mean time inside the server (Little's law: mean sessions in it / its rate) stands
+beside the time the clients measured; about once a second, who blocks whom on heavyweight
+locks (the same worker's other session, or another worker); the host processes' scheduling
+lag (the part of a latency that is the load generator's); how many clients one NOTIFY woke;
+in pooled cells PgBouncer's pool (``SHOW POOLS``: clients waiting for a server connection).
+
 **A/B against the real worker.** At ``--ab-workers`` N (64: what this machine holds with
 real processes) both fleets get fleet_scaling's batch (N x ideal / T trials of T = 1 s in one
 transaction, one NOTIFY, after its warm-up), and efficiency is fleet_scaling's, on the
 database clock. The real side *is* fleet_scaling's code (``measure_fleet``).
 
-**Sessions per worker.** After the cells of the largest N, every virtual worker closes its
-heartbeat session and heartbeats from its main loop instead (one session per worker), and the
-cell of the longest T is measured again: same work, half the sessions.
-
-**What two cores hold.** A cell that a smaller fleet already saturated at the same T
-(efficiency below 0.8), or that needs more trials per second than a saturated cell carried,
-is skipped and says why (``--all-cells`` measures it anyway): on a machine shared with the
-load generator it would only thrash for minutes. The fitted model (``model`` in the JSON:
-server CPU per trial and per worker-second, memory per session) predicts ``--predict``
-fleets; on a machine with the cores, measure them with ``--workers``.
+**What two cores hold.** A cell that a smaller fleet of its shape already saturated at the
+same T (efficiency below 0.8), or that needs more trials per second than a saturated cell of
+its shape carried, is skipped and says why (``--all-cells`` measures it anyway): on a machine
+shared with the load generator it would only thrash for minutes. The fitted model (``model``
+in the JSON: server CPU per trial and per worker-second, memory per session, over the ``one``
+cells) predicts ``--predict`` fleets; on a machine with the cores, measure them.
 
 Server CPU and memory come from the PostgreSQL process tree (``/proc``: CPU over the
 window, proportional and resident memory at its end); sessions from ``pg_stat_activity``.
 The load generator runs on the same machine: its CPU is reported beside the server's.
 
-    python benchmarks/fleet_sim.py                          # the table in the README, ~8 min
+    python benchmarks/fleet_sim.py                          # the table in the README
     python benchmarks/fleet_sim.py --workers 20 --durations 0.5 --window 2 --no-ab
+    python benchmarks/fleet_sim.py --cells 800:10:one,800:10:two-listen,800:10:pooled --no-ab
 
 Writes ``benchmarks/results/fleet_sim.json`` (or ``--out``).
 """
@@ -62,6 +79,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import itertools
 import math
 import multiprocessing as mp
 import os
@@ -69,18 +87,24 @@ import random
 import resource
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from multiprocessing.connection import Connection as Pipe
 from multiprocessing.connection import wait as wait_any
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# tests.helpers.pgbouncer: the one PgBouncer launcher, shared with the tests.
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 import _harness as h
 
@@ -93,8 +117,9 @@ from tunefleet.queries import bench as bq
 from tunefleet.queries import capacity, queue, search
 from tunefleet.settings import DatabaseSettings
 from tunefleet.space import config_hash
-from tunefleet.worker.heartbeat import Heartbeat, HeldLeases
+from tunefleet.worker.heartbeat import Heartbeat, HeldLeases, Liveness
 from tunefleet.worker.link import DatabaseDown, Link
+from tunefleet.worker.wake import WAKE_SPREAD_S, Wakeups
 
 NAME = "fleet_sim"
 #: The worker's defaults (worker.settings, worker.loop) the virtual workers follow.
@@ -128,16 +153,42 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="fleet sizes the fitted model predicts the server's load for (comma list)",
     )
     p.add_argument("--durations", default="1,10,30", help="trial lengths T in seconds")
+    p.add_argument(
+        "--shapes",
+        default="one",
+        help="fleet shapes measured at each N (comma list of " + ", ".join(SHAPES) + ")",
+    )
+    p.add_argument(
+        "--cells",
+        default=None,
+        help="the cells to measure, in order, instead of N x shape x T: N:T:SHAPE,... "
+        "(N never decreasing), e.g. 2000:1:one,2000:10:one,10000:30:pooled",
+    )
+    p.add_argument(
+        "--pgbouncer",
+        default=None,
+        help="the PgBouncer binary for pooled cells (default $TUNEFLEET_PGBOUNCER, else "
+        "pgbouncer on PATH or /usr/sbin/pgbouncer)",
+    )
+    p.add_argument(
+        "--pool-size",
+        type=int,
+        default=64,
+        help="PgBouncer's server connections for the pooled cells (default_pool_size)",
+    )
     p.add_argument("--window", type=float, default=10.0, help="measured window, seconds")
-    p.add_argument("--warmup", type=float, default=3.0, help="warm-up of each cell, seconds")
+    p.add_argument(
+        "--warmup",
+        type=float,
+        default=6.0,
+        help="warm-up of each cell, seconds (longer than the workers' 5 s polling interval: an "
+        "idle fleet finds the cell's first trials before the window opens)",
+    )
     p.add_argument("--procs", type=int, default=4, help="processes holding the virtual workers")
     p.add_argument("--ab-workers", type=int, default=64, help="N of the real-vs-simulated A/B")
     p.add_argument("--ab-duration", type=float, default=1.0, help="T of the A/B, seconds")
     p.add_argument("--ab-ideal", type=float, default=10.0, help="ideal seconds of the A/B batch")
     p.add_argument("--no-ab", action="store_true", help="skip the A/B with real workers")
-    p.add_argument(
-        "--no-one-session", action="store_true", help="skip the one-session cell at the largest N"
-    )
     p.add_argument(
         "--all-cells",
         action="store_true",
@@ -155,13 +206,50 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a scratch database URL (default: a private embedded server in a temporary "
         "directory, started with the settings the fleet needs)",
     )
+    p.add_argument(
+        "--sample-s",
+        type=float,
+        default=0.1,
+        help="sample pg_stat_activity this often during each window (0: never)",
+    )
     p.add_argument("--out", default=None, help="JSON file or folder (default benchmarks/results)")
     return p.parse_args(argv)
 
 
+# --- the shapes of a fleet ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Shape:
+    """How the virtual workers reach the database and wait for work."""
+
+    name: str
+    #: 1: the worker's one session (its heartbeat thread shares it); 2: the heartbeat on a
+    #: session of its own, with its two statements (the worker before 0011_fleet_shape).
+    sessions: int
+    #: "poll": the worker's wake-ups (no LISTEN, jittered backoff: worker.wake);
+    #: "idle": the worker with --listen (LISTEN while it holds nothing);
+    #: "listen": LISTEN all the time and claim on every notification (before 0011).
+    wake: str
+    #: Through PgBouncer in transaction mode (``pool_mode = transaction``).
+    pooled: bool
+    about: str
+
+
+SHAPES = {
+    s.name: s
+    for s in (
+        Shape("one", 1, "poll", False, "the worker: one session, polling with jittered backoff"),
+        Shape("one-idle-listen", 1, "idle", False, "the worker with --listen: LISTEN when idle"),
+        Shape("one-listen", 1, "listen", False, "one session, LISTEN always"),
+        Shape("two-listen", 2, "listen", False, "before 0011: two sessions, LISTEN always"),
+        Shape("pooled", 1, "poll", True, "the worker behind PgBouncer (transaction mode)"),
+    )
+}
+
+
 # --- one virtual worker (in a host process) ----------------------------------------------------
 class TimedHeartbeat(Heartbeat):
-    """The worker's heartbeat thread, with each beat's round trips timed."""
+    """The worker's heartbeat thread (one statement, on the worker's one session), with each
+    beat's round trip timed."""
 
     owner: VirtualWorker
 
@@ -171,11 +259,33 @@ class TimedHeartbeat(Heartbeat):
         self.owner.sample("heartbeat", (time.perf_counter() - started) * 1e3)
 
 
+class LegacyHeartbeat(TimedHeartbeat):
+    """The heartbeat before 0011_fleet_shape: on a session of its own, two statements (the
+    leases, then the worker row), for the two-session shape."""
+
+    def beat(self) -> None:
+        started = time.perf_counter()
+        held = self.held.snapshot()
+        try:
+            if held:
+                kept = self.link.run(
+                    queue.heartbeat_trials, worker_id=self.worker_id, held=held,
+                    lease_s=self.lease_s,
+                )  # fmt: skip
+                if self.held.mark_lost([k for k in held if k.trial_id not in kept]):
+                    self.on_lost()
+            self.link.run(queue.heartbeat_worker, self.worker_id, self.worker_secret)
+        except DatabaseDown:
+            pass
+        self.owner.sample("heartbeat", (time.perf_counter() - started) * 1e3)
+
+
 class VirtualWorker(threading.Thread):
-    def __init__(self, host: Host, index: int) -> None:
+    def __init__(self, host: Host, index: int, shape: Shape) -> None:
         super().__init__(name=f"virtual-worker-{index}", daemon=True)
         self.host = host
         self.index = index
+        self.shape = shape
         self.worker_id = uuid.uuid4()
         self.secret = ""
         self.node = f"{host.name}-node{index // GPUS_PER_NODE}"
@@ -190,16 +300,16 @@ class VirtualWorker(threading.Thread):
         self.capacity = 1 + PREFETCH
         self.rng = random.Random(hash((host.name, index)))
         self.leases = HeldLeases()
-        self.link = Link(host.url, host.db, "main", on_connect=self._on_connect)
+        self.liveness: Liveness | None = None
+        self.link = self._link()
         self.heartbeat: TimedHeartbeat | None = None
-        self.sessions = 2
+        self.wake = self._wakeups()
         self.queued: collections.deque[queue.ClaimedTrial] = collections.deque()
         self.running: tuple[queue.ClaimedTrial, float, float, float] | None = None
         self.finished: list[tuple[queue.ClaimedTrial, float]] = []
         self.next_claim = 0.0
         self.next_reap = time.monotonic() + self.rng.uniform(0, self.reap_s)
         self.next_report = time.monotonic() + self.rng.uniform(0, REPORT_EVERY_S)
-        self.next_beat = time.monotonic() + LEASE_S / 3
         self.generation = 0
         self.randomised_cell = -1
         self.ready = threading.Event()
@@ -211,6 +321,20 @@ class VirtualWorker(threading.Thread):
         self.wake_w.setblocking(False)
 
     reap_s = min(max(LEASE_S / 2.0, 0.25), 15.0)
+
+    def _link(self) -> Link:
+        return Link(
+            self.host.urls[self.shape.pooled],
+            self.host.db,
+            "main",
+            on_connect=self._on_connect,
+            on_call_done=lambda: self.liveness.stamp() if self.liveness else None,
+        )
+
+    def _wakeups(self) -> Wakeups:
+        # The "listen" shape claims at once on every notification, as the worker did.
+        spread = 0.0 if self.shape.wake == "listen" else WAKE_SPREAD_S
+        return Wakeups(POLL_S, listen=self.shape.wake != "poll", rng=self.rng, spread_s=spread)
 
     def sample(self, kind: str, ms: float, n: int = 0, at: float | None = None) -> None:
         self.samples.append((kind, time.monotonic() if at is None else at, ms, n))
@@ -229,19 +353,18 @@ class VirtualWorker(threading.Thread):
         return self.timed(kind, fn, worker_id=self.worker_id, **kwargs)
 
     def _on_connect(self, conn: Any) -> None:
-        got = queue.try_lock_device(
-            conn, host=self.node, fingerprint=self.device.fingerprint, index=self.device.index
-        )
-        if not got:
-            raise RuntimeError(f"device lock of {self.node}/{self.device.index} is taken")
-        queue.listen(conn)
+        self.wake.lost_session()
+        if self.shape.wake == "listen":
+            queue.listen(conn)
+            self.wake.listening = True
 
-    def wake(self) -> None:
+    def wake_up(self) -> None:
         with contextlib.suppress(BlockingIOError, OSError):
             self.wake_w.send(b"\0")
 
     # start-up, as the worker's step_start
     def setup(self) -> None:
+        self.liveness = Liveness(LEASE_S)  # owned by this thread: its main loop
         with self.host.connect_slots:
             conn = self.link.connect_now()
             device_id = queue.register_device(conn, self.device)
@@ -255,20 +378,40 @@ class VirtualWorker(threading.Thread):
                 version=__version__,
                 capacity=self.capacity,
             )
+            got = queue.take_device(
+                conn, worker_id=self.worker_id, secret=self.secret, index=self.device.index,
+                lease_s=LEASE_S,
+            )  # fmt: skip
+            if not got.taken:
+                raise RuntimeError(f"device {self.node}/{self.device.index} is leased to another")
             self.report(conn)
-            beat_link = Link(self.host.url, self.host.db, "heartbeat")
-            beat_link.connect_now()  # at once, so every session is counted from the start
-        self.heartbeat = TimedHeartbeat(
-            beat_link,
-            worker_id=self.worker_id,
-            worker_secret=self.secret,
-            lease_s=LEASE_S,
-            interval_s=LEASE_S / 3,
-            held=self.leases,
-            on_lost=self.wake,
-        )
-        self.heartbeat.owner = self
-        self.heartbeat.start()
+        self.start_heartbeat()
+
+    def start_heartbeat(self) -> None:
+        if self.shape.sessions == 2:
+            with self.host.connect_slots:
+                beat_link = Link(self.host.urls[self.shape.pooled], self.host.db, "heartbeat")
+                beat_link.connect_now()  # at once, so every session is counted from the start
+            beat: TimedHeartbeat = LegacyHeartbeat(
+                beat_link, worker_id=self.worker_id, worker_secret=self.secret, lease_s=LEASE_S,
+                interval_s=LEASE_S / 3, held=self.leases, on_lost=self.wake_up,
+            )  # fmt: skip
+        else:
+            beat = TimedHeartbeat(
+                self.link, worker_id=self.worker_id, worker_secret=self.secret, lease_s=LEASE_S,
+                interval_s=LEASE_S / 3, held=self.leases, on_lost=self.wake_up,
+                liveness=self.liveness, holds_device=True, on_device_lost=self.wake_up,
+            )  # fmt: skip
+        beat.owner = self
+        self.heartbeat = beat
+        beat.start()
+
+    def stop_heartbeat(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+            if self.heartbeat.link is not self.link:
+                self.heartbeat.link.close()
+            self.heartbeat = None
 
     def report(self, conn: Any) -> None:
         queue.report_worker_sizing(
@@ -314,6 +457,8 @@ class VirtualWorker(threading.Thread):
     def turn(self) -> None:
         if self.host.generation != self.generation:
             self.control(self.host.generation)
+        if self.liveness is not None:
+            self.liveness.stamp()
         now = time.monotonic()
         # collect, then start_next: the device never waits on the database
         if self.running is not None and now >= self.running[1]:
@@ -327,27 +472,12 @@ class VirtualWorker(threading.Thread):
             self.running = (claim, now + d, d, now)
         try:
             self.complete_finished()
-            if self.sessions == 1 and now >= self.next_beat:
-                self.next_beat = now + LEASE_S / 3
-                self.beat_inline()
             if now >= self.next_reap:
                 self.next_reap = now + self.reap_s
                 self.timed("reap", queue.reap_expired_leases)
             room = self.capacity - self.held_count()
             if room > 0 and now >= self.next_claim:
-                claims = self.as_me(
-                    "claim",
-                    queue.claim_trials,
-                    secret=self.secret,
-                    device_classes=self.classes,
-                    limit=room,
-                    lease_s=LEASE_S,
-                )
-                for c in claims:
-                    self.queued.append(c)
-                    self.leases.add(c.key)
-                self.next_claim = 0.0 if claims else now + POLL_S
-                if claims:
+                if self.claim(now, room):
                     return  # straight to the next turn: start it, claim the rest
             if now >= self.next_report:
                 self.next_report = now + REPORT_EVERY_S
@@ -355,6 +485,32 @@ class VirtualWorker(threading.Thread):
         except DatabaseDown:
             pass
         self.wait()
+
+    def claim(self, now: float, room: int) -> bool:
+        """The worker's claim step: LISTEN first when it is idle, UNLISTEN once it holds a
+        trial again (the "listen" shape listens all the time)."""
+        listen_first = self.wake.wants_listen(self.held_count())
+        claims = self.as_me(
+            "claim",
+            queue.claim_trials,
+            secret=self.secret,
+            device_classes=self.classes,
+            limit=room,
+            lease_s=LEASE_S,
+            listen_first=listen_first,
+        )
+        if listen_first:
+            self.wake.listening = True
+            self.sample("listen", 0.0)
+        for c in claims:
+            self.queued.append(c)
+            self.leases.add(c.key)
+        self.next_claim = self.wake.after_claim(now, len(claims), room, self.held_count())
+        if self.shape.wake != "listen" and self.wake.wants_unlisten(self.held_count()):
+            self.link.run(queue.unlisten)
+            self.wake.listening = False
+            self.sample("unlisten", 0.0)
+        return bool(claims)
 
     def complete_finished(self) -> None:
         while self.finished:
@@ -384,28 +540,15 @@ class VirtualWorker(threading.Thread):
                 self.sample("done", 0.0, claim.run_id)
             self.next_claim = 0.0
 
-    def beat_inline(self) -> None:
-        """One session per worker: the main loop extends its leases itself."""
-        started = time.perf_counter()
-        held = self.leases.snapshot()
-        if held:
-            self.link.run(
-                queue.heartbeat_trials, worker_id=self.worker_id, held=held, lease_s=LEASE_S
-            )
-        self.link.run(queue.heartbeat_worker, self.worker_id, self.secret)
-        self.sample("heartbeat", (time.perf_counter() - started) * 1e3)
-
     def wait(self) -> None:
         now = time.monotonic()
-        deadlines = [self.next_reap, self.next_report, now + POLL_S]
+        deadlines = [self.next_reap, self.next_report, now + POLL_S, now + LEASE_S / 2]
         if self.running is not None:
             deadlines.append(self.running[1])
         if self.held_count() < self.capacity:
             deadlines.append(self.next_claim)
-        if self.sessions == 1:
-            deadlines.append(self.next_beat)
         timeout = max(0.0, min(deadlines) - now)
-        conn = self.link.conn if self.link.up else None
+        conn = self.link.conn if self.link.up and self.wake.listening else None
         waitables: list[Any] = [self.wake_r] + ([conn] if conn is not None else [])
         ready = wait_any(waitables, timeout=timeout)
         if self.wake_r in ready:
@@ -413,18 +556,17 @@ class VirtualWorker(threading.Thread):
                 while self.wake_r.recv(4096):
                     pass
         if conn is not None and conn in ready:
-            try:
-                for n in conn.notifies(timeout=0.0):
-                    if not n.payload or n.payload in self.classes:
-                        self.next_claim = 0.0
-            except Exception as exc:
-                self.link.broken(exc)
+            payloads = self.link.notifies()
+            if payloads:
+                self.sample("notify", 0.0, len(payloads))
+            if any(not p or p in self.classes for p in payloads):
+                self.next_claim = self.wake.woken(time.monotonic())
 
     def control(self, generation: int) -> None:
-        """A command of the host: end the cell (release everything held) or go down to one
-        session; then acknowledge."""
+        """A command of the host: end the cell (release everything held) or take another
+        shape (reconnect); then acknowledge."""
         self.generation = generation
-        command = self.host.command
+        command, arg = self.host.command
         try:
             if command in ("end_cell", "stop"):
                 self.complete_finished()
@@ -440,22 +582,30 @@ class VirtualWorker(threading.Thread):
                 self.queued.clear()
                 self.running = None
                 self.next_claim = 0.0
-            elif command == "one_session" and self.sessions == 2:
-                if self.heartbeat is not None:
-                    self.heartbeat.stop()  # joins the thread, closes its session
-                self.sessions = 1
-                self.next_beat = time.monotonic() + self.rng.uniform(0, LEASE_S / 3)
+            elif command == "reshape" and arg != self.shape.name:
+                self.stop_heartbeat()
+                self.link.close()
+                self.shape = SHAPES[arg]
+                self.link = self._link()
+                self.wake = self._wakeups()
+                with self.host.connect_slots:
+                    self.link.connect_now()
+                self.start_heartbeat()
+                self.next_claim = 0.0
         except DatabaseDown:
             pass
         self.acked = generation
 
     def shutdown(self) -> None:
-        if self.heartbeat is not None and self.heartbeat.is_alive():
-            self.heartbeat.stop()
+        heartbeat = self.heartbeat
+        with contextlib.suppress(Exception):
+            self.stop_heartbeat()
         with contextlib.suppress(Exception):
             if self.secret:
                 self.link.run(queue.stop_worker, self.worker_id, self.secret)
         self.link.close()
+        if heartbeat is not None and heartbeat.link is not self.link:
+            heartbeat.link.close()
         self.acked = self.host.generation
         self.wake_r.close()
         self.wake_w.close()
@@ -463,22 +613,34 @@ class VirtualWorker(threading.Thread):
 
 # --- a host process: many virtual workers ------------------------------------------------------
 class Host:
-    def __init__(self, name: str, url: str) -> None:
+    def __init__(self, name: str, urls: dict[bool, str]) -> None:
         self.name = name
-        self.url = url
-        self.db = DatabaseSettings.build(url, application_name=APPLICATION)
+        #: The database, directly (False) and through the pooler (True, where there is one).
+        self.urls = urls
+        self.db = DatabaseSettings.build(
+            urls[False], application_name=APPLICATION, behind_pooler=True
+        )
         self.workers: list[VirtualWorker] = []
         self.stopping = False
         self.generation = 0
-        self.command = ""
+        self.command: tuple[str, Any] = ("", None)
         self.cell: dict[str, Any] = {"id": -1, "first_run": 0, "randomise": False}
         # Connections are made a few at a time: a backlog of thousands of forks at once
         # only times out.
         self.connect_slots = threading.BoundedSemaphore(4)
+        self.lag: list[tuple[str, float, float, int]] = []
+        threading.Thread(target=self._probe_lag, name="lag-probe", daemon=True).start()
 
-    def grow(self, count: int) -> dict[str, Any]:
+    def _probe_lag(self) -> None:
+        """How late a thread of this process wakes from a 5 ms sleep (GIL and run queue)."""
+        while not self.stopping:
+            t = time.perf_counter()
+            time.sleep(0.005)
+            self.lag.append(("lag", time.monotonic(), (time.perf_counter() - t - 0.005) * 1e3, 0))
+
+    def grow(self, count: int, shape: str) -> dict[str, Any]:
         start = len(self.workers)
-        new = [VirtualWorker(self, start + i) for i in range(count)]
+        new = [VirtualWorker(self, start + i, SHAPES[shape]) for i in range(count)]
         for w in new:
             w.start()
         for w in new:
@@ -487,39 +649,53 @@ class Host:
         self.workers.extend(w for w in new if not w.error)
         return {"workers": len(self.workers), "failed": len(failed), "errors": failed[:3]}
 
-    def broadcast(self, command: str, timeout: float = 120.0) -> None:
-        self.command = command
+    def broadcast(self, command: str, arg: Any = None, timeout: float = 300.0) -> None:
+        self.command = (command, arg)
         self.generation += 1
         for w in self.workers:
-            w.wake()
+            w.wake_up()
         deadline = time.monotonic() + timeout
         for w in self.workers:
             while w.acked < self.generation and w.is_alive() and time.monotonic() < deadline:
                 time.sleep(0.01)
 
+    def backend_pids(self) -> list[tuple[int, int]]:
+        """(server pid, worker number) of every direct session of the virtual workers."""
+        out = []
+        for w in self.workers:
+            if w.shape.pooled:
+                continue
+            for link in (w.link, w.heartbeat.link if w.heartbeat is not None else None):
+                if link is not None and link.conn is not None and not link.conn.closed:
+                    out.append((link.conn.info.backend_pid, w.index))
+        return out
+
     def take_samples(self) -> list[tuple[str, float, float, int]]:
-        out: list[tuple[str, float, float, int]] = []
+        out, self.lag = self.lag, []
         for w in self.workers:
             taken, w.samples = w.samples, []
             out.extend(taken)
         return out
 
 
-def host_main(pipe: Pipe, name: str, url: str) -> None:
+def host_main(pipe: Pipe, name: str, urls: dict[bool, str]) -> None:
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     threading.stack_size(256 * 1024)
-    host = Host(name, url)
+    host = Host(name, urls)
     while True:
         command, arg = pipe.recv()
         if command == "grow":
-            pipe.send(host.grow(int(arg)))
+            count, shape = arg
+            pipe.send(host.grow(int(count), str(shape)))
         elif command == "cell":
             host.cell = dict(arg)
             pipe.send({"ok": True})
-        elif command in ("end_cell", "one_session"):
-            host.broadcast(command)
+        elif command in ("end_cell", "reshape"):
+            host.broadcast(command, arg)
             pipe.send({"samples": host.take_samples()})
+        elif command == "pids":
+            pipe.send({"pids": host.backend_pids()})
         elif command == "errors":
             pipe.send({"errors": [w.error for w in host.workers if w.error][:3]})
         elif command == "stop":
@@ -535,31 +711,39 @@ def host_main(pipe: Pipe, name: str, url: str) -> None:
 class Fleet:
     """The host processes, driven from the benchmark's process."""
 
-    def __init__(self, url: str, procs: int) -> None:
+    def __init__(self, urls: dict[bool, str], procs: int) -> None:
         ctx = mp.get_context("spawn")
         self.pipes: list[Pipe] = []
         self.procs: list[Any] = []
         for i in range(procs):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=host_main, args=(child, f"sim{i}", url), daemon=True)
+            p = ctx.Process(target=host_main, args=(child, f"sim{i}", urls), daemon=True)
             p.start()
             self.pipes.append(parent)
             self.procs.append(p)
         self.size = 0
+        self.shape = ""
 
     def ask(self, command: str, args: Sequence[Any] | None = None) -> list[Any]:
         for i, pipe in enumerate(self.pipes):
             pipe.send((command, None if args is None else args[i]))
         return [pipe.recv() for pipe in self.pipes]
 
-    def grow(self, n: int) -> None:
+    def reshape(self, shape: str) -> None:
+        """Every virtual worker takes ``shape`` (reconnecting where its route changes)."""
+        if self.size and shape != self.shape:
+            self.ask("reshape", [shape] * len(self.pipes))
+        self.shape = shape
+
+    def grow(self, n: int, shape: str) -> None:
+        self.reshape(shape)
         if n <= self.size:
             return
         add = n - self.size
         share = [
             add // len(self.pipes) + (i < add % len(self.pipes)) for i in range(len(self.pipes))
         ]
-        replies = self.ask("grow", share)
+        replies = self.ask("grow", [(k, shape) for k in share])
         failed = sum(r["failed"] for r in replies)
         if failed:
             errors = [e for r in replies for e in r["errors"]]
@@ -568,6 +752,14 @@ class Fleet:
 
     def samples(self, command: str = "end_cell") -> list[tuple[str, float, float, int]]:
         return [s for r in self.ask(command) for s in r["samples"]]
+
+    def owners(self) -> dict[int, int]:
+        """Server pid -> a number per virtual worker (unique over the hosts)."""
+        out = {}
+        for host, r in enumerate(self.ask("pids")):
+            for pid, index in r["pids"]:
+                out[int(pid)] = host * 1_000_000 + int(index)
+        return out
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
@@ -604,6 +796,8 @@ class Coordinator(threading.Thread):
         self.halt = threading.Event()
         self.rate = 0.0
         self.polls = 0
+        #: When each NOTIFY went out (one per poll that inserted trials).
+        self.notified: list[float] = []
         self.new_run()
 
     def new_run(self) -> int:
@@ -654,6 +848,7 @@ class Coordinator(threading.Thread):
                         )
                         self.inserted[run_id] += len(take)
                         need -= len(take)
+                self.notified.append(time.monotonic())
             self.polls += 1
             self.halt.wait(COORDINATOR_POLL_S)
 
@@ -667,6 +862,138 @@ class Coordinator(threading.Thread):
 
 
 # --- measuring ---------------------------------------------------------------------------------
+class ActivitySampler(threading.Thread):
+    """Samples what the virtual workers' server sessions do (``capacity.activity``) every
+    ``interval_s`` on its own session, for the window of one cell: which statement each
+    session runs, and what it waits on. Over a window, the mean number of sessions active in
+    one kind of statement divided by that statement's rate is its mean time inside the
+    server (Little's law), to hold against the time the client measured."""
+
+    def __init__(
+        self, url: str, interval_s: float, owners: dict[int, int], console: str | None = None
+    ) -> None:
+        super().__init__(name="activity-sampler", daemon=True)
+        self.conn = connect(url)
+        #: PgBouncer's admin console (pooled cells): its pool of this database is sampled.
+        self.console = psycopg.connect(console, autocommit=True) if console else None
+        self.database = str(psycopg.conninfo.conninfo_to_dict(url).get("dbname", ""))
+        self.pools: list[dict[str, Any]] = []
+        self.interval_s = interval_s
+        #: server pid -> the virtual worker (a number) whose session it serves
+        self.owners = owners
+        self.blocks: collections.Counter[tuple[str, str, str, str, str]] = collections.Counter()
+        self.lock_samples = 0
+        self.halt = threading.Event()
+        self.samples = 0
+        self.counts: collections.Counter[tuple[str, str, str]] = collections.Counter()
+        self.seconds = 0.0
+
+    def run(self) -> None:
+        started = time.monotonic()
+        last_blockers = -math.inf
+        while not self.halt.is_set():
+            t = time.monotonic()
+            for r in capacity.activity(self.conn, APPLICATION):
+                self.counts[(str(r["statement"]), str(r["state"]), str(r["wait"]))] += int(
+                    r["count"]
+                )
+            self.samples += 1
+            if self.console is not None:
+                self.pools.extend(capacity.pooler_pools(self.console, self.database))
+            waiting = any(k[2].startswith("Lock:") for k in self.counts)
+            if waiting and t - last_blockers >= BLOCKERS_EVERY_S:
+                last_blockers = t
+                self.lock_samples += 1
+                for r in capacity.lock_waits(self.conn, APPLICATION):
+                    mine = self.owners.get(int(r["pid"]))
+                    theirs = self.owners.get(int(r["blocker_pid"]))
+                    whose = (
+                        "the same worker's other session"
+                        if mine is not None and mine == theirs
+                        else "another worker"
+                        if theirs is not None
+                        else "not a worker"
+                    )
+                    key = (str(r["statement"]), str(r["lock"]), str(r["blocker_statement"]),
+                           f"{r['blocker_state']} {r['blocker_wait']}".strip(), whose)  # fmt: skip
+                    self.blocks[key] += 1
+            self.halt.wait(max(0.0, self.interval_s - (time.monotonic() - t)))
+        self.seconds = time.monotonic() - started
+
+    def stop(self) -> dict[str, Any]:
+        self.halt.set()
+        self.join(30)
+        self.conn.close()
+        if self.console is not None:
+            self.console.close()
+        n = max(1, self.samples)
+        active = {k: v for k, v in self.counts.items() if k[1] == "active"}
+        total_active = sum(active.values())
+        by_wait: collections.Counter[str] = collections.Counter()
+        by_statement: collections.Counter[str] = collections.Counter()
+        for (statement, _, wait), v in active.items():
+            by_wait[wait or "CPU"] += v
+            by_statement[statement] += v
+        return {
+            "samples": self.samples,
+            "interval_s": self.interval_s,
+            "mean_active": total_active / n,
+            "mean_active_by_statement": {k: v / n for k, v in by_statement.most_common()},
+            # Shares of the active samples: what a session that runs a statement waits on
+            # ("CPU": on a core or waiting for one).
+            "active_share_by_wait": {
+                k: v / total_active for k, v in by_wait.most_common() if total_active
+            },
+            "active_by_statement_and_wait": [
+                {"statement": s, "wait": w or "CPU", "mean_sessions": v / n}
+                for (s, _, w), v in sorted(active.items(), key=lambda kv: -kv[1])[:25]
+            ],
+            # Heavyweight lock waits, sampled about once a second: who waits for whom.
+            "lock_wait_samples": self.lock_samples,
+            "lock_waits": [
+                {
+                    "statement": s,
+                    "lock": lock,
+                    "blocker_statement": b,
+                    "blocker_doing": doing,
+                    "blocker": whose,
+                    "mean_sessions": v / max(1, self.lock_samples),
+                }
+                for (s, lock, b, doing, whose), v in self.blocks.most_common(20)
+            ],
+            # PgBouncer's pool of the fleet's database (pooled cells): clients waiting for a
+            # server connection, server connections in use, the longest wait.
+            "pooler": {
+                "samples": len(self.pools),
+                "clients_waiting_mean": _mean([p["cl_waiting"] for p in self.pools]),
+                "clients_waiting_max": max((p["cl_waiting"] for p in self.pools), default=None),
+                "server_active_mean": _mean([p["sv_active"] for p in self.pools]),
+                "server_active_max": max((p["sv_active"] for p in self.pools), default=None),
+                "server_connections_max": max(
+                    (
+                        p["sv_active"]
+                        + p["sv_idle"]
+                        + p["sv_used"]
+                        + p["sv_tested"]
+                        + p["sv_login"]
+                        for p in self.pools
+                    ),
+                    default=None,
+                ),
+                "max_wait_ms": max(
+                    (1e3 * p["maxwait"] + p["maxwait_us"] / 1e3 for p in self.pools),
+                    default=None,
+                ),
+            }
+            if self.console is not None
+            else None,
+            "mean_sessions_by_state": {
+                state: sum(v for k, v in self.counts.items() if k[1] == state) / n
+                for state in sorted({k[1] for k in self.counts})
+            },
+        }
+
+
 def proc_cpu_s(pids: Sequence[int], children: bool = False) -> float:
     """User + system CPU seconds of these processes (with their reaped children's)."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -714,14 +1041,14 @@ def measure_cell(
     conn: Any,
     fleet: Fleet,
     postmaster: int,
-    n: int,
-    duration: float,
+    plan: Cell,
     args: argparse.Namespace,
     cell_id: int,
-    sessions: int,
     started: float,
     idle_pss: float,
+    console: str | None,
 ) -> dict[str, Any]:
+    n, duration, shape = plan.workers, plan.duration, SHAPES[plan.shape]
     coordinator = Coordinator(url, n, 1 + PREFETCH, duration, f"fleet_sim N={n} T={duration:g}")
     fleet.ask(
         "cell",
@@ -740,7 +1067,15 @@ def measure_cell(
     server0, load0 = proc_cpu_s(h.descendants(postmaster), children=True), proc_cpu_s(fleet.pids())
     t0 = time.monotonic()
     t1 = t0 + window
+    sampler = (
+        ActivitySampler(url, args.sample_s, fleet.owners(), console if shape.pooled else None)
+        if args.sample_s > 0
+        else None
+    )
+    if sampler is not None:
+        sampler.start()
     time.sleep(window)
+    activity = sampler.stop() if sampler is not None else None
     server1, load1 = proc_cpu_s(h.descendants(postmaster), children=True), proc_cpu_s(fleet.pids())
     cpu_span = time.monotonic() - c0
     busy = cpu.stop()
@@ -763,10 +1098,16 @@ def measure_cell(
     first_claims = [s[1] - t_start for s in samples if s[0] == "claim" and s[3] > 0]
     statements = sum(1 for s in inside if s[0] in ("claim", "complete", "reap", "report"))
     heartbeats = sum(1 for s in inside if s[0] == "heartbeat")
+    listens = sum(1 for s in inside if s[0] in ("listen", "unlisten"))
+    notifies = sum(1 for t in coordinator.notified if t0 <= t <= t1)
+    delivered = sum(s[3] for s in inside if s[0] == "notify")
     trials = len(done)
     cell = {
         "workers": n,
-        "sessions_per_worker": sessions,
+        "shape": shape.name,
+        "wake": shape.wake,
+        "pooled": shape.pooled,
+        "sessions_per_worker": shape.sessions,
         "duration_s": duration,
         "window_s": window,
         "warmup_s": args.warmup,
@@ -780,12 +1121,18 @@ def measure_cell(
         "reap_ms": lat["reap"],
         "report_ms": lat["report"],
         "empty_claims": empty_claims,
-        "worker_statements_per_s": (statements + 2 * heartbeats) / window,
-        # Per kind, per second (a heartbeat is two statements: the leases and the worker row).
+        # A heartbeat is one statement (two in the two-session shape); LISTEN and UNLISTEN
+        # count (a LISTEN goes in the claim's round trip).
+        "worker_statements_per_s": (statements + shape.sessions * heartbeats + listens) / window,
         "statement_rates": {
             kind: sum(1 for s in inside if s[0] == kind) / window
-            for kind in ("claim", "complete", "heartbeat", "reap", "report")
+            for kind in ("claim", "complete", "heartbeat", "reap", "report", "listen", "unlisten")
         },
+        # The coordinator's NOTIFYs in the window, and the notifications the virtual workers
+        # received: how many clients one NOTIFY woke.
+        "notifies": notifies,
+        "notifications_delivered": delivered,
+        "wakeups_per_notify": delivered / notifies if notifies else None,
         "first_claim_s": min(first_claims) if first_claims else None,
         "coordinator_polls": coordinator.polls,
         "runs": len(coordinator.runs),
@@ -798,16 +1145,38 @@ def measure_cell(
         "server_memory": memory,
         "sessions": sessions_now,
         "load_average": os.getloadavg(),
+        # Scheduling delay inside the host processes (a thread asking to sleep 5 ms, late
+        # by this much): the part of a client-measured latency that is the load generator's.
+        "host_lag_ms": h.summary([s[2] for s in inside if s[0] == "lag"]),
+        "activity": activity,
     }
+    cell["top_wait"] = "-"
+    if activity is not None and activity["active_share_by_wait"]:
+        wait, share = next(iter(activity["active_share_by_wait"].items()))
+        cell["top_wait"] = f"{wait} {share:.0%}"
+    if activity is not None:
+        # Little's law: mean sessions inside a statement / its rate = its mean time in the
+        # server, beside the mean the clients measured.
+        server_ms = {}
+        for kind, functions in SAMPLED_STATEMENTS.items():
+            rate = cell["statement_rates"].get(kind, 0.0)
+            inside_server = sum(activity["mean_active_by_statement"].get(f, 0.0) for f in functions)
+            client = lat[kind].get("mean")
+            server_ms[kind] = {
+                "server_mean_ms": 1e3 * inside_server / rate if rate else None,
+                "client_mean_ms": client,
+            }
+        cell["server_vs_client_ms"] = server_ms
     print(
-        f"[{h.elapsed(started)}] N={n} T={duration:g} sessions={sessions}: {trials} trials in "
+        f"[{h.elapsed(started)}] N={n} T={duration:g} {shape.name}: {trials} trials in "
         f"{window:g} s, efficiency {cell['efficiency']:.3f} (by count "
         f"{cell['efficiency_by_count']:.3f}), "
         f"claim p50/p99 {lat['claim'].get('median', math.nan):.1f}/"
         f"{lat['claim'].get('p99', math.nan):.1f} ms, complete p50/p99 "
         f"{lat['complete'].get('median', math.nan):.1f}/{lat['complete'].get('p99', math.nan):.1f}"
         f" ms, server {cell['server_cpu_cores']:.2f} cores {memory['pss_mib']:.0f} MiB PSS, "
-        f"{sessions_now['total']} sessions",
+        f"{sessions_now['workers']} worker sessions, woken per NOTIFY "
+        f"{h.fmt(cell['wakeups_per_notify'], 1)}, top wait {cell['top_wait']}",
         flush=True,
     )
     return cell
@@ -878,32 +1247,36 @@ def real_batch(url: str, n: int, duration: float, ideal: float) -> dict[str, Any
 
 
 # --- the server --------------------------------------------------------------------------------
-def needed_connections(sizes: Sequence[int]) -> int:
-    # Two sessions per worker, the coordinator, this script's monitor and the reserved ones.
-    return 2 * max(sizes) + 100
+def needed_connections(cells: Sequence[Cell], pool_size: int) -> int:
+    """Server sessions the plan needs: the direct sessions of the largest direct fleet, the
+    pooler's, the coordinator, this script's monitors and the reserved ones."""
+    direct = [c.workers * SHAPES[c.shape].sessions for c in cells if not SHAPES[c.shape].pooled]
+    pooled = any(SHAPES[c.shape].pooled for c in cells)
+    return max(direct, default=0) + (pool_size if pooled else 0) + 100
 
 
 @contextlib.contextmanager
-def fleet_database(url: str | None, sizes: Sequence[int]) -> Iterator[tuple[str, dict[str, str]]]:
-    """A database at the schema head whose server takes the fleet's sessions: ``url``
-    (refused with the setting to raise if it cannot), or a private embedded server started
-    with ``max_connections`` raised (a restart: it is fixed at server start)."""
-    need = needed_connections(sizes)
+def fleet_database(url: str | None, need: int) -> Iterator[tuple[str, str, dict[str, str]]]:
+    """A database at the schema head whose server takes ``need`` sessions: ``url`` (refused
+    with the setting to raise if it cannot), or a private embedded server started with
+    ``max_connections`` raised (a restart: it is fixed at server start). Yields the URL, a
+    superuser URL of the server (for the pooler) and the server's settings."""
     if url:
         with h.database(url) as u, connect(u) as conn:
             settings = capacity.server_settings(conn)
         if int(settings["max_connections"]) < need:
             raise SystemExit(
                 f"the server at --db allows max_connections = {settings['max_connections']}; "
-                f"{max(sizes)} workers need {need}: raise it (ALTER SYSTEM SET max_connections "
-                "and restart) or choose smaller --workers"
+                f"the fleet needs {need}: raise it (ALTER SYSTEM SET max_connections and "
+                "restart) or choose smaller --workers"
             )
-        yield url, settings
+        yield url, url, settings
         return
     from tunefleet.db.embedded import EmbeddedServer
     from tunefleet.db.migrate import upgrade
 
     base = Path(tempfile.mkdtemp(prefix="tunefleet-fleet-sim-"))
+    base.chmod(0o755)
     server = EmbeddedServer(base / "postgres" / "data")
     with h.sigterm_unwinds():
         try:
@@ -916,18 +1289,79 @@ def fleet_database(url: str | None, sizes: Sequence[int]) -> Iterator[tuple[str,
             upgrade(local)
             with connect(local) as conn:
                 settings = capacity.server_settings(conn)
-            yield local, settings
+            yield local, server.admin_url(), settings
         finally:
             with contextlib.suppress(Exception):
                 server.stop()
             shutil.rmtree(base, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def fleet_pooler(
+    admin_url: str, url: str, args: argparse.Namespace, clients: int
+) -> Iterator[tuple[str | None, str | None, str | None]]:
+    """PgBouncer in transaction mode in front of the fleet's database, when a cell needs
+    one: (the database through it, its admin console, its version), else Nones."""
+    if clients <= 0:
+        yield None, None, None
+        return
+    from tests.helpers.pgbouncer import find_pgbouncer, pgbouncer
+
+    binary = args.pgbouncer or find_pgbouncer()
+    if binary is None:
+        raise SystemExit("a pooled cell needs PgBouncer: install it or pass --pgbouncer PATH")
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False)
+    settings = {
+        "admin_users": psycopg.conninfo.conninfo_to_dict(admin_url)["user"],
+        # The pool is the only limit on server connections: no reserve pool on top.
+        "reserve_pool_size": 0,
+        "max_db_connections": args.pool_size,
+    }
+    with pgbouncer(
+        admin_url,
+        "transaction",
+        pool_size=args.pool_size,
+        max_client_conn=clients + 200,
+        binary=binary,
+        settings=settings,
+    ) as bouncer:
+        console = f"postgresql://{bouncer.user}@127.0.0.1:{bouncer.port}/pgbouncer"
+        yield bouncer.url(url), console, (version.stdout or version.stderr).splitlines()[0]
+
+
 # --- main --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Cell:
+    workers: int
+    duration: float
+    shape: str
+
+
+def plan(args: argparse.Namespace) -> list[Cell]:
+    """The cells in the order they run: ``--cells`` as given, else every N (ascending) x
+    shape x T. The fleet only grows, so N never decreases."""
+    if args.cells:
+        cells = []
+        for item in args.cells.split(","):
+            n, t, shape = item.split(":")
+            cells.append(Cell(int(n), float(t), shape))
+    else:
+        sizes = sorted(int(x) for x in args.workers.split(","))
+        shapes = args.shapes.split(",")
+        durations = [float(x) for x in args.durations.split(",")]
+        cells = [Cell(n, t, s) for n in sizes for s in shapes for t in durations]
+    for c in cells:
+        if c.shape not in SHAPES:
+            raise SystemExit(f"unknown shape {c.shape!r}; choose from {', '.join(SHAPES)}")
+    if any(b.workers < a.workers for a, b in itertools.pairwise(cells)):
+        raise SystemExit("--cells: the fleet only grows, list the cells by N ascending")
+    return cells
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    sizes = sorted(int(x) for x in args.workers.split(","))
-    durations = [float(x) for x in args.durations.split(",")]
+    cells = plan(args)
+    durations = sorted({c.duration for c in cells})
     started = time.monotonic()
     out: dict[str, Any] = {
         "benchmark": NAME,
@@ -943,12 +1377,19 @@ def main(argv: list[str] | None = None) -> int:
             "prefetch": PREFETCH,
             "coordinator_poll_s": COORDINATOR_POLL_S,
         },
+        "shapes": {s.name: s.about for s in SHAPES.values()},
         "cells": [],
         "skipped": [],
     }
-    with fleet_database(args.db, sizes) as (url, settings):
+    pooled_clients = max((c.workers for c in cells if SHAPES[c.shape].pooled), default=0)
+    need = needed_connections(cells, args.pool_size)
+    with (
+        fleet_database(args.db, need) as (url, admin_url, settings),
+        fleet_pooler(admin_url, url, args, pooled_clients) as (pooled, console, bouncer),
+    ):
         out["postgresql"] = h.server_version(url)
         out["server_settings"] = settings
+        out["pgbouncer"] = bouncer and {"version": bouncer, "pool_size": args.pool_size}
         with connect(url) as conn:
             postmaster = postmaster_pid(conn)
             out["idle_server_memory"] = server_memory(postmaster)
@@ -956,10 +1397,11 @@ def main(argv: list[str] | None = None) -> int:
             if not args.no_ab:
                 print(f"[{h.elapsed(started)}] A/B: {args.ab_workers} real workers", flush=True)
                 real = real_batch(url, args.ab_workers, args.ab_duration, args.ab_ideal)
-            fleet = Fleet(url, max(1, args.procs))
+            urls = {False: url, True: pooled or url}
+            fleet = Fleet(urls, max(1, args.procs))
             try:
                 if not args.no_ab:
-                    fleet.grow(args.ab_workers)
+                    fleet.grow(args.ab_workers, "one")
                     sim = sim_batch(conn, fleet, args.ab_workers, args.ab_duration, args.ab_ideal)
                     gap = abs(sim["efficiency"] - real["efficiency"]) / real["efficiency"]
                     out["ab"] = {"workers": args.ab_workers, "real": real, "simulated": sim,
@@ -970,66 +1412,38 @@ def main(argv: list[str] | None = None) -> int:
                         f"({100 * gap:.1f} % apart)",
                         flush=True,
                     )
-                cell_id = 0
-                for n in sizes:
-                    reason = memory_refusal(out, n, args.memory_share)
+                for cell_id, c in enumerate(cells):
+                    shape = SHAPES[c.shape]
+                    reason = memory_refusal(out, c.workers, shape, args.memory_share)
+                    if reason is None:
+                        reason = saturation_refusal(out, c, args.all_cells)
                     if reason:
-                        print("skipped:", reason, flush=True)
-                        out["skipped"].append({"workers": n, "reason": reason})
-                        break
-                    grow_started = time.monotonic()
-                    fleet.grow(n)
-                    print(
-                        f"[{h.elapsed(started)}] N={n}: fleet up "
-                        f"({time.monotonic() - grow_started:.1f} s to grow)",
-                        flush=True,
-                    )
-                    for duration in durations:
-                        reason = saturation_refusal(out, n, duration, args.all_cells)
-                        if reason:
-                            print(f"[{h.elapsed(started)}] skipped:", reason, flush=True)
-                            out["skipped"].append(
-                                {"workers": n, "duration_s": duration, "reason": reason}
-                            )
-                            continue
-                        out["cells"].append(
-                            measure_cell(
-                                url,
-                                conn,
-                                fleet,
-                                postmaster,
-                                n,
-                                duration,
-                                args,
-                                cell_id,
-                                2,
-                                started,
-                                idle,
-                            )
+                        print(f"[{h.elapsed(started)}] skipped:", reason, flush=True)
+                        out["skipped"].append(
+                            {"workers": c.workers, "duration_s": c.duration, "shape": c.shape,
+                             "reason": reason}
+                        )  # fmt: skip
+                        continue
+                    if (c.workers, c.shape) != (fleet.size, fleet.shape):
+                        grow_started = time.monotonic()
+                        fleet.grow(c.workers, c.shape)
+                        print(
+                            f"[{h.elapsed(started)}] N={c.workers} {c.shape}: fleet up "
+                            f"({time.monotonic() - grow_started:.1f} s to grow or reshape)",
+                            flush=True,
                         )
-                        cell_id += 1
-                if not args.no_one_session:
-                    # The lightest load of the largest fleet: what the sessions cost, not
-                    # what a saturated server does.
-                    fleet.samples("one_session")
                     out["cells"].append(
                         measure_cell(
-                            url,
-                            conn,
-                            fleet,
-                            postmaster,
-                            fleet.size,
-                            max(durations),
-                            args,
-                            cell_id,
-                            1,
-                            started,
-                            idle,
+                            url, conn, fleet, postmaster, c, args, cell_id, started, idle,
+                            console,
                         )
-                    )
+                    )  # fmt: skip
+                    # Each cell's numbers are kept at once: a run cut short keeps what it had.
+                    h.write_json(NAME, {**out, "partial": True}, args.out)
             finally:
                 fleet.stop()
     out["model"] = fit_model(out, [int(x) for x in args.predict.split(",") if x], durations)
+    out["wall_s"] = time.monotonic() - started
     print_table(out)
     h.write_json(NAME, out, args.out)
     return 0
@@ -1037,14 +1451,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def fit_model(out: dict[str, Any], predict: Sequence[int], durations: Sequence[float]) -> Any:
     """Server CPU = ``a`` x trials per second + ``b`` x workers (least squares over the
-    cells that did not saturate, two sessions per worker): ``a`` is the server's CPU per trial
-    (claim, completion, the coordinator's insert and read), ``b`` what a worker costs it per
-    second while it holds its sessions (heartbeats, reaper turns, sizing reports, polls,
-    wake-ups). Memory: the server's proportional memory per session. Predictions for fleets
-    not measured here."""
-    cells = [
-        c for c in out["cells"] if c["efficiency"] >= SATURATED and c["sessions_per_worker"] == 2
-    ]
+    cells of the worker's own direct shape, ``one``, that did not saturate): ``a`` is the
+    server's CPU per trial (claim, completion, the coordinator's insert and read), ``b`` what
+    a worker costs it per second while it waits (its heartbeats, reaper turns, sizing
+    reports, polls). Memory: the server's proportional memory per session. Predictions for
+    fleets not measured here."""
+    cells = [c for c in out["cells"] if c["efficiency"] >= SATURATED and c["shape"] == "one"]
     if len(cells) < 2:
         return None
     xs = [(c["trials_per_s"], float(c["workers"])) for c in cells]
@@ -1060,15 +1472,14 @@ def fit_model(out: dict[str, Any], predict: Sequence[int], durations: Sequence[f
     a = (s_ry * s_nn - s_ny * s_rn) / det
     b = (s_ny * s_rr - s_ry * s_rn) / det
     per_session = max(c["server_memory"]["pss_per_session_mib"] for c in cells)
-    one = [c for c in out["cells"] if c["sessions_per_worker"] == 1]
     predictions = [
         {
             "workers": n,
             "duration_s": t,
             "trials_per_s": n / t,
             "server_cpu_cores": a * n / t + b * n,
-            "sessions": 2 * n,
-            "server_memory_gib": 2 * n * per_session / 1024,
+            "sessions": n,
+            "server_memory_gib": n * per_session / 1024,
         }
         for n in predict
         for t in durations
@@ -1083,52 +1494,72 @@ def fit_model(out: dict[str, Any], predict: Sequence[int], durations: Sequence[f
         "server_cpu_ms_per_trial": 1e3 * a,
         "server_cpu_ms_per_worker_second": 1e3 * b,
         "server_pss_mib_per_session": per_session,
-        "one_session_cells": len(one),
         "cells_fitted": len(cells),
         "predictions": predictions,
     }
 
 
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+#: Seconds between two samples of the lock waits (``pg_blocking_pids`` is not free).
+BLOCKERS_EVERY_S = 1.0
+
+#: The worker statements of each timed kind, as ``capacity.activity`` names them.
+SAMPLED_STATEMENTS = {
+    "claim": ("claim_trials",),
+    "complete": ("complete_trial",),
+    "heartbeat": ("heartbeat_trials", "heartbeat_worker", "heartbeat"),
+    "reap": ("reap_expired_leases",),
+    "report": ("report_worker_sizing",),
+}
+
 #: A cell whose efficiency is below this saturated the machine.
 SATURATED = 0.8
 
 
-def saturation_refusal(out: dict[str, Any], n: int, duration: float, every: bool) -> str | None:
-    """Why the cell (n, duration) would only saturate the machine again (None: measure it):
-    a smaller fleet saturated it at this trial length, or the fleet needs more trials per
-    second than the most a saturated cell carried. Such cells cost minutes of both cores and
-    tell nothing the model (trials per second = the ceiling) does not."""
+def saturation_refusal(out: dict[str, Any], cell: Cell, every: bool) -> str | None:
+    """Why ``cell`` would only saturate the machine again (None: measure it): a smaller
+    fleet of its shape saturated it at this trial length, or the fleet needs more trials per
+    second than the most a saturated cell of its shape carried. Such cells cost minutes of
+    every core and tell nothing the ceiling does not."""
     if every:
         return None
-    saturated = [c for c in out["cells"] if c["efficiency"] < SATURATED]
+    saturated = [
+        c for c in out["cells"] if c["efficiency"] < SATURATED and c["shape"] == cell.shape
+    ]
+    n, duration = cell.workers, cell.duration
     smaller = [c for c in saturated if c["duration_s"] == duration and c["workers"] < n]
     if smaller:
         c = smaller[0]
         return (
-            f"N={n} T={duration:g}: N={c['workers']} already saturated this machine at T="
-            f"{duration:g} (efficiency {c['efficiency']:.2f}, {c['trials_per_s']:.0f} trials/s)"
+            f"N={n} T={duration:g} {cell.shape}: N={c['workers']} already saturated this machine "
+            f"at T={duration:g} (efficiency {c['efficiency']:.2f}, {c['trials_per_s']:.0f} "
+            "trials/s)"
         )
     if saturated:
         ceiling = max(c["trials_per_s"] for c in saturated)
         if n / duration > ceiling:
             return (
-                f"N={n} T={duration:g} needs {n / duration:.0f} trials/s, more than the "
-                f"{ceiling:.0f} trials/s this machine carried when saturated"
+                f"N={n} T={duration:g} {cell.shape} needs {n / duration:.0f} trials/s, more "
+                f"than the {ceiling:.0f} trials/s this machine carried when saturated"
             )
     return None
 
 
-def memory_refusal(out: dict[str, Any], n: int, share: float) -> str | None:
-    """Why growing to ``n`` workers would risk the machine's memory (None: it would not),
-    from the server memory per session of the last cell."""
+def memory_refusal(out: dict[str, Any], n: int, shape: Shape, share: float) -> str | None:
+    """Why growing to ``n`` workers of ``shape`` would risk the machine's memory (None: it
+    would not), from the server memory per session of the last cell. Workers behind the
+    pooler add no server session."""
     import fleet_scaling as fs
 
-    if not out["cells"]:
+    if not out["cells"] or shape.pooled:
         return None
     last = out["cells"][-1]
     sessions = int(last["sessions"]["total"])
     per_session = last["server_memory"]["pss_per_session_mib"]
-    need = (2 * n + 2 - sessions) * per_session
+    need = (shape.sessions * n + 2 - sessions) * per_session
     have = fs.available_mib()
     if need <= share * have:
         return None
@@ -1144,20 +1575,22 @@ def print_table(out: dict[str, Any]) -> None:
         rows.append(
             [
                 c["workers"],
-                c["sessions_per_worker"],
+                c["shape"],
                 f"{c['duration_s']:g}",
                 h.fmt(c["trials_per_s"], 1),
                 h.fmt(c["efficiency"]),
-                h.fmt(c["efficiency_by_count"]),
                 h.fmt(c["claim_ms"].get("median"), 1),
                 h.fmt(c["claim_ms"].get("p99"), 1),
                 h.fmt(c["complete_ms"].get("median"), 1),
                 h.fmt(c["complete_ms"].get("p99"), 1),
+                h.fmt(c["heartbeat_ms"].get("p99"), 1),
+                h.fmt(c["wakeups_per_notify"], 1),
                 h.fmt(c["server_cpu_cores"], 2),
                 h.fmt(c["server_cpu_ms_per_trial"], 1),
                 h.fmt(c["load_generator_cpu_cores"], 2),
                 h.fmt(c["server_memory"]["pss_mib"], 0),
-                c["sessions"]["total"],
+                c["sessions"]["workers"],
+                c["top_wait"],
             ]
         )
     print()
@@ -1165,20 +1598,22 @@ def print_table(out: dict[str, Any]) -> None:
         h.table(
             [
                 "N",
-                "sessions/worker",
+                "shape",
                 "T s",
                 "trials/s",
                 "efficiency",
-                "by count",
                 "claim p50 ms",
                 "claim p99 ms",
                 "complete p50 ms",
                 "complete p99 ms",
+                "heartbeat p99 ms",
+                "woken per NOTIFY",
                 "server CPU cores",
                 "server CPU ms/trial",
                 "load gen. cores",
                 "server PSS MiB",
-                "sessions",
+                "server sessions",
+                "top wait (share of active)",
             ],
             rows,
         )

@@ -10,8 +10,10 @@ and writes results back under a lease. Never imports ``coordinator``.
 ``sizing``     the sizing decisions (cores, memory, pool size, prefetch): pure functions
 ``signals``    stop requests (SIGTERM, SIGINT, SIGUSR1) and the wake-up pipe
 ``supervise``  the device process and code-generation processes, deadlines, kills, restarts
-``heartbeat``  the lease heartbeat thread and the set of held claims
-``link``       database connections that reconnect with backoff
+``heartbeat``  the heartbeat thread (trial and device leases, one statement on the worker's
+               one session), the set of held claims, the main loop's liveness
+``wake``       when to claim next (polling with jittered backoff; LISTEN only with --listen)
+``link``       the worker's one database connection, shared, reconnecting with backoff
 ``device``     OpenCL discovery and the device session (used only inside the device process)
 ``vocabulary`` the worker's trial stages, verdicts and the child processes' reply kinds
 """

@@ -70,7 +70,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         type=flags.seconds("--poll", high=flags.MAX_TIMEOUT_S),
         metavar="SECONDS",
         default=None,
-        help="polling interval when no notification arrives (default 5)",
+        help="longest wait between claims that find nothing: the worker polls after 0.25 s, "
+        "then twice as long each time up to this (default 5)",
+    )
+    p.add_argument(
+        "--listen",
+        action="store_true",
+        default=None,
+        help="while idle, LISTEN for new trials (picked up at once instead of within --poll); "
+        "for small fleets: a notification wakes every idle listener at once (default "
+        "$TUNEFLEET_WORKER_LISTEN, else off; never behind a transaction pooler)",
     )
     p.add_argument(
         "-v",
@@ -106,6 +115,7 @@ def run_worker(args: argparse.Namespace) -> int:
         prepare_workers=args.prepare_workers,
         cores=args.cores,
         poll_s=args.poll,
+        listen=args.listen,
         prebuild=args.prebuild,
         stand_aside_after=args.stand_aside_after,
     )

@@ -1,17 +1,31 @@
-"""The heartbeat thread: keeps every claimed trial's lease alive and the worker row fresh.
+"""The heartbeat thread: keeps every claimed trial's lease alive, the worker row fresh and the
+device lease held, on the worker's one session.
 
-It runs on its own database connection (a slow claim or completion on the main connection
-never delays a heartbeat) every third of the lease, and extends all held leases in one
-fenced statement using the database clock. A held claim that the database no longer lets us
-extend has been lost (our lease expired and the trial was requeued, maybe claimed by another
-worker): the thread marks it lost and wakes the main loop, which abandons it.
+Every third of the lease it sends one statement (``tunefleet.heartbeat``, database clock,
+fenced by the lease tokens) on the main loop's own connection: the link lets a beat go
+before the main loop's next call, so a beat waits for at most the one statement in flight
+(bounded by ``statement_timeout``). A held claim that the database no longer lets us extend
+has been lost (our lease expired and the trial was requeued, maybe claimed by another
+worker): the thread marks it lost and wakes the main loop, which abandons it. A device lease
+that could not be extended (it expired and another worker took the device, or the worker row
+was stopped, which frees it) is lost too: the main loop stops timing and exits.
+
+**Liveness.** A separate thread would keep a stuck worker's leases alive forever (a main
+loop blocked in a read that never returns, a bug that loops): nobody else could ever measure
+those trials. So the thread beats only while the main loop moves (:class:`Liveness`): a
+loop that has not turned, finished a database call or entered a bounded wait for more than
+its allowance (the lease, or the bound it declared for a long step such as opening the
+device) is stuck, its beats stop, its leases expire and the reaper requeues its trials, as
+for a dead worker. The main loop turns at least every half of that allowance when it is well.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from uuid import UUID
 
 from tunefleet.queries import queue
@@ -62,6 +76,41 @@ class HeldLeases:
             return len(self._held)
 
 
+class Liveness:
+    """Whether the main loop still moves, for the heartbeat thread (see the module
+    docstring). The main loop calls :meth:`stamp` on every turn (its link stamps every call
+    it finishes) and wraps a step that may take long in :meth:`blocking`."""
+
+    def __init__(self, allowance_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.allowance_s = allowance_s
+        self.clock = clock
+        self.owner = threading.current_thread()
+        self._at = clock()
+        self._until = 0.0
+
+    def stamp(self) -> None:
+        """The main loop moved (a turn, a finished database call); other threads' calls do
+        not count."""
+        if threading.current_thread() is self.owner:
+            self._at = self.clock()
+
+    @contextmanager
+    def blocking(self, up_to_s: float) -> Iterator[None]:
+        """A step of the main loop that may take up to ``up_to_s`` seconds."""
+        self._until = self.clock() + up_to_s
+        try:
+            yield
+        finally:
+            self._until = 0.0
+            self.stamp()
+
+    def stalled_s(self, now: float | None = None) -> float:
+        """How long the main loop has been stuck past its allowance (0: it is not)."""
+        now = self.clock() if now is None else now
+        deadline = max(self._at, self._until) + self.allowance_s
+        return max(0.0, now - deadline)
+
+
 class Heartbeat(threading.Thread):
     def __init__(
         self,
@@ -73,6 +122,9 @@ class Heartbeat(threading.Thread):
         interval_s: float,
         held: HeldLeases,
         on_lost: Callable[[], None],
+        liveness: Liveness | None = None,
+        holds_device: bool = False,
+        on_device_lost: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(name="tunefleet-heartbeat", daemon=True)
         self.link = link
@@ -82,8 +134,14 @@ class Heartbeat(threading.Thread):
         self.interval_s = interval_s
         self.held = held
         self.on_lost = on_lost
+        self.liveness = liveness
+        self.holds_device = holds_device
+        self.on_device_lost = on_device_lost
         self._stop_event = threading.Event()
         self.beats = 0
+        #: Beats left out because the main loop was stuck.
+        self.withheld = 0
+        self.device_lost = False
 
     def run(self) -> None:
         while not self._stop_event.wait(self.interval_s):
@@ -93,31 +151,51 @@ class Heartbeat(threading.Thread):
                 log.exception("heartbeat failed")
 
     def beat(self) -> None:
+        if self.liveness is not None:
+            stuck = self.liveness.stalled_s()
+            if stuck > 0:
+                if not self.withheld:
+                    log.error(
+                        "the worker's main loop has not moved for %.0f s (more than the %.0f s "
+                        "it may take): heartbeats stop, so its leases expire and its trials "
+                        "go to other workers",
+                        stuck + self.liveness.allowance_s,
+                        self.liveness.allowance_s,
+                    )
+                self.withheld += 1
+                return
+            if self.withheld:
+                log.warning("the main loop moves again: heartbeats resume")
+                self.withheld = 0
         held = self.held.snapshot()
         try:
-            if held:
-                kept = self.link.run(
-                    queue.heartbeat_trials,
-                    worker_id=self.worker_id,
-                    held=held,
-                    lease_s=self.lease_s,
-                )
-                lost = self.held.mark_lost([k for k in held if k.trial_id not in kept])
-                for key in lost:
-                    log.warning(
-                        "heartbeat rejected: lease of trial %s (attempt %s) lost; abandoning it",
-                        key.trial_id,
-                        key.attempt,
-                    )
-                if lost:
-                    self.on_lost()
-            self.link.run(queue.heartbeat_worker, self.worker_id, self.worker_secret)
-            self.beats += 1
+            beat = self.link.run(
+                queue.heartbeat,
+                worker_id=self.worker_id,
+                secret=self.worker_secret,
+                held=held,
+                lease_s=self.lease_s,
+                urgent=True,
+            )
         except DatabaseDown:
-            pass  # the link logs the outage and reconnects on a later beat
+            return  # the link logs the outage and reconnects on a later beat
+        self.beats += 1
+        lost = self.held.mark_lost([k for k in held if k.trial_id not in beat.kept])
+        for key in lost:
+            log.warning(
+                "heartbeat rejected: lease of trial %s (attempt %s) lost; abandoning it",
+                key.trial_id,
+                key.attempt,
+            )
+        if lost:
+            self.on_lost()
+        if self.holds_device and not (beat.alive and beat.devices) and not self.device_lost:
+            self.device_lost = True
+            if self.on_device_lost is not None:
+                self.on_device_lost()
 
     def stop(self) -> None:
+        """Stop beating (the link stays open: it is the main loop's)."""
         self._stop_event.set()
         if self.is_alive() and self is not threading.current_thread():
             self.join(timeout=10.0)
-        self.link.close()

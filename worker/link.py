@@ -1,12 +1,22 @@
-"""A database connection that comes back: the worker's links to PostgreSQL.
+"""A database connection that comes back: the worker's one session with PostgreSQL.
 
-The worker keeps two connections: the main one (claims, completions, the reaper, LISTEN and
-the session-level device lock) and the heartbeat thread's own. When the database goes away
-(restart, failover, network), a :class:`Link` closes the broken connection and reconnects on
-demand with exponential backoff; ``on_connect`` re-establishes session state (LISTEN, the
-device lock) on every new connection. A lost connection is not retried here: callers decide
-what a lost statement means (a claim that may have committed is recovered by its lease; a
-completion is re-sent, and the fence tells whether it still counts).
+A worker keeps one connection (claims, completions, the reaper, its heartbeats, wake-ups),
+shared by its main loop and its heartbeat thread. When the database goes away (restart,
+failover, network), a :class:`Link` closes the broken connection and reconnects on demand
+with exponential backoff; ``on_connect`` re-establishes what the new session needs (LISTEN
+while the worker waits for work) on every new connection. A lost connection is not retried
+here: callers decide what a lost statement means (a claim that may have committed is
+recovered by its lease; a completion is re-sent, and the fence tells whether it still
+counts).
+
+**One session, two threads.** A call holds the link from its first statement to its last (a
+connection runs one statement at a time); a call marked ``urgent`` (the heartbeat's) goes
+before every call still waiting, so a beat waits for at most the one call in flight, never
+behind a queue of them. The link keeps no session state a transaction pooler breaks: no SET
+(the session settings travel as startup ``options``, dropped where a pooler refuses them:
+the role's own settings then apply), and no prepared statements
+(``prepare_threshold = None``: behind PgBouncer's transaction pooling a prepared statement
+would live on a server connection the next statement may not get).
 
 A statement the database *aborted* on a healthy connection (``DeadlockDetected``,
 ``SerializationFailure``: PostgreSQL rolled back the whole transaction, so nothing of it was
@@ -20,8 +30,10 @@ expire, a completion is re-sent.
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -77,6 +89,7 @@ class Link:
         on_connect: Callable[[psycopg.Connection[Any]], None] | None = None,
         max_backoff_s: float = RECONNECT_MAX_S,
         statement_tries: int = STATEMENT_TRIES,
+        on_call_done: Callable[[], None] | None = None,
     ) -> None:
         if statement_tries < 1:
             raise ValueError(f"statement_tries must be at least 1, got {statement_tries}")
@@ -92,6 +105,39 @@ class Link:
         self.statement_tries = statement_tries
         #: Calls made again after the database aborted them, since the link was made.
         self.retried = 0
+        #: Called after every call (the worker's main loop counts them as progress).
+        self.on_call_done = on_call_done
+        self._cond = threading.Condition()
+        self._holder: threading.Thread | None = None
+        self._depth = 0
+        self._urgent = 0
+
+    @contextmanager
+    def held(self, urgent: bool = False) -> Iterator[None]:
+        """Hold the link for a call (re-entrant in one thread). An ``urgent`` holder goes
+        before the callers still waiting; it waits only for the call in flight."""
+        me = threading.current_thread()
+        with self._cond:
+            if self._holder is me:
+                self._depth += 1
+            else:
+                if urgent:
+                    self._urgent += 1
+                try:
+                    while self._holder is not None or (not urgent and self._urgent):
+                        self._cond.wait()
+                finally:
+                    if urgent:
+                        self._urgent -= 1
+                self._holder, self._depth = me, 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._depth -= 1
+                if self._depth == 0:
+                    self._holder = None
+                    self._cond.notify_all()
 
     @property
     def up(self) -> bool:
@@ -100,14 +146,18 @@ class Link:
     def get(self) -> psycopg.Connection[Any] | None:
         """The open connection, or a new one if the backoff allows; ``None`` while down.
         Errors raised by ``on_connect`` other than connection errors propagate (they are
-        fatal, e.g. the device lock is taken by somebody else)."""
+        fatal)."""
+        with self.held():
+            return self._get()
+
+    def _get(self) -> psycopg.Connection[Any] | None:
         if self.conn is not None and not self.conn.closed:
             return self.conn
         if time.monotonic() < self.next_try:
             return None
         conn: psycopg.Connection[Any] | None = None
         try:
-            conn = connect(self.url, self.settings, connect_timeout=5)
+            conn = self._connect()
             if self.on_connect is not None:
                 self.on_connect(conn)
         except CONNECTION_ERRORS as exc:
@@ -129,6 +179,12 @@ class Link:
         self.backoff.reset()
         return conn
 
+    def _connect(self) -> psycopg.Connection[Any]:
+        """A new connection, never with prepared statements (see the module docstring)."""
+        conn = connect(self.url, self.settings, connect_timeout=5)
+        conn.prepare_threshold = None
+        return conn
+
     def connect_now(self) -> psycopg.Connection[Any]:
         """Connect at once or raise the reason (used at start-up)."""
         self.next_try = 0.0
@@ -143,8 +199,19 @@ class Link:
         """Call ``fn(conn, *args, **kwargs)``; a lost connection becomes :class:`DatabaseDown`
         (the link then reconnects with backoff on a later call). A call whose transaction the
         database aborted (deadlock, serialization failure) is made again on the same
-        connection, up to ``statement_tries`` times in all, then :class:`StatementAborted`."""
-        conn = self.get()
+        connection, up to ``statement_tries`` times in all, then :class:`StatementAborted`.
+        The link is held for the whole call (see :meth:`held`; ``urgent`` for the
+        heartbeat)."""
+        urgent = bool(kwargs.pop("urgent", False))
+        with self.held(urgent):
+            try:
+                return self._run(fn, *args, **kwargs)
+            finally:
+                if self.on_call_done is not None:
+                    self.on_call_done()
+
+    def _run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        conn = self._get()
         if conn is None:
             raise DatabaseDown(self.last_error)
         name = getattr(fn, "__name__", "statement")
@@ -194,8 +261,25 @@ class Link:
                 (time.perf_counter() - started) * 1e3,
             )
 
+    def notifies(self) -> list[str]:
+        """The payloads of the notifications that arrived (psycopg also keeps those that
+        came during other statements), without waiting; none while down."""
+        with self.held():
+            conn = self.conn
+            if conn is None or conn.closed:
+                return []
+            try:
+                return [n.payload for n in conn.notifies(timeout=0.0)]
+            except CONNECTION_ERRORS as exc:
+                self.broken(exc)
+                return []
+
     def broken(self, exc: BaseException) -> None:
         """Forget a connection that failed; reconnect later."""
+        with self.held():
+            self._broken(exc)
+
+    def _broken(self, exc: BaseException) -> None:
         if self.conn is not None:
             try:
                 self.conn.close()
@@ -211,6 +295,10 @@ class Link:
         return max(self.next_try - time.monotonic(), 0.0)
 
     def close(self) -> None:
+        with self.held():
+            self._close()
+
+    def _close(self) -> None:
         if self.conn is not None:
             try:
                 self.conn.close()

@@ -1,7 +1,9 @@
 """The worker's main loop: a short state machine of named steps, and their I/O.
 
-Start-up (``step_start``): find the device (in the device process), connect, take the device
-lock, register device and worker, open the device session, start the heartbeat thread.
+Start-up (``step_start``): find the device (in the device process), connect (one session for
+the worker's whole life, whatever sits on the route: :mod:`tunefleet.db.pooler`), register
+device and worker, take the device's lease, open the device session, start the heartbeat
+thread (on the same session).
 
 Then, until done, each turn of the loop runs these steps in order::
 
@@ -38,6 +40,10 @@ What this module decides itself is only the order of things and the database's a
 ``pool``     the code-generation processes and the books their sizing is decided from
              (``size``; the decisions are ``sizing``'s)
 ``signals``  the stop request (SIGTERM, SIGINT, SIGUSR1) and the wake-up pipe
+``wake``     when to claim next (polling with jittered backoff) and whether to LISTEN
+             meanwhile (only while idle, and only on a route that keeps a session)
+``heartbeat`` the heartbeat thread on the worker's one session, and the main loop's liveness
+             (a stuck loop stops its heartbeats, so its leases expire)
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ import logging
 import math
 import multiprocessing.connection
 import os
+import random
 import socket
 import time
 from collections import Counter
@@ -58,6 +65,7 @@ import psycopg
 from tunefleet import __version__
 from tunefleet.db import pooler
 from tunefleet.db.engine import connect
+from tunefleet.db.pooler import Route
 from tunefleet.devices import HOST_DEVICE, DeviceInfo
 from tunefleet.errors import (
     DatabaseProblem,
@@ -72,7 +80,7 @@ from tunefleet.queries.queue import ClaimedTrial
 from tunefleet.vocabulary import ANY_DEVICE_CLASS, TrialState
 
 from . import results
-from .heartbeat import Heartbeat, HeldLeases
+from .heartbeat import Heartbeat, HeldLeases, Liveness
 from .judge import Decision, Judge, Trial, cannot_serve
 from .link import DatabaseDown, Link
 from .pool import CodegenPool
@@ -82,6 +90,7 @@ from .signals import Signals
 from .sizing import Sizing, detect_resources
 from .supervise import Child, Describe, Measure, Open, Prepare, Reply
 from .vocabulary import ReplyKind, Stage, Verdict
+from .wake import Wakeups
 
 log = logging.getLogger("tunefleet.worker")
 
@@ -123,7 +132,20 @@ class Worker:
         )
         self.last_report_at = -math.inf
         self.reported: Sizing | None = None
-        self.link = Link(url, settings.db, "main", on_connect=self._on_connect)
+        #: Whether the main loop moves (its heartbeats stop when it does not).
+        self.liveness = Liveness(settings.lease_s)
+        self.link = Link(
+            url,
+            settings.db,
+            "main",
+            on_connect=self._on_connect,
+            on_call_done=self.liveness.stamp,
+        )
+        #: What sits between this worker and PostgreSQL (found on the first connection).
+        self.route: Route | None = None
+        self.wake = Wakeups(settings.poll_s, listen=settings.listen, rng=random.Random())
+        #: This worker holds its device's lease (every worker but a host one).
+        self.holds_device = False
         self.heartbeat: Heartbeat | None = None
         self.signals = Signals(settings.lease_s, self._children)
         self.judge = Judge(settings.stand_aside_after)
@@ -151,6 +173,7 @@ class Worker:
         try:
             self.step_start()
             while not self.step_done():
+                self.liveness.stamp()
                 self.step_collect()
                 self.step_abandon_lost()
                 self.step_start_next()
@@ -194,7 +217,7 @@ class Worker:
                 raise DeviceError(_device_failure("finding the device", reply))
             self.device = reply.value
         self.classes = sorted({self.device.device_class, ANY_DEVICE_CLASS})
-        conn = self.link.connect_now()  # takes the device lock (on_connect)
+        conn = self.link.connect_now()  # finds the route (on_connect)
         try:
             self.device_id = queue.register_device(conn, self.device)
             self.worker_secret = queue.register_worker(
@@ -216,20 +239,26 @@ class Worker:
                 "worker role that `tunefleet db roles` sets up (run it again after every "
                 "`tunefleet db upgrade`)"
             ) from None
+        if not self.is_host:
+            # Many synthetic workers may share a machine; real devices get one worker each.
+            self._take_device(conn)
         self._report(conn, initial=True)
         self._open_device()
         self.heartbeat = Heartbeat(
-            Link(self.url, self.settings.db, "heartbeat"),
+            self.link,
             worker_id=self.worker_id,
             worker_secret=self.worker_secret,
             lease_s=self.settings.lease_s,
             interval_s=self.settings.heartbeat_s,
             held=self.leases,
             on_lost=self.signals.wake,
+            liveness=self.liveness,
+            holds_device=self.holds_device,
+            on_device_lost=self.signals.wake,
         )
         self.heartbeat.start()
         log.info(
-            "worker %s (pid %s on %s) serving %s [%s], classes %s, lease %g s",
+            "worker %s (pid %s on %s) serving %s [%s], classes %s, lease %g s, %s",
             self.worker_id,
             self.pid,
             self.host,
@@ -237,6 +266,7 @@ class Worker:
             self.device.platform,
             ", ".join(self.classes),
             self.settings.lease_s,
+            "polling, listening while idle" if self.wake.listen else "polling",
         )
         r, sizing = self.pool.resources, self.pool.sizing
         log.info(
@@ -252,24 +282,72 @@ class Worker:
         )
 
     def _on_connect(self, conn: psycopg.Connection[Any]) -> None:
-        # LISTEN and the device lock are session state: behind a pooler that lends the server
-        # connection to others between transactions both fail silently, so refuse it here.
-        pooler.require_session_pooling(
+        # A new session listens to nothing; the first one also finds the route (a pooler in
+        # transaction mode keeps no LISTEN: the worker polls there).
+        self.wake.lost_session()
+        if self.route is not None:
+            return
+        self.route = pooler.detect(
             conn, lambda: connect(self.url, self.settings.db, connect_timeout=5)
         )
-        if not self.is_host:
-            # Many synthetic workers may share a machine; real devices get one worker each.
-            got = queue.try_lock_device(
-                conn, host=self.host, fingerprint=self.device.fingerprint, index=self.device.index
+        self.wake.listen = self.settings.listen and self.route.keeps_session
+        log.info("database route: %s", self.route.describe())
+        if self.settings.listen and not self.route.keeps_session:
+            log.warning("--listen ignored: LISTEN does not work through this pooler; polling")
+        if self.route.pooler:
+            timeout = queue.session_timeout(conn)
+            if not timeout:
+                log.warning(
+                    "the connection pooler drops the session's statement_timeout and this "
+                    "role sets none: give the worker role its timeouts (`tunefleet db roles`, "
+                    "or ALTER ROLE ... SET statement_timeout), or set the pooler's "
+                    "query_timeout"
+                )
+
+    def _take_device(self, conn: psycopg.Connection[Any]) -> None:
+        """Take this device's lease, or stop with one line naming who holds it. A holder
+        whose process no longer runs on this host (it crashed) keeps the device until its
+        lease runs out: wait for that, once, rather than refuse a restart."""
+        deadline: float | None = None
+        while True:
+            got = queue.take_device(
+                conn,
+                worker_id=self.worker_id,
+                secret=self.worker_secret,
+                index=self.device.index,
+                lease_s=self.settings.lease_s,
             )
-            if not got:
+            if got.taken:
+                self.holds_device = True
+                return
+            left = got.holder_expires_in_s or 0.0
+            if deadline is None and not _process_alive(got.holder_pid):
+                deadline = time.monotonic() + left + 1.0
+                log.warning(
+                    "device %s on %s is leased to worker %s (pid %s), which no longer runs "
+                    "here: waiting %.0f s for its lease to run out",
+                    self.device.index,
+                    self.host,
+                    got.holder,
+                    got.holder_pid,
+                    left,
+                )
+            if deadline is None or time.monotonic() > deadline:
+                queue.stop_worker(conn, self.worker_id, self.worker_secret)
                 raise DeviceError(
                     f"device {self.device.index} ({self.device.name}, {self.device.platform}) "
-                    f"on {self.host} is already used by another tunefleet worker; two workers "
-                    "timing one device corrupt each other's numbers: stop the other worker or "
-                    "choose another device with --device"
+                    f"on {self.host} is already used by another tunefleet worker (pid "
+                    f"{got.holder_pid}); two workers timing one device corrupt each other's "
+                    "numbers: stop the other worker or choose another device with --device"
                 )
-        queue.listen(conn)
+            ready = multiprocessing.connection.wait(
+                [self.signals.waitable], timeout=min(max(left, 0.1), 1.0)
+            )
+            if ready:
+                self.signals.drain()
+            if self.stopping:
+                queue.stop_worker(conn, self.worker_id, self.worker_secret)
+                raise DeviceError("stopped while waiting for the device's lease")
 
     def _open_device(self) -> None:
         reply = self.device_child.call(Open(self.device), DEVICE_START_TIMEOUT_S)
@@ -296,7 +374,15 @@ class Worker:
                 self._on_reply(held, reply)
 
     def step_abandon_lost(self) -> None:
-        """Drop trials whose lease the heartbeat could not extend (someone else's now)."""
+        """Drop trials whose lease the heartbeat could not extend (someone else's now); stop
+        once the device's lease is gone (another worker times on it now)."""
+        if self.heartbeat is not None and self.heartbeat.device_lost:
+            raise DeviceError(
+                f"device {self.device.index} ({self.device.name}) on {self.host}: this "
+                "worker lost its lease on the device (it could not renew it for a whole "
+                f"lease, {self.settings.lease_s:g} s, and another worker took the device or "
+                "its worker row was stopped); exiting without timing anything more"
+            )
         for lost in self.leases.take_lost():
             held = self.held.get(lost.trial_id)
             if held is None or held.key != lost or held.stage == Stage.FINISHED:
@@ -355,6 +441,7 @@ class Worker:
         now = time.monotonic()
         if limit <= 0 or now < self.next_claim_at or not self._db_ready():
             return
+        listen_first = self.wake.wants_listen(len(self.held))
         try:
             claims = self.link.run(
                 queue.claim_trials,
@@ -365,17 +452,27 @@ class Worker:
                 lease_s=self.settings.lease_s,
                 excluded_runs=sorted(self.judge.excluded),
                 skipped_trials=sorted(self.skipped),
+                listen_first=listen_first,
             )
         except DatabaseDown:
             return
         except psycopg.DatabaseError as exc:
+            self.wake.listening |= listen_first  # the LISTEN went first, in its own commit
             self._claim_refused(exc, limit, now)
             return
+        self.wake.listening |= listen_first
         self.claim_failures = 0
         if claims:
             self._take(claims, now)
         else:
             self._found_nothing(now)
+        self.next_claim_at = self.wake.after_claim(now, len(claims), limit, len(self.held))
+        if self.wake.wants_unlisten(len(self.held)):
+            try:
+                self.link.run(queue.unlisten)
+                self.wake.listening = False
+            except DatabaseDown:
+                pass
 
     def step_dispatch(self) -> None:
         if self.stopping:
@@ -400,8 +497,9 @@ class Worker:
         if held is None:
             return
         if not self.device_child.alive:
-            self.device_child.start()
-            self._open_device()
+            with self.liveness.blocking(DEVICE_START_TIMEOUT_S):
+                self.device_child.start()
+                self._open_device()
         c = held.claim
         self.device_child.submit(
             Measure(
@@ -482,10 +580,14 @@ class Worker:
                 pass
 
     def step_wait(self) -> None:
-        if self.link.up and self.link.conn is not None:
-            self._pump_notifications(self.link.conn)
+        if self.wake.listening:
+            self._pump_notifications()
         now = time.monotonic()
-        deadlines = [self.next_reap_at] if not self.stopping else []
+        # Turn at least every half of the liveness allowance: a loop that waits longer
+        # looks stuck to the heartbeat thread.
+        deadlines = [now + self.liveness.allowance_s / 2]
+        if not self.stopping:
+            deadlines.append(self.next_reap_at)
         if not self.stopping and len(self.held) < self.capacity:
             deadlines.append(self.next_claim_at)
         for child in self._children():
@@ -503,14 +605,14 @@ class Worker:
         waitables: list[Any] = [self.signals.waitable]
         for child in self._children():
             waitables.extend(child.waitables())
-        db = self.link.conn if self.link.up else None
+        db = self.link.conn if self.link.up and self.wake.listening else None
         if db is not None:
             waitables.append(db)
         ready = multiprocessing.connection.wait(waitables, timeout=timeout)
         if self.signals.waitable in ready:
             self.signals.drain()
         if db is not None and db in ready:
-            self._pump_notifications(db)
+            self._pump_notifications()
 
     def step_finish(self) -> None:
         if self.heartbeat is not None:
@@ -543,15 +645,15 @@ class Worker:
         self.drained = self.idle = False
 
     def _found_nothing(self, now: float) -> None:
-        """Nothing to claim: poll again later, settle the suspects nothing else can, and
-        (holding nothing) find out whether there is work left at all."""
-        self.next_claim_at = now + self.settings.poll_s
+        """Nothing to claim: settle the suspects nothing else can, and (holding nothing)
+        find out whether there is work left at all. (When to claim again is ``wake``'s.)"""
         self._settle_suspects("no other trial of the run to compare with")
         if not self.held and not self.idle:
             self.idle = True
             log.info(
-                "waiting for work (woken by notifications, polling every %g s)",
+                "waiting for work (polling, backing off to every %g s%s)",
                 self.settings.poll_s,
+                ", woken by notifications" if self.wake.listen else "",
             )
         excluded = self.judge.excluded
         if self.held or not (self.settings.drain or excluded):
@@ -855,15 +957,12 @@ class Worker:
         self.signals.close()
 
     # --- helpers ---------------------------------------------------------------------------------
-    def _pump_notifications(self, conn: psycopg.Connection[Any]) -> None:
+    def _pump_notifications(self) -> None:
         """Read notifications without waiting (psycopg also queues those that arrived during
         other statements); one for our classes makes the next claim due now."""
-        try:
-            for notify in conn.notifies(timeout=0.0):
-                if not notify.payload or notify.payload in self.classes:
-                    self.next_claim_at = 0.0
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            self.link.broken(exc)
+        for payload in self.link.notifies():
+            if not payload or payload in self.classes:
+                self.next_claim_at = self.wake.woken(time.monotonic())
 
     def _db_ready(self) -> bool:
         try:
@@ -904,6 +1003,19 @@ class Worker:
     def _forget(self, held: Held) -> None:
         self.held.pop(held.claim.trial_id, None)
         self.leases.remove(held.key)
+
+
+def _process_alive(pid: int | None) -> bool:
+    """Whether process ``pid`` runs on this machine (unknown counts as alive)."""
+    if pid is None:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # it exists but is not ours (EPERM)
+    return True
 
 
 def _device_failure(what: str, reply: Reply) -> str:

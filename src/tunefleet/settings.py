@@ -137,6 +137,10 @@ class DatabaseSettings:
     #: schema is still being migrated (0: fail at once). Batch-scheduled workers set it, so
     #: a job that starts while the server restarts does not give its GPUs back.
     wait_s: float = 0.0
+    #: This process works behind any connection pooler (a worker): where a pooler refuses the
+    #: startup ``options`` that carry the timeouts, connect without them (the role's own
+    #: settings apply) instead of failing. A coordinator keeps the one-line error.
+    behind_pooler: bool = False
 
     @classmethod
     def build(
@@ -148,6 +152,7 @@ class DatabaseSettings:
         connect_timeout_s: int | None = None,
         wait_s: float | None = None,
         application_name: str = "tunefleet",
+        behind_pooler: bool = False,
     ) -> DatabaseSettings:
         return cls(
             url=resolve(url, "DATABASE_URL", None, str),
@@ -160,4 +165,5 @@ class DatabaseSettings:
             connect_timeout_s=resolve(connect_timeout_s, "CONNECT_TIMEOUT_S", 10, positive_int),
             wait_s=resolve(wait_s, "WAIT_FOR_DB_S", 0.0, non_negative_float),
             application_name=application_name,
+            behind_pooler=behind_pooler,
         )

@@ -218,25 +218,37 @@ def test_dashboard_api_smoke(db_url: str, tmp_path: Path) -> None:
 
 
 def test_fleet_sim_smoke(db_url: str, tmp_path: Path) -> None:
+    from tests.helpers.pgbouncer import find_pgbouncer
+
+    pooled = find_pgbouncer() is not None
+    cells = ["3:0.2:one", "3:0.2:two-listen", "6:0.2:one", *(["6:0.2:pooled"] if pooled else [])]
     data = run_script(
         "fleet_sim.py",
         db_url,
         tmp_path / "sim.json",
-        "--workers", "3,6", "--durations", "0.2", "--window", "1", "--warmup", "0.5",
+        "--cells", ",".join(cells), "--window", "1", "--warmup", "0.5", "--pool-size", "2",
         "--procs", "2", "--ab-workers", "2", "--ab-duration", "0.05", "--ab-ideal", "0.3",
-        "--all-cells",  # a loaded machine must not make it skip the second size
+        "--all-cells",  # a loaded machine must not make it skip a cell
     )  # fmt: skip
-    cells = data["cells"]
-    # Two fleet sizes with two sessions per worker, then the largest with one.
-    assert [(c["workers"], c["sessions_per_worker"]) for c in cells] == [(3, 2), (6, 2), (6, 1)]
-    for c in cells:
+    got = [(c["workers"], c["shape"], c["sessions_per_worker"]) for c in data["cells"]]
+    expected = [(3, "one", 1), (3, "two-listen", 2), (6, "one", 1)]
+    assert got == expected + ([(6, "pooled", 1)] if pooled else [])
+    for c in data["cells"]:
         assert c["trials"] > 0 and c["trials_per_s"] > 0
         assert 0 < c["efficiency"] <= 1.05
         assert c["claim_ms"]["n"] > 0 and c["complete_ms"]["n"] > 0
-        # Every virtual worker's sessions were open while the window was measured.
-        assert c["sessions"]["workers"] == c["workers"] * c["sessions_per_worker"]
-        assert c["server_memory"]["processes"] > c["sessions"]["workers"]
         assert c["server_cpu_cores"] > 0
+        assert c["activity"]["samples"] > 0 and c["host_lag_ms"]["n"] > 0
+        if c["pooled"]:
+            # The fleet's server sessions are the pooler's, never more than its pool.
+            assert 1 <= c["sessions"]["workers"] <= 2
+            assert c["activity"]["pooler"]["samples"] > 0
+        else:
+            # Every virtual worker's sessions were open while the window was measured.
+            assert c["sessions"]["workers"] == c["workers"] * c["sessions_per_worker"]
+            assert c["server_memory"]["processes"] > c["sessions"]["workers"]
+    # The worker polls: nothing LISTENs, so a NOTIFY wakes nobody; the old shape listens.
+    assert data["cells"][0]["notifications_delivered"] == 0
     ab = data["ab"]
     assert ab["real"]["done"] == ab["real"]["trials"] == 2 * 6
     assert ab["simulated"]["done"] == ab["simulated"]["trials"] == 2 * 6
@@ -244,6 +256,7 @@ def test_fleet_sim_smoke(db_url: str, tmp_path: Path) -> None:
     with psycopg.connect(db_url, autocommit=True) as conn:
         states = dict(conn.execute("SELECT state, count(*) FROM tunefleet.trial GROUP BY 1"))
         workers = dict(conn.execute("SELECT state, count(*) FROM tunefleet.worker GROUP BY 1"))
+        leases = conn.execute("SELECT count(*) FROM tunefleet.device_lease").fetchone()
         measured = conn.execute(
             "SELECT count(*) FROM tunefleet.measurement m JOIN tunefleet.worker w"
             " ON w.id = m.worker_id JOIN tunefleet.device d ON d.id = w.device_id"
@@ -251,9 +264,10 @@ def test_fleet_sim_smoke(db_url: str, tmp_path: Path) -> None:
         ).fetchone()
     # Every claim ended: measured, or released at a cell's end and cancelled with its run.
     assert set(states) <= {"done", "cancelled"}, states
-    # The virtual workers and the real ones all said goodbye.
+    # The virtual workers and the real ones all said goodbye, and gave their devices back.
     assert workers == {"stopped": 6 + 2}, workers
-    assert measured is not None and measured[0] >= sum(c["trials"] for c in cells)
+    assert leases is not None and leases[0] == 0
+    assert measured is not None and measured[0] >= sum(c["trials"] for c in data["cells"])
 
 
 def _postmasters(folder: Path) -> dict[Path, int]:

@@ -7,19 +7,27 @@ SIGKILLs the coordinator and resumes it, stops it cleanly and resumes it, termin
 sessions and restarts the server.
 Then SQL checks every promise of the queue (see ``tests.helpers.chaos.violations``).
 
+Twice: with the workers connected directly, and with the workers behind a real PgBouncer in
+transaction mode (three server connections for the whole fleet; the coordinator keeps its
+direct session): the terminated sessions are then the pooler's server connections, and the
+restarted server is reconnected to by the pooler.
+
 Run it alone with ``pytest -m chaos``; ``TUNEFLEET_CHAOS_SEED`` replays another schedule.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.chaos import ChaosRun, coordinator_env, schedule, violations
+from tests.helpers.pgbouncer import find_pgbouncer, pgbouncer
 from tunefleet.db.embedded import EmbeddedServer
 from tunefleet.db.engine import connect
 from tunefleet.db.migrate import upgrade
@@ -41,16 +49,33 @@ PROBLEM_ARGS = {
 }
 
 
+@contextlib.contextmanager
+def worker_route(route: str, server: EmbeddedServer, url: str) -> Iterator[str]:
+    """The URL the workers connect to: the database itself, or through PgBouncer."""
+    if route == "direct":
+        yield url
+        return
+    if find_pgbouncer() is None:
+        pytest.skip("pgbouncer is not installed")
+    with pgbouncer(server.admin_url(), "transaction", pool_size=3) as bouncer:
+        yield bouncer.url(url)
+
+
 @pytest.mark.timeout(420)
-def test_faults_everywhere_lose_nothing_and_measure_nothing_twice(tmp_path: Path, cli_env):
+@pytest.mark.parametrize("route", ["direct", "pooled"])
+def test_faults_everywhere_lose_nothing_and_measure_nothing_twice(
+    tmp_path: Path, cli_env, route: str
+):
     server = EmbeddedServer(tmp_path / "pg" / "data")
     server.start()
     chaos: ChaosRun | None = None
+    stack = contextlib.ExitStack()  # the pooler, where there is one
     try:
         port = server.status().port
         assert port is not None
         url = server.local_url()
         upgrade(url)
+        worker_url = stack.enter_context(worker_route(route, server, url))
         env = coordinator_env(
             cli_env,
             TUNEFLEET_POLL_S="0.05",
@@ -70,6 +95,7 @@ def test_faults_everywhere_lose_nothing_and_measure_nothing_twice(tmp_path: Path
             SEED,
             lease_s=LEASE_S,
             worker_options={"timeout_s": 4, "poll_s": 0.5, "prepare_workers": 0},
+            worker_url=worker_url,
         )
         sizes = [f"--arg={k}={v}" for k, v in {**PROBLEM_ARGS, "seed": SEED % 1000}.items()]
         chaos.start_coordinator("synthetic", *sizes, "--max-trials", str(MAX_TRIALS))
@@ -154,4 +180,5 @@ def test_faults_everywhere_lose_nothing_and_measure_nothing_twice(tmp_path: Path
     finally:
         if chaos is not None:
             chaos.close()
+        stack.close()
         server.stop()

@@ -85,8 +85,9 @@ def logs(workers: list[WorkerProcess]) -> str:
 def test_idle_workers_wake_on_notify_share_the_work_exactly_once_and_skip_other_classes(
     db_url, db, tmp_path
 ):
-    # Polling every 30 s: only the NOTIFY can wake them in time.
-    opts = {"drain": False, "lease_s": SAFE_LEASE_S, "poll_s": 30}
+    # Polling every 30 s, listening while idle (--listen): only the NOTIFY can wake them in
+    # time.
+    opts = {"drain": False, "lease_s": SAFE_LEASE_S, "poll_s": 30, "listen": True}
     pipelined = start_worker(db_url, log_path=tmp_path / "a.log", **opts)
     inline = start_worker(db_url, log_path=tmp_path / "b.log", prepare_workers=0, **opts)
     fleet = [pipelined, inline]

@@ -67,6 +67,8 @@ class ChaosRun:
     seed: int
     lease_s: float = 2.0
     worker_options: dict[str, Any] = field(default_factory=dict)
+    #: Where the workers connect: ``url`` itself, or the same database through a pooler.
+    worker_url: str | None = None
     rng: random.Random = field(init=False)
     started: float = field(default_factory=time.monotonic)
     events: list[Event] = field(default_factory=list)
@@ -140,7 +142,7 @@ class ChaosRun:
         path = self.workdir / f"worker-{n}.log"
         self._logs.append(path)
         w = start_worker(
-            self.url,
+            self.worker_url or self.url,
             log_path=path,
             env=self.env,
             device="host",

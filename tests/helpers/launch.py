@@ -79,6 +79,7 @@ def worker_argv(
     prepare_workers: int | None = None,
     poll_s: float | None = None,
     stand_aside_after: int | None = None,
+    listen: bool = False,
     verbose: bool = True,
     extra: Sequence[str] = (),
     python: str = sys.executable,
@@ -87,6 +88,8 @@ def worker_argv(
     argv = [python, "-m", "tunefleet.worker", "--db", db_url, "--device", device]
     if drain:
         argv.append("--drain")
+    if listen:
+        argv.append("--listen")
     for flag, value in (
         ("--max-trials", max_trials),
         ("--lease", lease_s),

@@ -1,5 +1,5 @@
 """The queue statements against a real PostgreSQL: claim, lease, fencing, reaper, release,
-device lock, registration and wake-ups."""
+device lease, registration and wake-ups."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from tests.helpers.queue_data import (
     insert_trials,
     synthetic_configs,
     trial_states,
-    wait_until,
 )
 from tunefleet.db.engine import connect
 from tunefleet.devices import HOST_DEVICE, DeviceInfo
@@ -429,25 +428,143 @@ def test_trials_of_a_run_no_longer_running_are_cancelled_not_requeued(db, run_st
     assert claim(db, make_worker(db), limit=4) == []
 
 
-def test_device_lock_is_exclusive_per_host_fingerprint_and_index(db_url, db):
-    other = connect(db_url)
-    try:
-        key = {"host": "node1", "fingerprint": "abc", "index": 0}
-        assert queue.try_lock_device(db, **key)
-        assert not queue.try_lock_device(other, **key)
-        assert queue.try_lock_device(other, **{**key, "index": 1})  # the identical 2nd GPU
-        assert queue.try_lock_device(other, **{**key, "host": "node2"})
-        assert queue.unlock_device(db, **key)
-        assert queue.try_lock_device(other, **key)
-    finally:
-        other.close()
-    # A closed session's lock is gone (once its backend has exited): a dead worker never
-    # blocks its device.
-    wait_until(
-        lambda: queue.try_lock_device(db, host="node1", fingerprint="abc", index=0),
-        timeout=10,
-        what="the closed session's lock to be released",
+GPU = DeviceInfo(platform="P", vendor="V", name="GPU", driver_version="1")
+
+
+def gpu_worker(db: Any, host: str = "node1", device: DeviceInfo = GPU) -> uuid.UUID:
+    """A registered worker of ``host`` serving ``device`` (its secret in SECRETS)."""
+    worker_id = uuid.uuid4()
+    SECRETS[worker_id] = queue.register_worker(
+        db,
+        worker_id=worker_id,
+        host=host,
+        pid=4242,
+        device_id=queue.register_device(db, device),
+        device_class=device.device_class,
+        version="test",
     )
+    return worker_id
+
+
+def take(db: Any, worker: uuid.UUID, index: int = 0, lease_s: float = 30.0) -> queue.DeviceTaken:
+    return queue.take_device(
+        db, worker_id=worker, secret=SECRETS[worker], index=index, lease_s=lease_s
+    )
+
+
+def lease_rows(db: Any) -> list[dict[str, Any]]:
+    return db.execute(
+        "SELECT host, fingerprint, device_index, worker_id FROM tunefleet.device_lease"
+        " ORDER BY host, device_index"
+    ).fetchall()
+
+
+def test_device_lease_is_exclusive_per_host_fingerprint_and_index(db):
+    first, second = gpu_worker(db), gpu_worker(db)
+    assert take(db, first).taken
+    assert take(db, first).taken  # already its own: taken again (a restart of the call)
+    refused = take(db, second)
+    assert not refused.taken and refused.holder == first and refused.holder_pid == 4242
+    assert refused.holder_expires_in_s is not None and 25 < refused.holder_expires_in_s <= 30
+    assert take(db, second, index=1).taken  # the identical second GPU of the node
+    elsewhere = gpu_worker(db, host="node2")
+    assert take(db, elsewhere).taken  # the same model on another node
+    # Host and fingerprint come from the worker's own rows, not from the caller.
+    rows = [
+        (r["host"], r["fingerprint"], r["device_index"], r["worker_id"]) for r in lease_rows(db)
+    ]
+    assert rows == [
+        ("node1", GPU.fingerprint, 0, first),
+        ("node1", GPU.fingerprint, 1, second),
+        ("node2", GPU.fingerprint, 0, elsewhere),
+    ]  # fmt: skip
+    # A stopped worker gives its device back at once.
+    assert queue.stop_worker(db, first, SECRETS[first])
+    assert [r["worker_id"] for r in lease_rows(db)] == [second, elsewhere]
+    third = gpu_worker(db)
+    assert take(db, third).taken
+    # A worker that stopped heartbeating for a whole lease loses it to the next taker.
+    db.execute(
+        "UPDATE tunefleet.device_lease SET expires_at = now() - interval '1 second'"
+        " WHERE worker_id = %s",
+        (third,),
+    )
+    fourth = gpu_worker(db)
+    assert take(db, fourth).taken
+    assert next(r["worker_id"] for r in lease_rows(db) if r["device_index"] == 0) == fourth
+
+
+def test_device_lease_needs_the_secret_an_active_worker_and_a_device(db):
+    import psycopg
+
+    worker = gpu_worker(db)
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        queue.take_device(db, worker_id=worker, secret="wrong", index=0, lease_s=30)
+    deviceless = uuid.uuid4()
+    SECRETS[deviceless] = queue.register_worker(
+        db, worker_id=deviceless, host="node1", pid=1, device_id=None, device_class="x",
+        version="t",
+    )  # fmt: skip
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="registered no device"):
+        take(db, deviceless)
+    assert queue.stop_worker(db, worker, SECRETS[worker])
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="is stopped"):
+        take(db, worker)
+    assert lease_rows(db) == []
+
+
+def test_heartbeat_extends_leases_worker_row_and_device_lease_in_one_statement(db):
+    run = insert_run(db)
+    ids = insert_trials(db, run, synthetic_configs(2))
+    worker = gpu_worker(db)
+    assert take(db, worker, lease_s=5.0).taken
+    held = [c.key for c in claim(db, worker, limit=2, lease_s=5.0)]
+    db.execute("UPDATE tunefleet.worker SET heartbeat_at = now() - interval '1 hour'")
+    beat = queue.heartbeat(db, worker_id=worker, secret=SECRETS[worker], held=held, lease_s=60)
+    assert beat == queue.Beat(alive=True, devices=1, kept=frozenset(ids))
+    row = db.execute(
+        "SELECT (SELECT min(lease_expires_at) FROM tunefleet.trial) - now() AS trials,"
+        " (SELECT expires_at FROM tunefleet.device_lease) - now() AS device,"
+        " now() - (SELECT heartbeat_at FROM tunefleet.worker) AS worker"
+    ).fetchone()
+    assert row["trials"].total_seconds() > 55 and row["device"].total_seconds() > 55
+    assert row["worker"].total_seconds() < 5
+    # A wrong secret keeps the worker row and device alone; the tokens still fence the trials.
+    beat = queue.heartbeat(db, worker_id=worker, secret="wrong", held=held, lease_s=60)
+    assert beat == queue.Beat(alive=False, devices=0, kept=frozenset(ids))
+    # The device taken over (after the lease ran out): the next beat says so.
+    db.execute("UPDATE tunefleet.device_lease SET expires_at = now() - interval '1 second'")
+    other = gpu_worker(db)
+    assert take(db, other).taken
+    beat = queue.heartbeat(db, worker_id=worker, secret=SECRETS[worker], held=held[:1], lease_s=60)
+    assert beat == queue.Beat(alive=True, devices=0, kept=frozenset(ids[:1]))
+    # No device, nothing held: a host worker's beat is its worker row alone.
+    host = make_worker(db)
+    beat = queue.heartbeat(db, worker_id=host, secret=SECRETS[host], held=[], lease_s=60)
+    assert beat == queue.Beat(alive=True, devices=0, kept=frozenset())
+
+
+def test_listen_first_claims_after_the_listen_committed(db_url, db):
+    """LISTEN goes first in its own transaction: the claim sees every batch committed
+    before it, and a batch committed after it is notified."""
+    run = insert_run(db)
+    worker = make_worker(db)
+    conn = connect(db_url)
+    try:
+        got = queue.claim_trials(
+            conn, worker_id=worker, secret=SECRETS[worker], device_classes=ANY, limit=2,
+            lease_s=30, listen_first=True,
+        )  # fmt: skip
+        assert got == []
+        listening = conn.execute("SELECT pg_listening_channels() AS c").fetchall()
+        assert [r["c"] for r in listening] == ["tunefleet_trials"]
+        insert_trials(db, run, synthetic_configs(1))
+        queue.notify_new_trials(db, "any")
+        assert [n.payload for n in conn.notifies(timeout=30, stop_after=1)] == ["any"]
+        queue.unlisten(conn)
+        assert conn.execute("SELECT pg_listening_channels() AS c").fetchall() == []
+    finally:
+        conn.close()
 
 
 def test_register_device_keeps_known_details_and_worker_lifecycle(db):

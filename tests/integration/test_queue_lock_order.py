@@ -34,7 +34,7 @@ from tests.helpers.queue_data import (
     wait_until,
     waiting_on_a_lock,
 )
-from tests.integration.test_queue import claim, make_worker
+from tests.integration.test_queue import SECRETS, claim, make_worker
 from tunefleet.db.engine import connect
 from tunefleet.queries import queue
 
@@ -58,10 +58,17 @@ class Statement(threading.Thread):
             self.error = exc
 
 
+def _whole_beat(conn: psycopg.Connection[Any], **kwargs: Any) -> set[int]:
+    """The worker's beat since 0011_fleet_shape (leases, worker row, device lease)."""
+    worker = kwargs["worker_id"]
+    return set(queue.heartbeat(conn, secret=SECRETS[worker], **kwargs).kept)
+
+
+@pytest.mark.parametrize("beat_fn", [queue.heartbeat_trials, _whole_beat], ids=["trials", "whole"])
 @pytest.mark.parametrize("heartbeat_plan", ["force_custom_plan", "force_generic_plan"])
 @pytest.mark.parametrize("release_plan", ["force_custom_plan", "force_generic_plan"])
 def test_heartbeat_and_release_of_one_worker_never_deadlock(
-    db_url, db, heartbeat_plan, release_plan
+    db_url, db, heartbeat_plan, release_plan, beat_fn
 ):
     # The higher id was claimed first, with the shorter lease: the index on running leases
     # (lease_expires_at) lists it first, the sorted arrays list it last.
@@ -80,9 +87,7 @@ def test_heartbeat_and_release_of_one_worker_never_deadlock(
             conn.execute("SELECT set_config('plan_cache_mode', %s, false)", (mode,))
         blocker.execute("SELECT 1 FROM tunefleet.trial WHERE id = %s FOR NO KEY UPDATE", (low,))
 
-        beat = Statement(
-            beat_conn, queue.heartbeat_trials, worker_id=worker, held=held, lease_s=30.0
-        )
+        beat = Statement(beat_conn, beat_fn, worker_id=worker, held=held, lease_s=30.0)
         release = Statement(release_conn, queue.release_trials, worker_id=worker, held=held)
         beat.start()
         wait_until(
@@ -120,5 +125,7 @@ def test_unused_worker_id_keeps_the_statements_harmless(db):
     held = [c.key for c in claim(db, worker, limit=2)]
     stranger = uuid.uuid4()
     assert queue.heartbeat_trials(db, worker_id=stranger, held=held, lease_s=30.0) == set()
+    beat = queue.heartbeat(db, worker_id=stranger, secret="x", held=held, lease_s=30.0)
+    assert beat == queue.Beat(alive=False, devices=0, kept=frozenset())
     assert queue.release_trials(db, worker_id=stranger, held=held) == set()
     assert trial_states(db, ids) == {i: "running" for i in ids}

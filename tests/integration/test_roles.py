@@ -205,7 +205,7 @@ def test_worker_role_runs_the_real_queue_statements(roles, db):
             w, worker_id=me, host="node", pid=1, device_id=dev, device_class="any", version="t"
         )
         queue.listen(w)
-        assert queue.try_lock_device(w, host="node", fingerprint=info.fingerprint, index=0)
+        assert queue.take_device(w, worker_id=me, secret=secret, index=0, lease_s=30).taken
         assert queue.has_open_trials(w, ["any"])
         claimed = queue.claim_trials(
             w, worker_id=me, secret=secret, device_classes=["any"], limit=4, lease_s=30
@@ -214,6 +214,8 @@ def test_worker_role_runs_the_real_queue_statements(roles, db):
         held = [c.key for c in claimed]
         assert queue.heartbeat_trials(w, worker_id=me, held=held, lease_s=30) == set(ids)
         assert queue.heartbeat_worker(w, me, secret)
+        beat = queue.heartbeat(w, worker_id=me, secret=secret, held=held, lease_s=30)
+        assert beat == queue.Beat(alive=True, devices=1, kept=frozenset(ids))
         first, second, third, fourth = sorted(claimed, key=lambda c: c.trial_id)
         queue.complete_trial(
             w,
@@ -249,13 +251,14 @@ def test_worker_role_runs_the_real_queue_statements(roles, db):
         reaped = queue.reap_expired_leases(w)
         assert reaped is not None and [r.trial_id for r in reaped] == [fourth.trial_id]
         queue.notify_new_trials(w, "any")
-        queue.unlock_device(w, host="node", fingerprint=info.fingerprint, index=0)
+        queue.unlisten(w)
         assert queue.stop_worker(w, me, secret)
     states = db.execute("SELECT id, state FROM tunefleet.trial ORDER BY id").fetchall()
     assert [r["state"] for r in states] == ["done", "invalid", "pending", "pending"]
     m = db.execute("SELECT device_id, worker_id, source FROM tunefleet.measurement").fetchall()
     assert m == [{"device_id": dev, "worker_id": me, "source": "measured"}]
     assert db.execute("SELECT state FROM tunefleet.worker").fetchone()["state"] == "stopped"
+    assert db.execute("SELECT count(*) AS n FROM tunefleet.device_lease").fetchone()["n"] == 0
 
 
 # --- the coordinator ------------------------------------------------------------------------

@@ -1,10 +1,14 @@
-"""The worker's database links: session limits, reconnect with backoff after the server drops
-the session, session state (LISTEN, device lock) re-established, a lost device lock is fatal;
-a call the database aborted as a deadlock is made again on the same connection."""
+"""The worker's database link: session limits, reconnect with backoff after the server drops
+the session, LISTEN re-established; the device lease (a second worker refuses in one line, a
+crashed holder's lease runs out, a lease lost during an outage stops the worker); a call the
+database aborted as a deadlock is made again on the same connection; one session shared by
+the main loop and the heartbeat, which goes first."""
 
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -12,11 +16,18 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.helpers.queue_data import wait_until, waiting_on_a_lock
+from tests.helpers.queue_data import (
+    insert_run,
+    insert_trials,
+    synthetic_configs,
+    wait_until,
+    waiting_on_a_lock,
+)
 from tunefleet.devices import DeviceInfo
 from tunefleet.errors import DeviceError
 from tunefleet.queries import queue
 from tunefleet.settings import DatabaseSettings
+from tunefleet.worker.heartbeat import Heartbeat, Liveness
 from tunefleet.worker.link import DatabaseDown, Link, StatementAborted
 from tunefleet.worker.loop import Worker
 from tunefleet.worker.settings import WorkerSettings
@@ -66,23 +77,113 @@ def test_link_reconnects_with_backoff_and_reruns_on_connect(db_url, db):
         link.close()
 
 
-def test_device_lock_taken_during_an_outage_is_fatal_on_reconnect(db_url, db):
-    worker = Worker(WorkerSettings.build(db=db_url, device="0"), db_url)
-    worker.device = DeviceInfo(platform="P", vendor="V", name="GPU", driver_version="1", index=0)
+GPU = DeviceInfo(platform="P", vendor="V", name="GPU", driver_version="1", index=0)
+
+
+def registered_worker(db_url: str, *, lease_s: float = 30.0) -> Worker:
+    """A worker of this host serving ``GPU``, connected and registered (no device process:
+    only its database side runs)."""
+    worker = Worker(WorkerSettings.build(db=db_url, device="0", lease_s=lease_s), db_url)
+    worker.device = GPU
+    conn = worker.link.connect_now()
+    worker.device_id = queue.register_device(conn, GPU)
+    worker.worker_secret = queue.register_worker(
+        conn,
+        worker_id=worker.worker_id,
+        host=worker.host,
+        pid=worker.pid,
+        device_id=worker.device_id,
+        device_class=GPU.device_class,
+        version="test",
+    )
+    return worker
+
+
+def device_holder(db) -> Any:
+    row = db.execute("SELECT worker_id FROM tunefleet.device_lease").fetchone()
+    return None if row is None else row["worker_id"]
+
+
+def worker_state(db, worker: Worker) -> str:
+    row = db.execute("SELECT state FROM tunefleet.worker WHERE id = %s", (worker.worker_id,))
+    return str(row.fetchone()["state"])
+
+
+def test_a_second_worker_on_the_device_refuses_with_one_line_and_stops_its_row(db_url, db):
+    first, second = registered_worker(db_url), registered_worker(db_url)
     try:
-        conn = worker.link.connect_now()  # takes the lock through on_connect
-        key = {"host": worker.host, "fingerprint": worker.device.fingerprint, "index": 0}
-        assert not queue.try_lock_device(db, **key)  # held by the worker's session
+        first._take_device(first.link.connect_now())
+        assert first.holds_device and device_holder(db) == first.worker_id
+        # The holder runs (this very process): the second refuses at once.
+        with pytest.raises(DeviceError, match="already used by another tunefleet worker") as e:
+            second._take_device(second.link.connect_now())
+        assert "\n" not in str(e.value) and f"pid {first.pid}" in str(e.value)
+        assert not second.holds_device and device_holder(db) == first.worker_id
+        assert worker_state(db, second) == "stopped"
+        # The holder stops: the device is free at once.
+        assert queue.stop_worker(first.link.connect_now(), first.worker_id, first.worker_secret)
+        assert device_holder(db) is None
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_crashed_holder_keeps_the_device_until_its_lease_runs_out(db_url, db, caplog):
+    crashed = registered_worker(db_url, lease_s=2.0)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    dead_pid = int(gone.stdout)
+    restarted = registered_worker(db_url, lease_s=2.0)
+    try:
+        crashed._take_device(crashed.link.connect_now())
+        db.execute(
+            "UPDATE tunefleet.worker SET pid = %s WHERE id = %s", (dead_pid, crashed.worker_id)
+        )
+        caplog.set_level(logging.WARNING, logger="tunefleet.worker")
+        restarted._take_device(restarted.link.connect_now())  # waits for the lease, then takes
+        assert restarted.holds_device and device_holder(db) == restarted.worker_id
+        assert "which no longer runs here" in caplog.text
+    finally:
+        crashed.close()
+        restarted.close()
+
+
+def test_device_lease_lost_during_an_outage_stops_the_worker(db_url, db):
+    worker = registered_worker(db_url)
+    other = registered_worker(db_url)
+    lost = threading.Event()
+    try:
+        conn = worker.link.connect_now()
+        worker._take_device(conn)
+        beat = Heartbeat(
+            worker.link,
+            worker_id=worker.worker_id,
+            worker_secret=worker.worker_secret,
+            lease_s=30.0,
+            interval_s=10.0,
+            held=worker.leases,
+            on_lost=lambda: None,
+            holds_device=True,
+            on_device_lost=lost.set,
+        )
+        beat.beat()
+        assert not beat.device_lost  # extended
+        # An outage longer than the lease: the session is cut, the lease runs out and another
+        # worker of the host takes the device meanwhile.
         db.execute("SELECT pg_terminate_backend(%s)", (backend_pid(conn),))
-        # Another worker grabs the device meanwhile (once the killed backend has exited).
-        wait_until(lambda: queue.try_lock_device(db, **key), timeout=10, what="the lock")
-        with pytest.raises(DatabaseDown):
-            worker.link.run(lambda c: c.execute("SELECT 1"))
-        time.sleep((worker.link.wait_s() or 0) + 0.05)
-        with pytest.raises(DeviceError, match="already used by another tunefleet worker"):
-            worker.link.get()
+        db.execute("UPDATE tunefleet.device_lease SET expires_at = now() - interval '1 second'")
+        assert queue.take_device(
+            other.link.connect_now(), worker_id=other.worker_id, secret=other.worker_secret,
+            index=0, lease_s=30,
+        ).taken  # fmt: skip
+        wait_until(lambda: beat.beat() or beat.device_lost, 30, what="a beat after reconnect")
+        assert lost.is_set() and device_holder(db) == other.worker_id
+        worker.heartbeat = beat
+        with pytest.raises(DeviceError, match="lost its lease on the device"):
+            worker.step_abandon_lost()
     finally:
         worker.close()
+        other.close()
 
 
 # --- a deadlock is a statement failure, not a lost connection -------------------------------
@@ -197,3 +298,97 @@ def test_a_call_aborted_on_every_try_fails_clearly_and_writes_nothing(
 def test_statement_tries_must_be_positive(db_url):
     with pytest.raises(ValueError, match="statement_tries must be at least 1"):
         Link(db_url, DatabaseSettings(url=db_url), "main", statement_tries=0)
+
+
+# --- one session for the main loop and the heartbeat -------------------------------------------
+
+
+def test_a_beat_goes_before_calls_waiting_behind_a_long_statement(db_url, db):
+    """The heartbeat waits for the one call in flight, never for the queue behind it."""
+    link = Link(db_url, DatabaseSettings(url=db_url), "main")
+    order: list[str] = []
+    key = 0x7466_7473  # an advisory lock the test holds: the long call waits for it
+
+    def long_call(conn) -> None:
+        conn.execute("SELECT pg_advisory_lock(%s)", (key,))
+        conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+        order.append("long")
+
+    def queued(name: str, urgent: bool) -> threading.Thread:
+        def call() -> None:
+            link.run(lambda conn: order.append(name), urgent=urgent)
+
+        t = threading.Thread(target=call, daemon=True)
+        t.start()
+        return t
+
+    try:
+        pid = backend_pid(link.connect_now())
+        db.execute("SELECT pg_advisory_lock(%s)", (key,))
+        first = threading.Thread(target=link.run, args=(long_call,), daemon=True)
+        first.start()
+        wait_until(lambda: waiting_on_a_lock(db, pid), 30, what="the long call to wait")
+        behind = [queued(f"main {i}", urgent=False) for i in range(3)]
+        wait_until(lambda: len(waiters(link)) >= 3, 30, what="three callers waiting")
+        beat = queued("beat", urgent=True)
+        wait_until(lambda: len(waiters(link)) >= 4, 30, what="the beat waiting too")
+        db.execute("SELECT pg_advisory_unlock(%s)", (key,))
+        for t in [first, *behind, beat]:
+            t.join(30)
+        assert order[:2] == ["long", "beat"], order
+        assert sorted(order[2:]) == ["main 0", "main 1", "main 2"]
+        assert backend_pid(link.connect_now()) == pid  # one session throughout
+    finally:
+        link.close()
+
+
+def waiters(link: Link) -> list[threading.Thread]:
+    """Threads blocked in ``Link.held`` (the link's condition's waiters)."""
+    return list(getattr(link._cond, "_waiters", []))
+
+
+def test_a_stuck_main_loop_stops_its_beats_and_a_moving_one_resumes_them(db_url, db):
+    run = insert_run(db)
+    ids = insert_trials(db, run, synthetic_configs(1))
+    worker = registered_worker(db_url)
+    now = [1000.0]
+    liveness = Liveness(allowance_s=30.0, clock=lambda: now[0])
+    try:
+        conn = worker.link.connect_now()
+        (claim,) = queue.claim_trials(
+            conn, worker_id=worker.worker_id, secret=worker.worker_secret,
+            device_classes=["any"], limit=1, lease_s=30,
+        )  # fmt: skip
+        worker.leases.add(claim.key)
+        beat = Heartbeat(
+            worker.link, worker_id=worker.worker_id, worker_secret=worker.worker_secret,
+            lease_s=30.0, interval_s=10.0, held=worker.leases, on_lost=lambda: None,
+            liveness=liveness,
+        )  # fmt: skip
+        db.execute("UPDATE tunefleet.trial SET lease_expires_at = now() + interval '5 s'")
+        now[0] += 31.0  # the main loop has not moved for longer than its allowance
+        beat.beat()
+        assert beat.withheld == 1 and seconds_left(db, ids[0]) < 6  # not extended
+        # Inside a declared long step (opening the device) it is not stuck.
+        with liveness.blocking(120.0):
+            now[0] += 100.0
+            beat.beat()
+        assert beat.withheld == 0 and seconds_left(db, ids[0]) > 25
+        now[0] += 31.0
+        beat.beat()
+        assert beat.withheld == 1
+        liveness.stamp()  # a turn of the main loop (this thread is the liveness owner)
+        db.execute("UPDATE tunefleet.trial SET lease_expires_at = now() + interval '5 s'")
+        beat.beat()
+        assert beat.withheld == 0 and seconds_left(db, ids[0]) > 25
+    finally:
+        worker.close()
+
+
+def seconds_left(db, trial_id: int) -> float:
+    row = db.execute(
+        "SELECT extract(epoch FROM lease_expires_at - now()) AS s FROM tunefleet.trial"
+        " WHERE id = %s",
+        (trial_id,),
+    ).fetchone()
+    return float(row["s"])

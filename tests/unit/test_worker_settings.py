@@ -10,7 +10,7 @@ from tunefleet.worker.settings import DEFAULT_LEASE_S, DEFAULT_TIMEOUT_S, Worker
 
 def test_defaults(monkeypatch):
     names = ("LEASE", "TIMEOUT", "DRAIN", "DEVICE", "MAX_TRIALS", "PREFETCH", "PREBUILD")
-    for name in (*names, "PREPARE_WORKERS", "CORES", "PEERS"):
+    for name in (*names, "PREPARE_WORKERS", "CORES", "PEERS", "LISTEN", "POLL"):
         monkeypatch.delenv(f"TUNEFLEET_WORKER_{name}", raising=False)
     s = WorkerSettings.build(db="postgresql://u@h/db")
     assert s.lease_s == DEFAULT_LEASE_S == 30 and s.timeout_s == DEFAULT_TIMEOUT_S
@@ -19,6 +19,8 @@ def test_defaults(monkeypatch):
     # No sizing given: the worker sizes its pool and prefetch itself (worker.sizing).
     assert (s.prepare_workers, s.prefetch, s.cores, s.peers) == (None, None, None, 1)
     assert s.prebuild is True
+    # Polls, never LISTENs (worker.wake); works behind any pooler.
+    assert s.poll_s == 5.0 and s.listen is False and s.db.behind_pooler is True
 
 
 def test_flag_beats_environment_beats_default(monkeypatch):
@@ -32,6 +34,9 @@ def test_flag_beats_environment_beats_default(monkeypatch):
     monkeypatch.setenv("TUNEFLEET_WORKER_PREBUILD", "no")
     assert WorkerSettings.build(db="postgresql://u@h/db").prebuild is False
     assert WorkerSettings.build(db="postgresql://u@h/db", prebuild=True).prebuild is True
+    monkeypatch.setenv("TUNEFLEET_WORKER_LISTEN", "on")
+    assert WorkerSettings.build(db="postgresql://u@h/db").listen is True
+    assert WorkerSettings.build(db="postgresql://u@h/db", listen=False).listen is False
 
 
 @pytest.mark.parametrize(
@@ -44,6 +49,7 @@ def test_flag_beats_environment_beats_default(monkeypatch):
         ("WORKER_PREPARE_WORKERS", "-1"),
         ("WORKER_CORES", "inf"),
         ("WORKER_PEERS", "0"),
+        ("WORKER_LISTEN", "sometimes"),
     ],
 )
 def test_bad_environment_value_names_the_variable(monkeypatch, env, value):

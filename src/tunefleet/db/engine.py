@@ -157,19 +157,45 @@ def connect(
     dict_rows: bool = True,
     connect_timeout: int | None = None,
 ) -> psycopg.Connection[Any]:
-    """Open one psycopg connection with our session settings.
+    """Open one psycopg connection with our session settings (as startup ``options``).
+
+    With ``settings.behind_pooler`` (a worker), a pooler that refuses the ``options``
+    (PgBouncer without ``ignore_startup_parameters = options``) gets a connection without
+    them: the role's own settings, which ``tunefleet db roles`` gives every role, then apply.
 
     Raises :class:`DatabaseUnavailable` with a one-line reason on any connection failure.
     """
     settings = settings or DatabaseSettings(url=url)
     try:
+        return _connect(url, settings, autocommit, dict_rows, connect_timeout, True)
+    except DatabaseUnavailable as exc:
+        if not (settings.behind_pooler and _REFUSED_OPTIONS in str(exc)):
+            raise
+        _log.info("a connection pooler refused the session options; connecting without them")
+        return _connect(url, settings, autocommit, dict_rows, connect_timeout, False)
+
+
+#: What PgBouncer says to startup ``options`` it was not told to ignore.
+_REFUSED_OPTIONS = "unsupported startup parameter"
+
+
+def _connect(
+    url: str,
+    settings: DatabaseSettings,
+    autocommit: bool,
+    dict_rows: bool,
+    connect_timeout: int | None,
+    send_options: bool,
+) -> psycopg.Connection[Any]:
+    extra: dict[str, Any] = {"options": session_options(settings)} if send_options else {}
+    try:
         return psycopg.connect(
             normalise_url(url),
             autocommit=autocommit,
             row_factory=dict_row if dict_rows else psycopg.rows.tuple_row,  # type: ignore[arg-type]
-            options=session_options(settings),
             application_name=settings.application_name,
             connect_timeout=connect_timeout or settings.connect_timeout_s,
+            **extra,
         )
     except psycopg.OperationalError as exc:
         reason = _reason(exc)

@@ -258,8 +258,8 @@ END
 $fn$;
 REVOKE ALL ON FUNCTION tunefleet.heartbeat_worker(uuid, text) FROM PUBLIC;
 
--- stop_worker (as of 0003_worker_functions)
--- A worker that stops marks its own row stopped.
+-- stop_worker (as of 0011_fleet_shape)
+-- A worker that stops marks its own row stopped and gives its device back.
 CREATE OR REPLACE FUNCTION tunefleet.stop_worker(
     p_worker_id uuid, p_secret text
 ) RETURNS boolean
@@ -272,7 +272,11 @@ BEGIN
   UPDATE tunefleet.worker w
      SET state = 'stopped', stopped_at = now(), heartbeat_at = now()
    WHERE w.id = p_worker_id AND w.secret_hash = sha256(convert_to(p_secret, 'UTF8'));
-  RETURN FOUND;
+  IF NOT FOUND THEN
+    RETURN false;
+  END IF;
+  DELETE FROM tunefleet.device_lease l WHERE l.worker_id = p_worker_id;
+  RETURN true;
 END
 
 $fn$;
@@ -453,6 +457,112 @@ $fn$;
 REVOKE ALL ON FUNCTION tunefleet.heartbeat_trials(
     uuid, bigint[], integer[], text[], double precision
 ) FROM PUBLIC;
+
+-- take_device (as of 0011_fleet_shape)
+-- Queue rule 7 as a leased row: the device of the worker's own rows (host, fingerprint) and
+-- index, taken when free, expired, held by a stopped worker or already this worker's.
+CREATE OR REPLACE FUNCTION tunefleet.take_device(
+    p_worker_id uuid, p_secret text, p_device_index integer, p_lease_s double precision
+) RETURNS TABLE (taken boolean, holder uuid, holder_pid integer, holder_expires_in_s double precision)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+
+#variable_conflict use_column
+DECLARE
+  v_host text;
+  v_fingerprint text;
+  v_holder uuid;
+BEGIN
+  PERFORM tunefleet._check_session();
+  PERFORM tunefleet._check_worker(p_worker_id, p_secret);
+  IF NOT coalesce(p_lease_s > 0 AND p_lease_s <= 86400, false) THEN
+    RAISE EXCEPTION USING ERRCODE = '22023',
+      MESSAGE = format('lease of %s s is not between 0 and 86400 s', p_lease_s);
+  END IF;
+  SELECT w.host, d.fingerprint INTO v_host, v_fingerprint
+    FROM tunefleet.worker w JOIN tunefleet.device d ON d.id = w.device_id
+   WHERE w.id = p_worker_id AND w.state = 'active';
+  IF v_fingerprint IS NULL THEN
+    RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format(
+      'worker %s is stopped or registered no device; a device is taken by the active '
+      'worker that registered it', p_worker_id);
+  END IF;
+  INSERT INTO tunefleet.device_lease AS l
+         (host, fingerprint, device_index, worker_id, expires_at)
+  VALUES (v_host, v_fingerprint, p_device_index, p_worker_id,
+          now() + make_interval(secs => p_lease_s))
+  ON CONFLICT (host, fingerprint, device_index) DO UPDATE
+     SET worker_id = excluded.worker_id, expires_at = excluded.expires_at, taken_at = now()
+   WHERE l.worker_id = excluded.worker_id OR l.expires_at < now()
+      OR NOT EXISTS (SELECT 1 FROM tunefleet.worker o
+                      WHERE o.id = l.worker_id AND o.state = 'active')
+  RETURNING l.worker_id INTO v_holder;
+  IF v_holder IS NOT NULL THEN
+    RETURN QUERY SELECT true, p_worker_id, NULL::integer, NULL::double precision;
+    RETURN;
+  END IF;
+  RETURN QUERY
+  SELECT false, l.worker_id, o.pid, extract(epoch FROM l.expires_at - now())::double precision
+    FROM tunefleet.device_lease l LEFT JOIN tunefleet.worker o ON o.id = l.worker_id
+   WHERE l.host = v_host AND l.fingerprint = v_fingerprint
+     AND l.device_index = p_device_index;
+END
+
+$fn$;
+REVOKE ALL ON FUNCTION tunefleet.take_device(uuid, text, integer, double precision) FROM PUBLIC;
+
+-- heartbeat (as of 0011_fleet_shape)
+-- Queue rule 3 in one statement: the held trials (fenced by their tokens, locked in trial id
+-- order), the worker row (by its secret), then its device lease; which trials were kept.
+CREATE OR REPLACE FUNCTION tunefleet.heartbeat(
+    p_worker_id uuid, p_secret text, p_trials bigint[], p_attempts integer[], p_tokens text[], p_lease_s double precision
+) RETURNS TABLE (alive boolean, devices integer, kept bigint[])
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+
+#variable_conflict use_column
+DECLARE
+  v_kept bigint[];
+  v_alive boolean;
+  v_devices integer := 0;
+BEGIN
+  PERFORM tunefleet._check_session();
+  IF NOT coalesce(p_lease_s > 0 AND p_lease_s <= 86400, false) THEN
+    RAISE EXCEPTION USING ERRCODE = '22023',
+      MESSAGE = format('lease of %s s is not between 0 and 86400 s', p_lease_s);
+  END IF;
+  WITH held AS (
+      SELECT t.id FROM tunefleet.trial t
+        JOIN unnest(p_trials, p_attempts, p_tokens) AS h(id, attempt, token) ON t.id = h.id
+       WHERE t.attempt = h.attempt AND t.lease_owner = p_worker_id AND t.state = 'running'
+         AND t.lease_token_hash = sha256(convert_to(h.token, 'UTF8'))
+       ORDER BY t.id
+         FOR NO KEY UPDATE OF t
+  ), extended AS (
+      UPDATE tunefleet.trial t
+         SET lease_expires_at = now() + make_interval(secs => p_lease_s)
+        FROM held
+       WHERE t.id = held.id
+      RETURNING t.id
+  )
+  SELECT coalesce(array_agg(e.id ORDER BY e.id), '{}') INTO v_kept FROM extended e;
+  UPDATE tunefleet.worker w SET heartbeat_at = now()
+   WHERE w.id = p_worker_id AND w.state = 'active'
+     AND w.secret_hash = sha256(convert_to(p_secret, 'UTF8'));
+  v_alive := FOUND;
+  IF v_alive THEN
+    UPDATE tunefleet.device_lease l
+       SET expires_at = now() + make_interval(secs => p_lease_s)
+     WHERE l.worker_id = p_worker_id;
+    GET DIAGNOSTICS v_devices = ROW_COUNT;
+  END IF;
+  RETURN QUERY SELECT v_alive, v_devices, v_kept;
+END
+
+$fn$;
+REVOKE ALL ON FUNCTION tunefleet.heartbeat(uuid, text, bigint[], integer[], text[], double precision) FROM PUBLIC;
 
 -- complete_trial (as of 0003_worker_functions)
 -- Queue rule 4: state change, attempt outcome and measurement in one statement, fenced by

@@ -98,6 +98,9 @@ WORKER_FUNCTIONS: tuple[FunctionGrant, ...] = (
         "claim_trials", (_UUID, _TEXT, "text[]", _INT, _FLOAT, "bigint[]", "bigint[]", _FLOAT)
     ),
     FunctionGrant("heartbeat_trials", (_UUID, "bigint[]", "integer[]", "text[]", _FLOAT)),
+    # 0011_fleet_shape: the device lease, and the whole beat in one statement.
+    FunctionGrant("take_device", (_UUID, _TEXT, _INT, _FLOAT)),
+    FunctionGrant("heartbeat", (_UUID, _TEXT, "bigint[]", "integer[]", "text[]", _FLOAT)),
     FunctionGrant(
         "complete_trial",
         (
@@ -111,7 +114,16 @@ WORKER_FUNCTIONS: tuple[FunctionGrant, ...] = (
     FunctionGrant("reap_expired_leases", (_INT,)),
 )
 
-_ALL_TABLES = ("run", "trial", "attempt", "measurement", "worker", "device", "stand_aside")
+_ALL_TABLES = (
+    "run",
+    "trial",
+    "attempt",
+    "measurement",
+    "worker",
+    "device",
+    "stand_aside",
+    "device_lease",
+)
 
 
 @dataclass(frozen=True)

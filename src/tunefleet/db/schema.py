@@ -168,6 +168,9 @@ Index(
     postgresql_where=text("state = 'active'"),
 )
 
+# The live workers of one host: every sizing report counts them (0011_fleet_shape).
+Index("worker_host_active_idx", worker.c.host, postgresql_where=text("state = 'active'"))
+
 trial = Table(
     "trial",
     metadata,
@@ -310,6 +313,27 @@ stand_aside = Table(
 )
 # "Who stands aside from this run": the coordinator's and status's question.
 Index("stand_aside_run_idx", stand_aside.c.run_id)
+
+# One device of one host, held by one worker at a time (0011_fleet_shape): the device lock
+# as a leased row, with the rules of a trial's lease (taken by ``tunefleet.take_device``,
+# extended by the worker's heartbeats, free once expired or its holder stopped). Host and
+# fingerprint are copied from the worker's own rows; identical GPUs differ by index.
+device_lease = Table(
+    "device_lease",
+    metadata,
+    Column("host", Text, primary_key=True),
+    Column("fingerprint", Text, primary_key=True),
+    Column("device_index", Integer, primary_key=True),
+    Column(
+        "worker_id",
+        UUID(as_uuid=True),
+        ForeignKey("worker.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    Column("taken_at", DateTime(timezone=True), nullable=False, server_default=_now),
+)
+Index("device_lease_worker_idx", device_lease.c.worker_id)
 
 measurement = Table(
     "measurement",

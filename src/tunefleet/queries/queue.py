@@ -1,5 +1,5 @@
 """Every statement the worker side of the queue runs: registration, claim, lease heartbeat,
-fenced completion, release, standing aside from a run, the lease reaper, the device lock and
+fenced completion, release, standing aside from a run, the lease reaper, the device lease and
 wake-ups.
 
 A worker is untrusted, so it writes nothing itself: every write below calls one of the
@@ -44,8 +44,6 @@ from tunefleet.vocabulary import FINISHED_TRIAL_STATES, NOTIFY_CHANNEL, AttemptO
 #: Key of the transaction-level advisory lock that serialises the reaper across the fleet
 #: (taken inside ``tunefleet.reap_expired_leases``; the migration spells the same text).
 REAPER_LOCK_NAME = "tunefleet:reaper"
-#: Prefix of the session-level advisory lock a worker holds on its device for its lifetime.
-DEVICE_LOCK_PREFIX = "tunefleet:device"
 
 #: Outcomes a worker may report for its own claim.
 COMPLETION_STATES = FINISHED_TRIAL_STATES
@@ -196,8 +194,9 @@ def heartbeat_worker(conn: psycopg.Connection[Any], worker_id: UUID, secret: str
 
 
 def stop_worker(conn: psycopg.Connection[Any], worker_id: UUID, secret: str) -> bool:
-    """Mark the worker ``stopped`` (graceful exit); False when the secret does not match.
-    Locking: its own row, for the statement."""
+    """Mark the worker ``stopped`` (graceful exit) and give its device lease back; False
+    when the secret does not match. Locking: its own row, then its device lease row, for the
+    statement."""
     row = conn.execute(
         "SELECT tunefleet.stop_worker(%s, %s) AS stopped", (worker_id, secret)
     ).fetchone()
@@ -241,50 +240,75 @@ def report_worker_sizing(
     return 1 if row is None or row["peers"] is None else max(int(row["peers"]), 1)
 
 
-# --- the device lock ---------------------------------------------------------------------------
+# --- the device lease --------------------------------------------------------------------------
 
 
-def device_lock_name(host: str, fingerprint: str, index: int) -> str:
-    """Identical GPUs share a fingerprint, so the device index is part of the key."""
-    return f"{DEVICE_LOCK_PREFIX}\x1f{host}\x1f{fingerprint}\x1f{int(index)}"
+@dataclass(frozen=True)
+class DeviceTaken:
+    """What :func:`take_device` found: ``taken`` (this worker holds the device now), else
+    the worker that holds it, its process id and how many seconds its lease has left."""
+
+    taken: bool
+    holder: UUID | None = None
+    holder_pid: int | None = None
+    holder_expires_in_s: float | None = None
 
 
-def try_lock_device(
-    conn: psycopg.Connection[Any], *, host: str, fingerprint: str, index: int
-) -> bool:
-    """Take the session-level advisory lock of one device of one host, without waiting.
+def take_device(
+    conn: psycopg.Connection[Any], *, worker_id: UUID, secret: str, index: int, lease_s: float
+) -> DeviceTaken:
+    """Take the lease of one device of one host for this registered worker, without waiting
+    (``tunefleet.take_device``): the device of the worker's own rows (its host, its device's
+    fingerprint) and ``index`` (identical GPUs share a fingerprint). Taken when nobody holds
+    it, when the holder's lease expired (it stopped heartbeating for a whole lease), when the
+    holder's worker row is stopped, or when it is already this worker's; the lease then runs
+    until ``now() + lease_s`` (database clock) and :func:`heartbeat` extends it. A row, not
+    session state: it holds through a transaction pooler and across reconnects, and
+    :func:`stop_worker` gives it back. Needs the worker secret.
 
-    Locking: ``pg_try_advisory_lock`` on a 64-bit hash of host + fingerprint + index, held by
-    this *session* until :func:`unlock_device` or the connection closes (a dead worker's lock
-    goes away with its connection). Advisory locks are per database: workers pointed at two
-    different databases do not see each other's locks.
+    Locking: the device's lease row, for the statement (``INSERT ... ON CONFLICT DO
+    UPDATE`` locks it even when it stays the holder's); the worker and device rows are only
+    read.
     """
     row = conn.execute(
-        "SELECT pg_try_advisory_lock(hashtextextended(%s, 0)) AS got",
-        (device_lock_name(host, fingerprint, index),),
+        "SELECT * FROM tunefleet.take_device(%s, %s, %s, %s::double precision)",
+        (worker_id, secret, int(index), float(lease_s)),
     ).fetchone()
     assert row is not None
-    return bool(row["got"])
-
-
-def unlock_device(
-    conn: psycopg.Connection[Any], *, host: str, fingerprint: str, index: int
-) -> bool:
-    """Release the device lock taken by :func:`try_lock_device` on this session."""
-    row = conn.execute(
-        "SELECT pg_advisory_unlock(hashtextextended(%s, 0)) AS released",
-        (device_lock_name(host, fingerprint, index),),
-    ).fetchone()
-    assert row is not None
-    return bool(row["released"])
+    return DeviceTaken(
+        taken=bool(row["taken"]),
+        holder=None if row["taken"] else row["holder"],
+        holder_pid=None if row["holder_pid"] is None else int(row["holder_pid"]),
+        holder_expires_in_s=(
+            None if row["holder_expires_in_s"] is None else float(row["holder_expires_in_s"])
+        ),
+    )
 
 
 # --- wake-ups ----------------------------------------------------------------------------------
 
 
 def listen(conn: psycopg.Connection[Any]) -> None:
-    """``LISTEN`` on the trial channel (autocommit: effective at once). No locks."""
+    """``LISTEN`` on the trial channel (autocommit: effective at once). Session state: only
+    on a route that keeps one (:mod:`tunefleet.db.pooler`). No locks (the notification
+    queue's own lock, for a moment, to register the session)."""
     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(NOTIFY_CHANNEL)))
+
+
+def session_timeout(conn: psycopg.Connection[Any]) -> int:
+    """This session's ``statement_timeout`` in milliseconds (0: none). Behind a pooler that
+    drops the startup options it is the role's own (``tunefleet db roles``) or the
+    server's. Locks: none."""
+    row = conn.execute(
+        "SELECT extract(epoch FROM current_setting('statement_timeout')::interval) * 1000 AS ms"
+    ).fetchone()
+    return 0 if row is None or row["ms"] is None else int(row["ms"])
+
+
+def unlisten(conn: psycopg.Connection[Any]) -> None:
+    """``UNLISTEN`` the trial channel: this session is no longer woken by new batches (a
+    worker with no room for a trial). No locks, as :func:`listen`."""
+    conn.execute(sql.SQL("UNLISTEN {}").format(sql.Identifier(NOTIFY_CHANNEL)))
 
 
 def notify_new_trials(conn: psycopg.Connection[Any], device_class: str) -> None:
@@ -309,6 +333,7 @@ def claim_trials(
     excluded_runs: Sequence[int] = (),
     skipped_trials: Sequence[int] = (),
     alive_s: float = WORKER_ALIVE_S,
+    listen_first: bool = False,
 ) -> list[ClaimedTrial]:
     """Claim up to ``limit`` (1-1000) pending trials of the given device classes, in
     ``priority, id`` order, skipping the runs in ``excluded_runs`` (those this worker stands
@@ -337,25 +362,37 @@ def claim_trials(
     protocol's ``seed`` in the claimed protocol, so the worker builds fresh inputs and
     records the seed with the measurement.
 
+    ``listen_first``: send :func:`listen` before the claim, in the same round trip (a
+    pipeline) but its own transaction, committed first: a batch committed after the LISTEN
+    is notified, one committed before it is visible to the claim, so a worker that starts
+    waiting misses nothing (``tunefleet.worker.wake``).
+
     Locking: the picked rows (at most ``limit`` per class; those not claimed are only locked
     for the statement), until the statement commits; nothing is held afterwards.
     """
     if limit <= 0:
         return []
-    rows = conn.execute(
+    query = (
         "SELECT * FROM tunefleet.claim_trials("
-        "%s, %s, %s::text[], %s, %s, %s::bigint[], %s::bigint[], %s::double precision)",
-        (
-            worker_id,
-            secret,
-            list(device_classes),
-            int(limit),
-            float(lease_s),
-            [int(r) for r in excluded_runs],
-            [int(t) for t in skipped_trials],
-            float(alive_s),
-        ),
-    ).fetchall()
+        "%s, %s, %s::text[], %s, %s, %s::bigint[], %s::bigint[], %s::double precision)"
+    )
+    params = (
+        worker_id,
+        secret,
+        list(device_classes),
+        int(limit),
+        float(lease_s),
+        [int(r) for r in excluded_runs],
+        [int(t) for t in skipped_trials],
+        float(alive_s),
+    )
+    if listen_first:
+        with conn.pipeline() as pipeline:
+            listen(conn)
+            pipeline.sync()  # the LISTEN commits before the claim takes its snapshot
+            rows = conn.execute(query, params).fetchall()
+    else:
+        rows = conn.execute(query, params).fetchall()
     return [
         ClaimedTrial(
             trial_id=int(r["trial_id"]),
@@ -444,6 +481,49 @@ def heartbeat_trials(
         (worker_id, ids, attempts, tokens, float(lease_s)),
     ).fetchall()
     return {int(r["id"]) for r in rows}
+
+
+@dataclass(frozen=True)
+class Beat:
+    """What one :func:`heartbeat` did: the worker row is ``alive`` (active, the secret its
+    own), ``devices`` leases were extended (1 for a worker that holds its device, 0 for one
+    that lost it or never took one), and the ids of the held trials whose lease was
+    extended (``kept``; a held id missing from it has lost its lease)."""
+
+    alive: bool
+    devices: int
+    kept: frozenset[int]
+
+
+def heartbeat(
+    conn: psycopg.Connection[Any],
+    *,
+    worker_id: UUID,
+    secret: str,
+    held: Sequence[Lease],
+    lease_s: float,
+) -> Beat:
+    """The worker's whole beat in one statement (``tunefleet.heartbeat``): extend the lease
+    of every held claim to ``now() + lease`` (database clock; fenced on id, attempt,
+    lease_owner, lease token and ``state = 'running'``, as :func:`heartbeat_trials`), the
+    worker row's ``heartbeat_at`` (needs the secret) and the worker's device lease.
+
+    Locking: the held trial rows in trial id order (``ORDER BY id FOR NO KEY UPDATE``), then
+    the worker's own row, then its device lease row, each for the statement: the order
+    every other statement that locks more than one of them keeps.
+    """
+    ids, attempts, tokens = _lease_arrays(held)
+    row = conn.execute(
+        "SELECT * FROM tunefleet.heartbeat(%s, %s, %s::bigint[], %s::integer[], %s::text[],"
+        " %s::double precision)",
+        (worker_id, secret, ids, attempts, tokens, float(lease_s)),
+    ).fetchone()
+    assert row is not None
+    return Beat(
+        alive=bool(row["alive"]),
+        devices=int(row["devices"] or 0),
+        kept=frozenset(int(i) for i in row["kept"] or ()),
+    )
 
 
 # --- completion and release --------------------------------------------------------------------
