@@ -7,7 +7,10 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from tunefleet.db.embedded import EmbeddedServer, default_server
 from tunefleet.errors import SchemaOutOfDate, TunefleetError, UsageError
@@ -23,6 +26,21 @@ def add_db_flag(parser: argparse.ArgumentParser) -> None:
         help="PostgreSQL URL (default: $TUNEFLEET_DATABASE_URL, else the embedded server); "
         "put the password in PGPASSWORD or a pgpass file, never in the URL",
     )
+
+
+@contextmanager
+def open_db(db_flag: str | None) -> Iterator[Any]:
+    """A read connection to the database of ``--db`` (or the embedded one), at head."""
+    from tunefleet.db.engine import connect
+    from tunefleet.db.resolve import database_url
+
+    settings = DatabaseSettings.build(db_flag, application_name="tunefleet-cli")
+    url = database_url(settings)
+    conn = connect(url, settings)
+    try:
+        yield conn
+    finally:
+        conn.close()
 
 
 def add_wait_flag(parser: argparse.ArgumentParser) -> None:

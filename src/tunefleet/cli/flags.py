@@ -213,3 +213,16 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
         else:
             out += [name, f"{value:g}" if isinstance(value, float) else str(value)]
     return out
+
+
+def run_id_arg(text: str) -> int:
+    """A run or trial id of the command line: a positive ``bigint``."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; ids are integers") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a valid id (ids start at 1)")
+    if value > MAX_ID:
+        raise argparse.ArgumentTypeError(f"{value} is not a valid id (ids end at {MAX_ID})")
+    return value

@@ -18,8 +18,6 @@ import io
 import json
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +27,8 @@ from tunefleet.cli.args import (
     command_line_args,
     raw_problem_args,
 )
-from tunefleet.cli.db import add_db_flag
+from tunefleet.cli.db import add_db_flag, open_db
+from tunefleet.cli.flags import run_id_arg
 from tunefleet.cli.output import (
     Column,
     args_text,
@@ -51,7 +50,6 @@ from tunefleet.cli.render import (
 )
 from tunefleet.errors import RunError, TunefleetError, UsageError
 from tunefleet.queries import report
-from tunefleet.settings import DatabaseSettings
 from tunefleet.vocabulary import (
     TrialPurpose,
     TrialState,
@@ -145,31 +143,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 # --- shared helpers ---------------------------------------------------------------------
-
-
-def run_id_arg(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number; ids are integers") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} is not a valid id (ids start at 1)")
-    return value
-
-
-@contextmanager
-def open_db(db_flag: str | None) -> Iterator[Any]:
-    """A read connection to the database of ``--db`` (or the embedded one), at head."""
-    from tunefleet.db.engine import connect
-    from tunefleet.db.resolve import database_url
-
-    settings = DatabaseSettings.build(db_flag, application_name="tunefleet-cli")
-    url = database_url(settings)
-    conn = connect(url, settings)
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 def _out(text: str = "") -> None:

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tunefleet.cli.db import add_db_flag
-from tunefleet.cli.flags import count
+from tunefleet.cli.db import add_db_flag, open_db
+from tunefleet.cli.flags import count, run_id_arg
 from tunefleet.cli.output import Column, args_text, gflops, jsonable, seconds, table
 from tunefleet.errors import RunError, UsageError
 
@@ -45,8 +45,6 @@ of the 0/1 "gave no time" outcome over every finished configuration).
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from tunefleet.cli.front import run_id_arg
-
     p = sub.add_parser(
         "importance",
         help="which parameters decide a run's speed, and which make configurations fail",
@@ -88,7 +86,6 @@ def load(db: str | None, run_id: int, *, all_runs: bool, method: str, top: int) 
     """The report of a run (see :func:`tunefleet.importance.report`) with its settings under
     ``run``; a run that does not exist or has no finished trial is a one-line error."""
     from tunefleet import importance
-    from tunefleet.cli.front import open_db
     from tunefleet.queries import dashboard as q
 
     with open_db(db) as conn:
