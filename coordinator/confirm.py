@@ -9,8 +9,14 @@ for :data:`CONFIRM_AVOID_S`), never answered from the cache. While a confirmatio
 configuration out of the top ``confirm``, the next one is confirmed too (at most
 ``2 * confirm`` per ending). Only then is the run finished; its best is the best by confirmed
 figure (``best_per_run``). Confirmations are not trials of the search: the search never hears
-of them and they do not count against ``max_trials`` (they do extend the run's wall time past
-``max_seconds``). With no live worker the phase ends with what is confirmed so far.
+of them and they do not count against ``max_trials``. With no live worker the phase ends with
+what is confirmed so far.
+
+Within a time budget (``max_seconds``) the confirmation is part of the run: the search stopped
+early enough to leave it its time (:mod:`.budget`), the phase queues only the confirmations
+that still come back before the deadline (:func:`.budget.confirmations_that_fit`, counting
+those in flight), waits for another worker only within the time to spare, and ends at the
+deadline whatever is still in flight (the session then hands it back).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import psycopg
 from tunefleet.queries import search as q
 from tunefleet.vocabulary import TrialPurpose, TrialState
 
+from .budget import Speed, avoid_seconds, confirmations_that_fit
 from .phase import Confirmed
 from .settings import CoordinatorSettings
 
@@ -81,6 +88,14 @@ class Session(Protocol):
         """The evaluation timeout of a trial queued now (None: the workers' default)."""
         ...
 
+    def time_left(self) -> float | None:
+        """Seconds until the time budget ends (negative: past it); None without one."""
+        ...
+
+    def speed(self) -> Speed | None:
+        """How fast the run's trials come back (None: not known yet)."""
+        ...
+
 
 class Confirmation:
     """The confirmation phase of one session (a :class:`~.phase.Phase`)."""
@@ -93,6 +108,9 @@ class Confirmation:
         self.enqueued = 0
         #: Pending search trials this phase cancelled (the run's result counts them).
         self.cancelled = 0
+        #: Confirmations this phase wanted to queue (the time budget may queue fewer).
+        self.wanted = 0
+        self._said_no_time = False
 
     def settle(self) -> None:
         s = self.session
@@ -103,6 +121,9 @@ class Confirmation:
 
     def step(self, now: float) -> int | Confirmed:
         s = self.session
+        left = s.time_left()
+        if left is not None and left <= 0:
+            return Confirmed()  # the deadline: what is in flight is handed back
         if s.live_workers == 0:
             # Nobody would measure (or reap) anything: end as the search did before.
             _log.warning(
@@ -117,13 +138,40 @@ class Confirmation:
         candidates = q.confirmation_candidates(s.conn, s.run_id, want)
         todo = [c for c in candidates if c.confirm_state in (None, TrialState.CANCELLED)]
         todo = todo[: max(0, 2 * want - self.enqueued)]
+        self.wanted = max(self.wanted, self.enqueued + len(todo))
+        if left is not None and todo:
+            fit = confirmations_that_fit(s.speed(), len(s.confirming) + len(todo), left)
+            todo = todo[: max(0, fit - len(s.confirming))]
+            if not todo and not s.confirming:
+                self._no_time(left)
+                return Confirmed()
         if todo:
             self.enqueued += len(todo)
-            return len(self._enqueue(todo))
+            return len(self._enqueue(todo, left))
         return 0 if s.confirming else Confirmed()
 
-    def _enqueue(self, candidates: list[q.ConfirmCandidate]) -> list[q.QueuedConfirmation]:
+    def _no_time(self, left: float) -> None:
+        if self._said_no_time:
+            return
+        self._said_no_time = True
+        pace = self.session.speed()
+        _log.warning(
+            "run %d: %.1f s of the time budget left, too little to confirm its best (one "
+            "confirmation takes about %s); finishing with what is confirmed so far",
+            self.session.run_id,
+            left,
+            "?" if pace is None else f"{pace.turnaround_s:.1f} s",
+        )
+
+    def _enqueue(
+        self, candidates: list[q.ConfirmCandidate], left: float | None
+    ) -> list[q.QueuedConfirmation]:
         s = self.session
+        slack = None
+        if left is not None:
+            pace = s.speed()
+            need = 0.0 if pace is None else pace.takes(len(s.confirming) + len(candidates))
+            slack = left - need
         base = int(s.protocol.get("seed") or 0)
         items = []
         for c in candidates:
@@ -142,7 +190,7 @@ class Confirmation:
             s.run_id,
             s.device_class,
             items,
-            avoid_s=CONFIRM_AVOID_S,
+            avoid_s=avoid_seconds(CONFIRM_AVOID_S, s.live_workers, slack),
             timeout_s=s.trial_timeout(),
             max_attempts=s.settings.max_attempts,
         )

@@ -61,11 +61,13 @@ from tunefleet.errors import (
     first_line,
 )
 from tunefleet.problems.base import Problem
+from tunefleet.queries import budget as qb
 from tunefleet.queries import search as q
 from tunefleet.settings import DatabaseSettings
 from tunefleet.space import Config, Space, config_hash
 from tunefleet.vocabulary import RunState, TrialPurpose, TrialSource, TrialState
 
+from .budget import Cut, Speed, confirm_reserve, speed
 from .confirm import Confirmation
 from .create import coordinator_db_settings, create_run, raised, require_session_pooling
 from .enqueue import NewTrial, enqueue
@@ -135,6 +137,10 @@ class RunResult:
     spread: float | None = None
     noise: float | None = None
     disagrees: bool | None = None
+    #: What the time budget cut when it ended the run (None: the run had no time budget);
+    #: ``handed_back`` running trials were cancelled at the deadline (a resume revives them).
+    cut: Cut | None = None
+    handed_back: int = 0
 
 
 # --- the session's pieces -------------------------------------------------------------------
@@ -247,10 +253,15 @@ class Coordinator:
         settings: CoordinatorSettings,
         db_url: str,
         db_settings: DatabaseSettings | None = None,
+        clock_start: float | None = None,
     ) -> None:
         self.settings = settings
         self.db_url = db_url
         self.db_settings = db_settings or coordinator_db_settings(db_url)
+        #: When the time budget (``max_seconds``) started, on ``time.monotonic()``'s clock:
+        #: ``tunefleet tune`` gives its own start, so that the budget bounds the command. None:
+        #: the run's creation (the database clock), as for ``tunefleet coordinator``.
+        self.clock_start = clock_start
         self.coordinator_id = uuid.uuid4()
         self._stop = threading.Event()
 
@@ -407,6 +418,12 @@ class _Session:
         self.unserved: str | None = None
         self._unserved_since: float | None = None
         self._elapsed_at = (float(run.elapsed_s), time.monotonic())
+        #: How fast the run's trials come back, for the time budget's plan (:mod:`.budget`).
+        self.pace = qb.Pace(0, None, None)
+        #: Running trials the deadline handed back (cancelled) when the run ended.
+        self.handed_back = 0
+        #: The confirmation phase, once the search is over (None before, or without one).
+        self.confirmation: Confirmation | None = None
         self._rng = random.Random(run_id)
         self._walk: Iterator[tuple[Any, ...]] | None = None
 
@@ -419,7 +436,7 @@ class _Session:
             end = self._run(_Search(self))
             cancelled = 0
             if isinstance(end, RuleHolds) and self.settings.confirm > 0:
-                confirmation = Confirmation(self)
+                confirmation = self.confirmation = Confirmation(self)
                 confirmed = self._run(confirmation)
                 cancelled = confirmation.cancelled
                 if not isinstance(confirmed, Confirmed):
@@ -430,19 +447,30 @@ class _Session:
 
     def _resume(self) -> None:
         """Adopt the run's queue and re-learn its outcomes (a fresh run has only seeds)."""
+        self._absorb(q.reported_outcomes(self.conn, self.run_id))
+        self._absorb(q.fetch_unreported(self.conn, self.run_id))
+        # What a stop cut short (handed back at a deadline, released by a stopping worker)
+        # goes first, within what is left of the trial budget: it stays exact.
+        left = None
+        if self.budget.max_trials is not None:
+            flying = q.in_flight_trials(self.conn, self.run_id)
+            busy = sum(t.purpose == TrialPurpose.SEARCH for t in flying)
+            left = max(0, self.budget.max_trials - self.stats.finished - busy)
+        revived = qb.revive_handed_back(self.conn, self.run_id, left) if left != 0 else 0
         for trial in q.in_flight_trials(self.conn, self.run_id):
             if trial.purpose == TrialPurpose.CONFIRM:
                 self.confirming.add(trial.id)
             else:
                 self.flights[trial.config_hash] = _Flight(trial.id, trial.config)
-        self._absorb(q.reported_outcomes(self.conn, self.run_id))
-        self._absorb(q.fetch_unreported(self.conn, self.run_id))
+        self.pace = qb.run_pace(self.conn, self.run_id)
         if self.stats.finished or self.flights:
             _log.info(
-                "run %d: resumed with %d outcomes and %d trials in flight",
+                "run %d: resumed with %d outcomes and %d trials in flight (%d handed back "
+                "by its last stop, queued again)",
                 self.run_id,
                 self.stats.finished,
                 len(self.flights),
+                revived,
             )
 
     def _run(self, phase: Phase) -> _PhaseEnd:
@@ -466,6 +494,8 @@ class _Session:
         outcomes = q.fetch_unreported(self.conn, self.run_id)
         self.rate.add(now, len(outcomes))  # what the workers finish, for the queue depth
         self._absorb(outcomes)
+        if outcomes and self.budget.max_seconds is not None:
+            self.pace = qb.run_pace(self.conn, self.run_id)
         # After the outcomes: a worker that finished the last trial in flight and left
         # (``--drain``) must not make the run look unserved.
         if now - clock.live >= s.heartbeat_s:
@@ -574,9 +604,46 @@ class _Session:
         base, at = self._elapsed_at
         return base + time.monotonic() - at
 
+    def budget_elapsed(self) -> float:
+        """Seconds of the time budget spent: since the coordinator's ``clock_start`` when it
+        has one (``tunefleet tune``: since the command started), else the run's age."""
+        start = self.owner.clock_start
+        return self.elapsed() if start is None else time.monotonic() - start
+
+    def time_left(self) -> float | None:
+        """Seconds until the time budget ends (negative: past it); None without one."""
+        if self.budget.max_seconds is None:
+            return None
+        return self.budget.max_seconds - self.budget_elapsed()
+
+    def speed(self) -> Speed | None:
+        """The run's pace as the time budget's plan uses it (:func:`.budget.speed`)."""
+        return speed(self.pace, self.live_workers)
+
+    def out_of_time(self) -> bool:
+        left = self.time_left()
+        return left is not None and left <= 0
+
     def _finish(self, reason: str, state: str, cancelled: int = 0) -> RunResult:
         """Cancel what is pending and mark the run ``state`` for ``reason``; ``cancelled``
-        trials were cancelled before (by the confirmation)."""
+        trials were cancelled before (by the confirmation). Past the time budget, what is
+        still running is handed back too (:func:`tunefleet.queries.budget.hand_back`): the
+        run never waits for work that cannot finish in time."""
+        if state == RunState.FINISHED and self.out_of_time():
+            given = qb.hand_back(
+                self.conn,
+                self.run_id,
+                f"handed back: the run's time budget ({self.budget.max_seconds:g} s) ended "
+                "before it finished; a resume queues it again",
+            )
+            self.handed_back += given.running
+            cancelled += given.total
+            if given.running:
+                _log.info(
+                    "run %d: %d running trial(s) handed back at the time budget",
+                    self.run_id,
+                    given.running,
+                )
         cancelled += q.cancel_pending(self.conn, self.run_id)
         # A stop can land between the poll and the stop check (while the search is being
         # told): what finished since that poll belongs to this run's count and best, not to
@@ -594,6 +661,15 @@ class _Session:
 
     def _result(self, state: str, reason: str, cancelled: int) -> RunResult:
         best = q.best_of_run(self.conn, self.run_id)
+        cut = None
+        if self.budget.max_seconds is not None and state == RunState.FINISHED:
+            confirmation = self.confirmation
+            cut = Cut(
+                budget_s=self.budget.max_seconds,
+                handed_back=self.handed_back,
+                confirm_wanted=confirmation.wanted if confirmation else 0,
+                confirm_queued=confirmation.enqueued if confirmation else 0,
+            )
         result = RunResult(
             run_id=self.run_id,
             state=state,
@@ -602,6 +678,8 @@ class _Session:
             cached=self.stats.cached,
             failed=self.stats.failed,
             cancelled=cancelled,
+            cut=cut,
+            handed_back=self.handed_back,
         )
         if best is None:
             return result
@@ -820,8 +898,33 @@ class _Search:
 
     def step(self, now: float) -> int | RuleHolds:
         s = self.session
-        reason = stop_reason(s.budget, s.stats, s.elapsed(), s.space_size, len(s.flights))
+        reason = stop_reason(s.budget, s.stats, s.budget_elapsed(), s.space_size, len(s.flights))
+        if reason is None and self._leave_time_to_confirm():
+            reason = "max_seconds"
         return RuleHolds(reason) if reason else s.dispatch(now)
+
+    def _leave_time_to_confirm(self) -> bool:
+        """Whether the search must stop now so that its running trials and the confirmation
+        still end within the time budget (:func:`.budget.confirm_reserve`)."""
+        s = self.session
+        left = s.time_left()
+        if left is None or s.settings.confirm <= 0:
+            return False
+        # The queued trials beyond what the workers hold are cancelled when the search
+        # stops; only the held ones are waited for.
+        running = min(len(s.flights), max(s.live_capacity, s.live_workers))
+        reserve = confirm_reserve(s.speed(), s.settings.confirm, running)
+        if left > reserve:
+            return False
+        _log.info(
+            "run %d: %.1f s of the time budget left, what its %d running trial(s) and %d "
+            "confirmation(s) need: the search stops here",
+            s.run_id,
+            left,
+            running,
+            s.settings.confirm,
+        )
+        return True
 
 
 def _rules_of(spec: str) -> Problem | None:

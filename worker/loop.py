@@ -154,6 +154,8 @@ class Worker:
         self.unrecorded: dict[int, str] = {}
         self.drained = False
         self.idle = False
+        #: A graceful stop has checked its leases once (:meth:`_beat_for_stop`).
+        self._stop_beaten = False
         self.claimed = 0
         self.outcomes: Counter[str] = Counter()
         self.next_claim_at = 0.0
@@ -522,6 +524,9 @@ class Worker:
         stays unreachable for a whole lease, give up on what is left (the leases expire)."""
         if not self.stopping:
             return
+        if not self._stop_beaten:
+            self._stop_beaten = True
+            self._beat_for_stop()
         waiting = [h for h in self.held.values() if h.stage in RELEASED_ON_STOP]
         deadline = self.signals.stop_deadline
         if deadline is not None and time.monotonic() > deadline:
@@ -556,6 +561,15 @@ class Worker:
                 log.info("released trial %s (back to pending)", held.claim.trial_id)
                 self.outcomes["released"] += 1
             self._forget(held)
+
+    def _beat_for_stop(self) -> None:
+        """A graceful stop lets the trial being timed finish, unless it is no longer ours:
+        one heartbeat now (not at the next interval) finds a trial its run handed back (a
+        time budget's deadline cancels what is in flight), and ``abandon_lost`` then drops it
+        at once instead of timing it to the end for a result the fence would refuse."""
+        if self.heartbeat is None or self._first(Stage.MEASURING) is None:
+            return
+        self.heartbeat.beat()
 
     def step_size(self) -> None:
         """Book the time since the last turn under what the device was doing then; when the

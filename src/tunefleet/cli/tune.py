@@ -49,6 +49,10 @@ if TYPE_CHECKING:
 #: How long the search waits for its local workers to register before it starts anyway (a
 #: worker registers once it has found its device, before it opens it).
 WORKERS_UP_S = 30.0
+#: How long local workers get to exit once a run ended by its time budget (the run handed
+#: their trials back, so they only drop them and leave) before they are killed: the budget
+#: bounds the command, so a worker mid-compile or mid-timing must not hold it up.
+BUDGET_STOP_S = 3.0
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -310,6 +314,9 @@ class ProgressDisplay:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    # The time budget (--max-time) starts here, before the database is opened (an embedded
+    # server's start, even its first initdb, is inside it): it bounds the command.
+    clock_start = time.monotonic()
     from tunefleet.db.engine import connect
     from tunefleet.db.resolve import database_url
     from tunefleet.problems.registry import get_problem
@@ -341,6 +348,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             )
         problem = get_problem(run["problem"])
         problem_args = dict(run["problem_args"])
+        stored_budget_s = run.get("max_seconds")
         plan = _resume_plan(problem.needs_opencl, args, run)
         _check_worker_flags(plan, args)
     else:
@@ -351,6 +359,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         plan = plan_workers(problem.needs_opencl, args.workers, args.device)
         _check_worker_flags(plan, args)
         url = database_url(settings)
+        stored_budget_s = None
 
     from tunefleet.coordinator.create import create_run
     from tunefleet.coordinator.engine import Coordinator, Progress
@@ -377,7 +386,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     )
     engine_db = coordinator_db(settings, url)
     run_id = args.resume or create_run(coord_settings, url, engine_db)
-    coordinator = Coordinator(coord_settings, url, engine_db)
+    coordinator = Coordinator(coord_settings, url, engine_db, clock_start=clock_start)
+    budget_s = coord_settings.max_seconds or stored_budget_s
 
     every = args.progress_every if args.progress_every is not None else 5.0
     display = ProgressDisplay(sys.stdout, every)
@@ -428,14 +438,18 @@ def cmd_tune(args: argparse.Namespace) -> int:
         result = None
         try:
             workers.start(plan.devices, worker_flags)
-            workers.wait_registered(conn, WORKERS_UP_S, give_up=lambda: interrupts > 0)
+            up_s = WORKERS_UP_S
+            if budget_s is not None:
+                up_s = min(up_s, max(0.0, budget_s - (time.monotonic() - clock_start)))
+            workers.wait_registered(conn, up_s, give_up=lambda: interrupts > 0)
             result = coordinator.run(run_id, progress_callback=on_progress)
         except KeyboardInterrupt:
             interrupts = max(interrupts, 1)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            workers.stop()
+            timed_out = result is not None and result.cut is not None
+            workers.stop(BUDGET_STOP_S if timed_out else 30.0)
             display.end()
             _cancel_leftovers(url, engine_db, run_id)
         line = reader.line()
@@ -457,6 +471,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
         return 130
     assert result is not None
     print(f"run {run_id} finished: {result.stop_reason}", flush=True)
+    if result.cut is not None and result.cut.anything:
+        from tunefleet.db.engine import redact
+
+        hint = "" if args.db is None else f" --db {shlex.quote(redact(args.db))}"
+        print(result.cut.sentence(f"`tunefleet tune --resume {run_id}{hint}`"), flush=True)
     try:
         # What `tunefleet best RUN` says, then whether a re-measurement confirmed it.
         with connect(url, settings) as conn:
@@ -472,11 +491,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def final_line(run_id: int, result: RunResult, confirm: int) -> str:
     """The last line of ``tune``: the best, and whether a re-measurement confirmed it."""
     if not result.confirmed:
-        why = (
-            "confirmation is off (--confirm 0)"
-            if confirm == 0
-            else "its re-measurement did not finish"
-        )
+        cut = result.cut
+        if confirm == 0:
+            why = "confirmation is off (--confirm 0)"
+        elif cut is not None and cut.confirm_queued < cut.confirm_wanted:
+            why = "the time budget left no time to re-measure it"
+        else:
+            why = "its re-measurement did not finish"
         return f"run {run_id}: best trial {result.best_trial_id} is NOT confirmed: {why}"
     text = (
         f"run {run_id}: best trial {result.best_trial_id} confirmed by re-measurement "

@@ -1,0 +1,127 @@
+"""Owns the arithmetic of a run's time budget (``max_seconds``, ``--max-time``): how long the
+confirmation needs, when the search stops proposing trials to leave it that time, how many
+confirmations still fit, and the one sentence that says what the deadline cut.
+
+Pure functions on what the database says of the run's pace (:class:`~tunefleet.queries.
+budget.Pace`), so every rule is unit-tested. The engine applies them (:mod:`.engine`,
+:mod:`.confirm`); without a time budget none of this applies.
+
+The model. A trial that a worker starts now comes back after the run's median *turnaround*
+(claim to result: code generation, any wait inside the worker, timing); after the first, the
+fleet returns results at its measured *throughput* (results per second, between the run's
+first and last result). So ``n`` re-measurements queued now take about
+``turnaround + (n - 1) / throughput``, and before them the search's trials still running
+drain at the same throughput. The search therefore stops proposing when the time left is
+:func:`confirm_reserve`; the confirmation queues only what :func:`confirmations_that_fit`
+the time left; at the deadline whatever is still in flight is handed back (cancelled, and
+revived by a resume), never waited for.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tunefleet.queries.budget import Pace
+
+#: A confirmation leaves the original's worker alone for at most this share of the time that
+#: is left over once the confirmation's own time is counted (and never more than its usual
+#: wait): with a deadline, waiting for another worker must not cost the confirmation itself.
+AVOID_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class Speed:
+    """The run's pace as the plan uses it (seconds; per second)."""
+
+    turnaround_s: float
+    throughput: float
+
+    def takes(self, n: int) -> float:
+        """Seconds until ``n`` trials queued now are all back."""
+        if n <= 0:
+            return 0.0
+        return self.turnaround_s + (n - 1) / self.throughput
+
+
+def speed(pace: Pace, live_workers: int) -> Speed | None:
+    """The plan's view of ``pace`` (None before any worker finished a trial: nothing to plan
+    from, the deadline alone bounds the run). With a single result the throughput is one
+    trial per turnaround per live worker."""
+    if pace.turnaround_s is None or pace.measured == 0:
+        return None
+    turnaround = max(pace.turnaround_s, 1e-3)
+    serial = max(live_workers, 1) / turnaround
+    if pace.measured > 1 and pace.span_s is not None and pace.span_s > 0:
+        throughput = (pace.measured - 1) / pace.span_s
+    else:
+        throughput = serial
+    return Speed(turnaround, max(throughput, 1e-6))
+
+
+def confirm_reserve(pace: Speed | None, confirm: int, running: int) -> float:
+    """Seconds before the deadline at which the search stops proposing trials: the ``running``
+    trials of the search drain, then ``confirm`` re-measurements run. 0 without confirmation
+    or before there is a pace to plan from."""
+    if pace is None or confirm <= 0:
+        return 0.0
+    return running / pace.throughput + pace.takes(confirm)
+
+
+def confirmations_that_fit(pace: Speed | None, want: int, left_s: float) -> int:
+    """How many of ``want`` re-measurements queued now come back within ``left_s``; all of
+    them when there is no pace to judge by (the deadline cuts what does not finish)."""
+    if want <= 0 or left_s <= 0:
+        return 0
+    if pace is None:
+        return want
+    if left_s < pace.turnaround_s:
+        return 0
+    return min(want, 1 + math.floor((left_s - pace.turnaround_s) * pace.throughput))
+
+
+def avoid_seconds(usual_s: float, live_workers: int, slack_s: float | None) -> float:
+    """How long a confirmation leaves the original's worker alone: ``usual_s`` without a time
+    budget (``slack_s`` None); within one, not at all with one live worker (nobody else would
+    take it), else at most :data:`AVOID_SHARE` of the ``slack_s`` seconds the budget spares."""
+    if slack_s is None:
+        return usual_s
+    if live_workers <= 1:
+        return 0.0
+    return max(0.0, min(usual_s, AVOID_SHARE * slack_s))
+
+
+@dataclass(frozen=True)
+class Cut:
+    """What a run's time budget cut when it ended (all zero: nothing)."""
+
+    budget_s: float
+    #: In-flight trials handed back at the deadline (cancelled; a resume revives them).
+    handed_back: int = 0
+    #: Confirmations wanted, and how many were queued within the budget.
+    confirm_wanted: int = 0
+    confirm_queued: int = 0
+
+    @property
+    def anything(self) -> bool:
+        return self.handed_back > 0 or self.confirm_queued < self.confirm_wanted
+
+    def sentence(self, resume: str) -> str:
+        """One line for people, e.g. ``stopped at the 30 s budget: 3 trials in flight handed
+        back (resume with ...); confirmation shortened to 1 of 3``. ``resume`` is the
+        command that continues the run."""
+        parts = []
+        if self.handed_back:
+            what = "trial" if self.handed_back == 1 else "trials"
+            parts.append(f"{self.handed_back} {what} in flight handed back (resume with {resume})")
+        if self.confirm_queued < self.confirm_wanted:
+            if self.confirm_queued == 0:
+                parts.append(
+                    f"no time left to confirm the best ({self.confirm_wanted} wanted); "
+                    "give a longer --max-time"
+                )
+            else:
+                parts.append(
+                    f"confirmation shortened to {self.confirm_queued} of {self.confirm_wanted}"
+                )
+        return f"stopped at the {self.budget_s:g} s budget: " + "; ".join(parts or ["nothing cut"])

@@ -1,0 +1,148 @@
+"""The statements of a run's time budget: how fast the run's trials come back (what the
+coordinator plans its confirmation from), handing in-flight work back at the deadline, and
+reviving what was handed back when the run is resumed.
+
+Same conventions as :mod:`tunefleet.queries.search`: one function per statement, each on an
+open autocommit connection (its own short transaction), called only by the coordinator that
+holds the run's advisory lock; locking is stated per function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.rows import class_row
+
+from tunefleet.vocabulary import NOTIFY_CHANNEL
+
+Conn = psycopg.Connection[Any]
+
+
+@dataclass(frozen=True)
+class Pace:
+    """How the run's trials measured by workers came back so far (:func:`run_pace`)."""
+
+    #: Search trials a worker finished (cache answers and rejected-at-once trials excluded).
+    measured: int
+    #: Median seconds from a claim to its result (code generation, waiting in the worker,
+    #: timing): what one more trial costs a worker that starts it now. None before any.
+    turnaround_s: float | None
+    #: Seconds between the first and the last of those results (None below two): the
+    #: fleet's throughput is ``(measured - 1) / span_s``.
+    span_s: float | None
+
+
+@dataclass(frozen=True)
+class HandedBack:
+    """What :func:`hand_back` cancelled: trials that were pending, and trials that were
+    running (their workers drop them at their next heartbeat)."""
+
+    pending: int
+    running: int
+
+    @property
+    def total(self) -> int:
+        return self.pending + self.running
+
+
+def run_pace(conn: Conn, run_id: int) -> Pace:
+    """The run's :class:`Pace`, from its finished search trials that a worker claimed
+    (``started_at`` set). Locks: none (reads the run's rows by trial_run_state_idx)."""
+    cur = conn.cursor(row_factory=class_row(Pace))
+    row = cur.execute(
+        """
+        SELECT count(*)::int AS measured,
+               percentile_cont(0.5) WITHIN GROUP (
+                   ORDER BY extract(epoch FROM t.finished_at - t.started_at))::float8
+                   AS turnaround_s,
+               CASE WHEN count(*) > 1
+                    THEN extract(epoch FROM max(t.finished_at) - min(t.finished_at))::float8
+               END AS span_s
+          FROM tunefleet.trial t
+         WHERE t.run_id = %s AND t.purpose = 'search'
+           AND t.state IN ('done', 'invalid', 'failed', 'timed_out')
+           AND t.started_at IS NOT NULL AND t.finished_at IS NOT NULL
+        """,
+        (run_id,),
+    ).fetchone()
+    return row if row is not None else Pace(0, None, None)
+
+
+def hand_back(conn: Conn, run_id: int, reason: str) -> HandedBack:
+    """Cancel every pending and running trial of the run (search and confirmation), as the
+    time budget ends: a running one loses its lease (its worker's next heartbeat, or its
+    completion, finds it gone: the fence refuses the result) and gets its attempt back, like a
+    worker's release; its open claim is closed as ``released`` with ``reason``, which the
+    trial keeps as its error. A resume revives these (:func:`revive_handed_back`).
+
+    Locks: the run's pending and running trial rows, taken in trial id order (``ORDER BY id
+    FOR NO KEY UPDATE``, the order of a worker's heartbeat and release, so neither waits on the
+    other in a cycle), and the claims' attempt rows, for this statement."""
+    row = conn.execute(
+        """
+        WITH held AS (
+            SELECT t.id, t.state, t.attempt, t.lease_owner
+              FROM tunefleet.trial t
+             WHERE t.run_id = %(run)s AND t.state IN ('pending', 'running')
+             ORDER BY t.id
+               FOR NO KEY UPDATE OF t
+        ), given AS (
+            UPDATE tunefleet.trial t
+               SET state = 'cancelled', finished_at = now(), error = %(reason)s,
+                   attempt = CASE WHEN h.state = 'running' THEN t.attempt - 1
+                                  ELSE t.attempt END,
+                   lease_owner = NULL, lease_expires_at = NULL, lease_token_hash = NULL,
+                   started_at = NULL
+              FROM held h
+             WHERE t.id = h.id
+            RETURNING t.id, h.state AS was, h.attempt, h.lease_owner
+        ), closed AS (
+            UPDATE tunefleet.attempt a
+               SET ended_at = now(), outcome = 'released', error = %(reason)s
+              FROM given g
+             WHERE g.was = 'running' AND a.trial_id = g.id AND a.attempt = g.attempt
+               AND a.worker_id = g.lease_owner AND a.ended_at IS NULL
+        )
+        SELECT count(*) FILTER (WHERE was = 'pending')::int AS pending,
+               count(*) FILTER (WHERE was = 'running')::int AS running
+          FROM given
+        """,
+        {"run": run_id, "reason": reason},
+    ).fetchone()
+    return HandedBack(int(row["pending"]), int(row["running"])) if row else HandedBack(0, 0)
+
+
+def revive_handed_back(conn: Conn, run_id: int, limit: int | None) -> int:
+    """On resume: queue again (``pending``) the run's cancelled search trials that a worker
+    had claimed (they were in flight when the run stopped: handed back at the deadline, or
+    released by a stopping worker), oldest first, at most ``limit`` (None: all), so the work
+    a stop cut short is done first. Pending trials cancelled before any claim are left to the
+    search, which proposes them again if it still wants them. Returns how many. Cancelled
+    confirmations are the confirmation's to revive.
+
+    One ``NOTIFY`` per device class revived wakes idle workers. Locks: the revived rows, for
+    this statement."""
+    row = conn.execute(
+        """
+        WITH revived AS (
+            UPDATE tunefleet.trial t
+               SET state = 'pending', finished_at = NULL, reported = false, error = NULL,
+                   max_attempts = greatest(t.max_attempts, t.attempt + 1)
+             WHERE t.id IN (
+                    SELECT c.id FROM tunefleet.trial c
+                     WHERE c.run_id = %(run)s AND c.state = 'cancelled'
+                       AND c.purpose = 'search'
+                       AND EXISTS (SELECT 1 FROM tunefleet.attempt a WHERE a.trial_id = c.id)
+                     ORDER BY c.id
+                     LIMIT %(limit)s)
+            RETURNING t.device_class
+        )
+        SELECT (SELECT count(*) FROM revived)::int AS n,
+               (SELECT count(pg_notify(%(channel)s, c.device_class))
+                  FROM (SELECT DISTINCT device_class FROM revived) AS c) AS woken
+        """,
+        {"run": run_id, "limit": limit, "channel": NOTIFY_CHANNEL},
+    ).fetchone()
+    return int(row["n"]) if row else 0
