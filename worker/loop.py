@@ -615,6 +615,8 @@ class Worker:
             deadlines.append(now)
         if self.stopping and self.signals.stop_deadline is not None:
             deadlines.append(self.signals.stop_deadline)
+        if self.stopping and not self.held:
+            deadlines.append(now)  # nothing left to hand back: exit now, not a poll later
         timeout = max(0.0, min([*deadlines, now + self.settings.poll_s]) - now)
         waitables: list[Any] = [self.signals.waitable]
         for child in self._children():
