@@ -1,0 +1,141 @@
+"""The time budget holds (coordinator.budget): at the deadline the trials in flight are handed
+back (cancelled, their claims released, their workers' leases gone), a resume revives them
+within the trial budget, and a confirmation that cannot fit is skipped, saying so, rather than
+run past the deadline. Real PostgreSQL; workers are real processes or a registered worker
+whose claims the test makes itself (so what is in flight at the deadline is known)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from tests.helpers.coordinator import fleet, register_worker, settings, trial_counts
+from tunefleet.coordinator.create import create_run
+from tunefleet.coordinator.engine import Coordinator
+from tunefleet.problems.synthetic import OPTIMUM
+from tunefleet.queries import queue
+
+SEEDS = [OPTIMUM, {**OPTIMUM, "tile": 8}]
+
+
+def _claiming_worker(db: Any) -> tuple[uuid.UUID, str]:
+    """A registered, live worker that claims only when the test says so and never finishes."""
+    worker = uuid.uuid4()
+    secret = queue.register_worker(
+        db, worker_id=worker, host="test", pid=1, device_id=None, device_class="host-cpu",
+        version="test",
+    )  # fmt: skip
+    return worker, secret
+
+
+def _handed_back_run(db: Any, db_url: str) -> tuple[int, list[queue.ClaimedTrial], Any]:
+    """A run whose two seeds are running (claimed by a worker that never finishes them) when
+    its 1 s budget ends; returns the run, the claims and the coordinator's result."""
+    s = settings(max_seconds=1.0, confirm=0, seed_configs=SEEDS)
+    run_id = create_run(s, db_url)
+    worker, secret = _claiming_worker(db)
+    claims = queue.claim_trials(
+        db, worker_id=worker, secret=secret, device_classes=["any"], limit=5, lease_s=300
+    )
+    assert len(claims) == len(SEEDS)
+    result = Coordinator(s, db_url, clock_start=time.monotonic()).run(run_id)
+    # The claims are no longer the worker's: its next heartbeat keeps none of them.
+    beat = queue.heartbeat(
+        db, worker_id=worker, secret=secret, held=[c.key for c in claims], lease_s=30
+    )
+    assert beat.kept == frozenset()
+    return run_id, claims, result
+
+
+def test_the_deadline_hands_running_trials_back_and_a_resume_completes_them(
+    db_url: str, db: Any, tmp_path: Path
+) -> None:
+    run_id, claims, result = _handed_back_run(db, db_url)
+    assert (result.state, result.stop_reason) == ("finished", "max_seconds")
+    assert result.handed_back == len(claims)
+    assert result.cut is not None and result.cut.handed_back == len(claims)
+    assert "2 trials in flight handed back" in result.cut.sentence("R")
+    ids = [c.trial_id for c in claims]
+    rows = db.execute(
+        "SELECT state, attempt, lease_owner, error FROM tunefleet.trial WHERE id = ANY(%s)",
+        (ids,),
+    ).fetchall()
+    # Cancelled, the attempt not counted (as a worker's release), nobody's lease.
+    assert {(r["state"], r["attempt"], r["lease_owner"]) for r in rows} == {("cancelled", 0, None)}
+    assert all("time budget" in r["error"] for r in rows)
+    outcomes = db.execute(
+        "SELECT outcome, ended_at IS NOT NULL AS ended FROM tunefleet.attempt"
+        " WHERE trial_id = ANY(%s)",
+        (ids,),
+    ).fetchall()
+    assert [(o["outcome"], o["ended"]) for o in outcomes] == [("released", True)] * len(ids)
+    assert not {"pending", "running"} & set(trial_counts(db, run_id))
+
+    # The resume queues exactly those trials again, first, and a worker completes them.
+    with fleet(db_url, 1, tmp_path / "logs"):
+        resumed = Coordinator(
+            settings(resume=run_id, max_trials=len(claims), max_seconds=600.0, confirm=0),
+            db_url,
+        ).run()
+    assert (resumed.state, resumed.stop_reason) == ("finished", "max_trials")
+    assert resumed.trials == len(claims) and resumed.handed_back == 0
+    done = db.execute(
+        "SELECT id FROM tunefleet.trial WHERE run_id = %s AND state = 'done' ORDER BY id",
+        (run_id,),
+    ).fetchall()
+    assert [r["id"] for r in done] == ids
+
+
+def test_a_resume_revives_no_more_than_the_trial_budget_left(
+    db_url: str, db: Any, tmp_path: Path
+) -> None:
+    run_id, claims, _ = _handed_back_run(db, db_url)
+    with fleet(db_url, 1, tmp_path / "logs"):
+        resumed = Coordinator(
+            settings(resume=run_id, max_trials=1, max_seconds=600.0, confirm=0), db_url
+        ).run()
+    assert (resumed.stop_reason, resumed.trials) == ("max_trials", 1)
+    counts = trial_counts(db, run_id)
+    finished = sum(counts.get(s, 0) for s in ("done", "invalid", "failed", "timed_out"))
+    assert finished == 1
+    first, second = (c.trial_id for c in claims)
+    rows = db.execute(
+        "SELECT id, state FROM tunefleet.trial WHERE id = ANY(%s)", ([first, second],)
+    ).fetchall()
+    states = {r["id"]: r["state"] for r in rows}
+    assert states == {first: "done", second: "cancelled"}
+
+
+def test_a_budget_too_short_for_the_confirmation_skips_it_and_says_so(
+    db_url: str, db: Any, tmp_path: Path
+) -> None:
+    with fleet(db_url, 1, tmp_path / "logs"):
+        first = Coordinator(settings(max_trials=3, confirm=0), db_url).run()
+    assert first.trials == 3
+    # Its trials took 100 s each from claim to result, as far as the plan can tell.
+    db.execute(
+        "UPDATE tunefleet.trial SET started_at = finished_at - interval '100 seconds'"
+        " WHERE run_id = %s AND started_at IS NOT NULL",
+        (first.run_id,),
+    )
+    register_worker(db, device_class="any")  # live, so the plan is not "nobody to measure"
+    result = Coordinator(
+        settings(resume=first.run_id, max_trials=50, max_seconds=30.0, confirm=3),
+        db_url,
+        clock_start=time.monotonic(),
+    ).run()
+    # The search stopped at once (30 s cannot hold a 100 s confirmation) and no confirmation
+    # was queued: nothing ran into the deadline, nothing was handed back.
+    assert (result.state, result.stop_reason) == ("finished", "max_seconds")
+    assert result.cut is not None
+    assert (result.cut.confirm_wanted, result.cut.confirm_queued) == (3, 0)
+    assert result.handed_back == 0 and not result.confirmed
+    assert "no time left to confirm the best" in result.cut.sentence("R")
+    n = db.execute(
+        "SELECT count(*) AS n FROM tunefleet.trial WHERE run_id = %s AND purpose = 'confirm'",
+        (first.run_id,),
+    ).fetchone()
+    assert n["n"] == 0
+    assert not {"pending", "running"} & set(trial_counts(db, first.run_id))

@@ -1,0 +1,99 @@
+"""The time budget's arithmetic (coordinator.budget): the pace, the confirmation's reserve,
+what fits, the confirmation's wait for another worker, and the line that says what was cut."""
+
+from __future__ import annotations
+
+import pytest
+
+from tunefleet.coordinator.budget import (
+    Cut,
+    Speed,
+    avoid_seconds,
+    confirm_reserve,
+    confirmations_that_fit,
+    speed,
+)
+from tunefleet.queries.budget import Pace
+
+
+def test_no_pace_before_a_worker_finished_a_trial():
+    assert speed(Pace(0, None, None), live_workers=2) is None
+
+
+def test_one_result_gives_one_trial_per_turnaround_per_worker():
+    assert speed(Pace(1, 6.0, None), live_workers=2) == Speed(6.0, 2 / 6.0)
+
+
+def test_the_throughput_is_measured_between_the_first_and_the_last_result():
+    assert speed(Pace(5, 6.0, 8.0), live_workers=1) == Speed(6.0, 0.5)
+
+
+def test_n_trials_take_one_turnaround_then_one_throughput_step_each():
+    pace = Speed(turnaround_s=6.0, throughput=0.25)
+    assert [pace.takes(n) for n in (0, 1, 3)] == [0.0, 6.0, 14.0]
+
+
+@pytest.mark.parametrize(
+    ("pace", "confirm", "running", "reserve"),
+    [
+        (None, 3, 2, 0.0),  # nothing to plan from: the deadline alone bounds the run
+        (Speed(6.0, 0.25), 0, 2, 0.0),  # no confirmation: the search may run to the end
+        (Speed(6.0, 0.25), 3, 0, 14.0),
+        (Speed(6.0, 0.25), 3, 2, 22.0),  # the running trials drain first
+    ],
+)
+def test_the_search_stops_the_reserve_before_the_deadline(pace, confirm, running, reserve):
+    assert confirm_reserve(pace, confirm, running) == pytest.approx(reserve)
+
+
+@pytest.mark.parametrize(
+    ("pace", "want", "left_s", "fits"),
+    [
+        (Speed(6.0, 0.25), 3, 30.0, 3),
+        (Speed(6.0, 0.25), 3, 10.0, 2),  # 6 s, then 4 s for the next
+        (Speed(6.0, 0.25), 3, 9.9, 1),
+        (Speed(6.0, 0.25), 3, 5.9, 0),  # not even one: the run says so and finishes
+        (Speed(6.0, 0.25), 3, -1.0, 0),
+        (None, 3, 5.0, 3),  # no pace: queue them, the deadline cuts what does not finish
+        (None, 3, 0.0, 0),
+        (Speed(6.0, 0.25), 0, 30.0, 0),
+    ],
+)
+def test_confirmations_that_fit_the_time_left(pace, want, left_s, fits):
+    assert confirmations_that_fit(pace, want, left_s) == fits
+
+
+@pytest.mark.parametrize(
+    ("live", "slack", "avoid"),
+    [
+        (2, None, 60.0),  # no time budget: the usual wait for another worker
+        (1, None, 60.0),
+        (1, 100.0, 0.0),  # a lone worker within a budget: nobody else would take it
+        (3, 100.0, 50.0),  # half of the time to spare
+        (3, 500.0, 60.0),
+        (3, -5.0, 0.0),
+    ],
+)
+def test_a_confirmation_waits_for_another_worker_only_within_the_time_to_spare(live, slack, avoid):
+    assert avoid_seconds(60.0, live, slack) == avoid
+
+
+def test_the_cut_line_names_what_was_handed_back_and_how_to_resume():
+    cut = Cut(budget_s=30.0, handed_back=3, confirm_wanted=3, confirm_queued=1)
+    assert cut.anything
+    assert cut.sentence("`tunefleet tune --resume 7`") == (
+        "stopped at the 30 s budget: 3 trials in flight handed back (resume with "
+        "`tunefleet tune --resume 7`); confirmation shortened to 1 of 3"
+    )
+
+
+def test_the_cut_line_says_when_no_confirmation_fitted():
+    cut = Cut(budget_s=5.0, confirm_wanted=3, confirm_queued=0)
+    assert cut.sentence("x") == (
+        "stopped at the 5 s budget: no time left to confirm the best (3 wanted); give a "
+        "longer --max-time"
+    )
+
+
+def test_a_budget_that_cut_nothing_says_nothing():
+    assert not Cut(budget_s=30.0, confirm_wanted=3, confirm_queued=3).anything
