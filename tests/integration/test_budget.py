@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from tests.helpers.coordinator import fleet, register_worker, settings, trial_counts
+from tests.helpers.queue_data import wait_until
 from tunefleet.coordinator.create import create_run
 from tunefleet.coordinator.engine import Coordinator
 from tunefleet.problems.synthetic import OPTIMUM
 from tunefleet.queries import queue
+from tunefleet.queries.budget import hand_back
 
 SEEDS = [OPTIMUM, {**OPTIMUM, "tile": 8}]
 
@@ -139,3 +141,28 @@ def test_a_budget_too_short_for_the_confirmation_skips_it_and_says_so(
     ).fetchone()
     assert n["n"] == 0
     assert not {"pending", "running"} & set(trial_counts(db, first.run_id))
+
+
+def test_a_stopping_worker_drops_a_handed_back_trial_it_is_timing(
+    db_url: str, db: Any, tmp_path: Path
+) -> None:
+    """The trial would be timed for an hour; once the deadline handed it back, a graceful
+    stop drops it at once (its first beat finds the lease gone) instead of finishing it."""
+    s = settings(problem_args={"duration": 3600.0}, seed_configs=[OPTIMUM], confirm=0)
+    run_id = create_run(s, db_url)
+    with fleet(db_url, 1, tmp_path / "logs", lease_s=300) as [worker]:
+        wait_until(
+            lambda: trial_counts(db, run_id).get("running") == 1,
+            timeout=60,
+            what="the worker to claim the trial",
+        )
+        given = hand_back(db, run_id, "handed back: the test's deadline")
+        assert given.running == 1
+        worker.stop()
+        assert worker.wait(60) == 0, worker.log()
+    row = db.execute(
+        "SELECT w.state, t.state AS trial FROM tunefleet.worker w, tunefleet.trial t"
+        " WHERE w.pid = %s AND t.run_id = %s",
+        (worker.pid, run_id),
+    ).fetchone()
+    assert (row["state"], row["trial"]) == ("stopped", "cancelled")
