@@ -354,3 +354,15 @@ def _has_a_trial(scratch: Path) -> bool:
         except (OSError, psycopg.Error, TunefleetError):
             continue
     return False
+
+
+def test_budget_overrun_smoke(db_url: str, tmp_path: Path) -> None:
+    """One short budget through ``tunefleet tune``: the script times it and reads the run."""
+    data = run_script(
+        "budget_overrun.py", db_url, tmp_path / "budget.json",
+        "--budgets", "8", "--prepare-duration", "0.5", "--duration", "0.5",
+    )  # fmt: skip
+    [case] = data["cases"]
+    assert case["exit"] == 0, case
+    assert case["wall_s"] > 0 and "overrun" in case and case["search_done"] >= 1
+    assert data["machine"]["load_average"] is not None
