@@ -123,6 +123,11 @@ class Confirmation:
         s = self.session
         left = s.time_left()
         if left is not None and left <= 0:
+            if not self.wanted:
+                # The search's last trials outlasted the budget: say what went unconfirmed.
+                found = q.confirmation_candidates(s.conn, s.run_id, s.settings.confirm)
+                unconfirmed = (None, TrialState.CANCELLED)
+                self.wanted = sum(c.confirm_state in unconfirmed for c in found)
             return Confirmed()  # the deadline: what is in flight is handed back
         if s.live_workers == 0:
             # Nobody would measure (or reap) anything: end as the search did before.
