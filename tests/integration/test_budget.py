@@ -6,6 +6,8 @@ whose claims the test makes itself (so what is in flight at the deadline is know
 
 from __future__ import annotations
 
+import shlex
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -15,6 +17,7 @@ from tests.helpers.coordinator import fleet, register_worker, settings, trial_co
 from tests.helpers.queue_data import wait_until
 from tunefleet.coordinator.create import create_run
 from tunefleet.coordinator.engine import Coordinator
+from tunefleet.db.engine import redact
 from tunefleet.problems.synthetic import OPTIMUM
 from tunefleet.queries import queue
 from tunefleet.queries.budget import hand_back
@@ -166,3 +169,46 @@ def test_a_stopping_worker_drops_a_handed_back_trial_it_is_timing(
         (worker.pid, run_id),
     ).fetchone()
     assert (row["state"], row["trial"]) == ("stopped", "cancelled")
+
+
+def test_tune_says_what_its_budget_cut_and_how_to_resume(
+    db_url: str, db: Any, cli_env: dict[str, str]
+) -> None:
+    """``tune`` with workers elsewhere: the test's worker claims the baseline and never
+    finishes it; at the deadline ``tune`` hands it back, does not wait, and says so."""
+    proc = subprocess.Popen(
+        ["tunefleet", "tune", "synthetic", "--workers", "0", "--max-time", "15",
+         "--confirm", "0", "--db", db_url],
+        env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        worker, secret = _claiming_worker(db)
+
+        def claim() -> list[queue.ClaimedTrial]:
+            return queue.claim_trials(
+                db, worker_id=worker, secret=secret, device_classes=["any"], limit=1, lease_s=300
+            )
+
+        claims = wait_until(
+            claim,
+            timeout=60,
+            what="the run's baseline trial to claim",
+        )
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # Nothing was measured in time: the run has no best, which tune reports as a failure.
+    assert proc.returncode == 1 and "has no successful trial yet" in err, out + err
+    run_id = claims[0].run_id
+    assert f"run {run_id} finished: max_seconds" in out
+    db_flag = shlex.quote(redact(db_url))
+    assert (
+        "stopped at the 15 s budget: 1 trial in flight handed back (resume with "
+        f"`tunefleet tune --resume {run_id} --db {db_flag}`)"
+    ) in out, out
+    row = db.execute(
+        "SELECT state FROM tunefleet.trial WHERE id = %s", (claims[0].trial_id,)
+    ).fetchone()
+    assert row["state"] == "cancelled"
