@@ -147,6 +147,10 @@ def _coordinator(args: argparse.Namespace) -> int:
         f"trials: {result.trials} ({result.cached} cached, {result.failed} failed), "
         f"{result.cancelled} pending cancelled"
     )
+    if result.cut is not None and result.cut.anything:
+        # This command's budget counts from the run's creation: a resume needs a longer one.
+        resume = f"`tunefleet coordinator --resume {result.run_id}` and a --max-time past its age"
+        print(result.cut.sentence(resume))
     if result.best_config is None:
         print("best: none measured")
     else:

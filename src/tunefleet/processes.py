@@ -1,4 +1,4 @@
-"""Child processes that must not outlive their parent."""
+"""Child processes that must not outlive their parent, and how old this process is."""
 
 from __future__ import annotations
 
@@ -26,3 +26,19 @@ def die_with_parent(parent_pid: int, sig: signal.Signals, exit_code: int) -> Non
         pass
     if os.getppid() != parent_pid:
         os._exit(exit_code)
+
+
+def process_age_s() -> float:
+    """Seconds since this process was started (exec'd), from Linux's ``/proc`` (its start
+    in clock ticks since boot, against the system's uptime), so that a time budget can count
+    the interpreter's own start-up and imports too; 0 where that cannot be read."""
+    try:
+        with open("/proc/self/stat", "rb") as fh:
+            # The command name (field 2) may hold spaces and parentheses: split after it.
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        with open("/proc/uptime", "rb") as fh:
+            uptime = float(fh.read().split()[0])
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return max(0.0, uptime - started)

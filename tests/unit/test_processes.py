@@ -1,4 +1,4 @@
-"""``die_with_parent``: a child that must not outlive its parent."""
+"""``die_with_parent``: a child that must not outlive its parent; ``process_age_s``."""
 
 from __future__ import annotations
 
@@ -70,3 +70,12 @@ def test_the_child_gets_the_signal_when_its_parent_is_killed(tmp_path: Path) -> 
             proc.wait()
         if pid_file.exists() and pid_file.read_text() and not _gone(int(pid_file.read_text())):
             os.kill(int(pid_file.read_text()), 9)  # a failed run leaves no orphan behind
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux's /proc")
+def test_a_process_knows_its_age_and_it_grows():
+    from tunefleet.processes import process_age_s
+
+    first = process_age_s()
+    assert first > 0  # this interpreter started and imported pytest a while ago
+    assert process_age_s() >= first

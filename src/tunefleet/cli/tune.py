@@ -38,7 +38,7 @@ from tunefleet.cli.db import add_db_flag
 from tunefleet.cli.output import args_text, seconds
 from tunefleet.cli.progress import ProgressReader
 from tunefleet.errors import DeviceError, RunError, TunefleetError, UsageError
-from tunefleet.processes import die_with_parent
+from tunefleet.processes import die_with_parent, process_age_s
 from tunefleet.settings import DatabaseSettings, home_dir
 from tunefleet.vocabulary import RunState
 
@@ -314,9 +314,10 @@ class ProgressDisplay:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    # The time budget (--max-time) starts here, before the database is opened (an embedded
-    # server's start, even its first initdb, is inside it): it bounds the command.
-    clock_start = time.monotonic()
+    # The time budget (--max-time) started when this process did: the interpreter's start,
+    # the imports and the database's (an embedded server's start, even its first initdb)
+    # are inside it, so that it bounds the command.
+    clock_start = time.monotonic() - process_age_s()
     from tunefleet.db.engine import connect
     from tunefleet.db.resolve import database_url
     from tunefleet.problems.registry import get_problem
