@@ -10,7 +10,9 @@ Public API (what ``tunefleet coordinator`` and ``tunefleet tune`` call)::
     result.best_config, result.stop_reason
 
 A run is created by :mod:`.create`; configurations enter it through :mod:`.enqueue`; when a
-stop rule ends the search, :mod:`.confirm` re-measures its best. Every row the session reads
+stop rule ends the search, :mod:`.confirm` re-measures its best. A time budget
+(``max_seconds``) bounds both phases: the search stops early enough for the confirmation, and
+at the deadline whatever is in flight is handed back (:mod:`.budget`). Every row the session reads
 is a frozen dataclass of :mod:`tunefleet.queries.search`.
 
 A session runs its phases, the search and then the confirmation, in one tick

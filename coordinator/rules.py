@@ -29,7 +29,10 @@ Trial timeout (``trial.timeout_s``)
 
 Stop rules (checked after every batch of outcomes; first match wins)
     ``max_trials``     finished trials (including cache answers) reached the budget
-    ``max_seconds``    wall time since the run was created reached the budget
+    ``max_seconds``    wall time since the run was created (``tunefleet tune``: since the
+                       command started) reached the budget; with a confirmation, the engine
+                       also stops the search once the time left is what the confirmation
+                       needs (:mod:`.budget`)
     ``target_gflops``  the best measured GFLOP/s reached the target
     ``patience``       the last K finished trials did not improve the best time
     ``space_exhausted`` every configuration of the space has an outcome
