@@ -71,6 +71,23 @@ class RunError(TunefleetError):
     """A run that does not exist, is already driven by another coordinator, or cannot resume."""
 
 
+class TuneInterrupted(TunefleetError):
+    """A tuning campaign that ended stopped rather than finished: Ctrl-C (or SIGTERM,
+    SIGHUP), ``KeyboardInterrupt`` raised by a progress callback, or a stop from outside.
+    The run is ``stopped`` and resumable: ``tunefleet.tune(resume=run_id)`` or
+    ``tunefleet tune --resume RUN`` continues it."""
+
+    exit_code = 130
+
+    def __init__(self, run_id: int, message: str | None = None) -> None:
+        super().__init__(
+            message
+            or f"run {run_id} stopped; continue it with tunefleet.tune(resume={run_id}) "
+            f"or `tunefleet tune --resume {run_id}`"
+        )
+        self.run_id = run_id
+
+
 class ArchiveError(TunefleetError):
     """A foreign results archive (a feinsum SQLite file) that cannot be read or written."""
 

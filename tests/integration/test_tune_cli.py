@@ -411,7 +411,7 @@ def test_confirm_zero_reports_an_unconfirmed_best(home):
 
 
 def test_the_search_waits_until_its_local_workers_have_registered(db_url, tmp_path):
-    from tunefleet.cli.tune import LocalWorkers
+    from tunefleet.api.fleet import LocalWorkers
 
     workers = LocalWorkers(db_url, tmp_path / "logs")
     try:
@@ -427,7 +427,7 @@ def test_the_search_waits_until_its_local_workers_have_registered(db_url, tmp_pa
 
 
 def test_the_wait_for_local_workers_ends_when_one_exits_or_on_ctrl_c(db_url, tmp_path):
-    from tunefleet.cli.tune import LocalWorkers
+    from tunefleet.api.fleet import LocalWorkers
 
     dead = LocalWorkers(db_url, tmp_path / "dead")
     alive = LocalWorkers(db_url, tmp_path / "alive")

@@ -6,8 +6,9 @@ import io
 
 import pytest
 
+from tunefleet.api.display import ProgressDisplay
+from tunefleet.api.fleet import plan_workers
 from tunefleet.cli.progress import progress_line
-from tunefleet.cli.tune import ProgressDisplay, plan_workers
 from tunefleet.devices import DeviceInfo
 from tunefleet.errors import DeviceError, UsageError
 from tunefleet.worker import device as worker_device
@@ -121,7 +122,7 @@ def test_progress_display_prints_plain_periodic_lines_without_a_terminal():
 
 
 def test_the_in_process_coordinator_keeps_every_database_setting() -> None:
-    from tunefleet.cli.tune import coordinator_db
+    from tunefleet.api.fleet import coordinator_db
     from tunefleet.settings import DatabaseSettings
 
     user = DatabaseSettings(

@@ -1,0 +1,545 @@
+"""``tunefleet.tune()``: a whole tuning campaign from Python, and the engine of the
+``tunefleet tune`` command (which only turns its flags into these arguments and prints).
+
+It checks the problem and its arguments, opens the database (the embedded server unless
+``db`` is given), plans the local workers (one per OpenCL device of the chosen class, the
+host pseudo-device for problems that need no OpenCL, none with ``workers=0``), creates or
+resumes the run through the coordinator's engine, starts the workers as child processes,
+drives the search in this process and reports progress until a stop rule ends the run.
+
+A stop before the run finished (Ctrl-C, SIGTERM or SIGHUP while ``tune`` runs in the main
+thread; ``KeyboardInterrupt`` or any other exception raised by the progress callback; a stop
+from outside) stops the search, marks the run ``stopped`` and stops the workers with one
+SIGTERM each, so they hand back what they hold. Then :class:`~tunefleet.errors.TuneInterrupted`
+is raised (the callback's own exception, when it raised something else), carrying the run id:
+``tune(resume=run_id)`` continues it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tunefleet.api.display import ProgressDisplay
+from tunefleet.api.fleet import (
+    WORKERS_UP_S,
+    LocalWorkers,
+    WorkerPlan,
+    cancel_leftovers,
+    coordinator_db,
+    last_line,
+    plan_workers,
+    resume_plan,
+)
+from tunefleet.api.problem_ref import problem_spec
+from tunefleet.api.read import BestTrial, best_trial
+from tunefleet.errors import RunError, TunefleetError, TuneInterrupted, UsageError
+from tunefleet.settings import DatabaseSettings, home_dir
+from tunefleet.vocabulary import RunState
+
+if TYPE_CHECKING:
+    from tunefleet.coordinator.engine import RunResult
+
+#: ``progress=`` takes a callable, or False for silence; None is the default display.
+ProgressCallback = Callable[["TuneProgress"], None]
+
+
+@dataclass(frozen=True)
+class TuneProgress:
+    """What a progress callback gets: ``phase`` is ``start`` (once, before the search;
+    ``line`` says what is tuned where), ``running`` (about twice a second while the run
+    moves) or ``end`` (once, the run's last counts). ``line`` is the text ``tunefleet tune``
+    shows."""
+
+    run_id: int
+    phase: str
+    line: str
+    finished: int = 0
+    in_flight: int = 0
+    live_workers: int = 0
+    elapsed_s: float = 0.0
+    best_gflops: float | None = None
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """How a finished run ended and what it found.
+
+    ``best`` is None when no trial succeeded. ``report`` is the text ``tunefleet best RUN``
+    prints (or why there is no best); ``reproduce`` the command that times the best
+    configuration again."""
+
+    run_id: int
+    state: str
+    stop_reason: str
+    trials: int
+    best: BestTrial | None
+    confirmed: bool
+    report: str
+    #: The coordinator's own figures of the end (``confirm`` re-measurement, spread, noise).
+    confirmed_median_s: float | None = None
+    spread: float | None = None
+    noise: float | None = None
+    disagrees: bool | None = None
+
+    @property
+    def config(self) -> dict[str, Any] | None:
+        """The best configuration (None without a successful trial)."""
+        return None if self.best is None else dict(self.best.config)
+
+    @property
+    def reproduce(self) -> str | None:
+        return None if self.best is None else self.best.reproduce
+
+
+def tune(
+    problem: object = None,
+    *,
+    sizes: Mapping[str, int] | None = None,
+    dtype: str | None = None,
+    args: Mapping[str, Any] | None = None,
+    max_trials: int | None = None,
+    max_time: float | None = None,
+    target_gflops: float | None = None,
+    patience: int | None = None,
+    confirm: int | None = None,
+    workers: int | None = None,
+    device: str | int | None = None,
+    db: str | None = None,
+    name: str | None = None,
+    technique: str | Sequence[str] | None = None,
+    seed_configs: Sequence[Mapping[str, Any]] | None = None,
+    warm_start_from: str | None = None,
+    resume: int | None = None,
+    timeout: float | None = None,
+    prefetch: int | None = None,
+    prepare_workers: int | None = None,
+    cores: float | None = None,
+    prebuild: bool | None = None,
+    progress: ProgressCallback | bool | None = None,
+) -> TuneResult:
+    """Tune ``problem`` on this machine (and on any workers started elsewhere) until a stop
+    rule ends the run; the same campaign as ``tunefleet tune`` with the same defaults.
+
+    ``problem``: a built-in name (``"gemm"``), ``"path/to/problem.py[:Class]"``,
+    ``"module:attr"``, or a :class:`tunefleet.Problem` subclass (or module-level instance)
+    defined in a module file. ``sizes``/``dtype``/``args``: the problem's arguments
+    (``--size``/``--dtype``/``--arg``). ``workers``: local workers (default one per OpenCL
+    device of the chosen class; 0: only the search, for workers started elsewhere, with
+    ``device`` naming their class). ``db``: a PostgreSQL URL (default the embedded
+    server). ``progress``: called with a :class:`TuneProgress`; default a live line on
+    stderr when it is a terminal, nothing otherwise; False: nothing.
+
+    Returns a :class:`TuneResult`; raises :class:`~tunefleet.errors.TuneInterrupted` when
+    the run was stopped (it is resumable with ``resume=``), and another
+    :class:`~tunefleet.errors.TunefleetError` (one line) for bad arguments or a machine
+    that cannot serve the request, before anything is stored.
+
+    >>> import tunefleet
+    >>> result = tunefleet.tune("synthetic", args={"duration": 0.001},
+    ...                         max_trials=8, progress=False)   # doctest: +SKIP
+    >>> result.config                                             # doctest: +SKIP
+    {'order': 'ikj', 'tile': 16, 'unroll': 4, 'vector': True}
+    """
+    from tunefleet.db.engine import connect
+    from tunefleet.db.resolve import database_url
+    from tunefleet.problems.registry import get_problem
+    from tunefleet.queries import report
+
+    spec = None if problem is None else problem_spec(problem)
+    techniques = _techniques(technique)
+    worker_argv = _worker_argv(timeout, prefetch, prepare_workers, cores, prebuild)
+    _check_numbers(max_trials, max_time, target_gflops, patience, confirm, workers)
+    pattern = None if device is None else str(device)
+    if spec is None and resume is None:
+        raise UsageError("name a problem to tune (see `tunefleet problems`) or resume a run")
+    if resume is not None:
+        _check_count("resume", resume, 1, 2**63 - 1)
+        if seed_configs or warm_start_from:
+            what = "seed_configs" if seed_configs else "warm_start_from"
+            raise UsageError(f"resuming continues run {resume} as it was created; drop {what}")
+
+    settings = DatabaseSettings.build(db, application_name="tunefleet-tune")
+    if resume is not None:
+        url = database_url(settings)
+        with connect(url, settings) as conn:
+            run = report.run_row(conn, resume)
+        if run is None:
+            raise RunError(
+                f"run {resume} does not exist in this database; `tunefleet runs` lists them"
+            )
+        if spec is not None and spec != run["problem"]:
+            raise UsageError(
+                f"run {resume} tunes {run['problem']!r}, not {spec!r}; drop the problem or "
+                f"tune {run['problem']!r} with resume={resume}"
+            )
+        loaded = get_problem(run["problem"])
+        problem_args = dict(run["problem_args"])
+        plan = resume_plan(loaded.needs_opencl, workers, pattern, run)
+    else:
+        # Check what the user gave before touching the database or any device.
+        assert spec is not None
+        loaded = get_problem(spec)
+        problem_args = loaded.normalise_args(_raw_args(sizes, dtype, args))
+        loaded.space(problem_args)
+        plan = plan_workers(loaded.needs_opencl, workers, pattern)
+        url = database_url(settings)
+    if worker_argv and not plan.devices:
+        raise UsageError(
+            f"{worker_argv[0]} sets up the workers this command starts, and --workers 0 starts "
+            "none; give it to `tunefleet worker` on the worker machines"
+        )
+
+    from tunefleet.coordinator.create import create_run
+    from tunefleet.coordinator.engine import Coordinator, Progress
+    from tunefleet.coordinator.settings import CoordinatorSettings
+
+    seeds: list[dict[str, Any]] = []
+    if resume is None:
+        seeds = [*_baseline(loaded, problem_args), *(dict(c) for c in seed_configs or ())]
+    coord_settings = CoordinatorSettings.build(
+        problem=None if resume is not None else spec,
+        problem_args=problem_args,
+        seed_configs=seeds,
+        warm_start_from=warm_start_from,
+        techniques=techniques,
+        device_class=plan.device_class,
+        name=name,
+        resume=resume,
+        max_trials=max_trials,
+        max_seconds=max_time,
+        target_gflops=target_gflops,
+        patience=patience,
+        confirm=confirm,
+    )
+    engine_db = coordinator_db(settings, url)
+    run_id = resume or create_run(coord_settings, url, engine_db)
+    coordinator = Coordinator(coord_settings, url, engine_db)
+    show = _callback(progress)
+
+    where = f"{len(plan.devices)} local ({plan.description})" if plan.devices else plan.description
+    from tunefleet.cli.output import args_text
+
+    show(
+        TuneProgress(
+            run_id,
+            "start",
+            f"{'resuming' if resume else 'tuning'} run {run_id}: {loaded.name or spec} "
+            f"{args_text(_changed_args(loaded, problem_args))} on {plan.device_class}; "
+            f"workers: {where}",
+        )
+    )
+    result, failure, raised, interrupts = _drive(
+        coordinator, run_id, plan, settings, url, engine_db, worker_argv, show, Progress
+    )
+    if raised is not None and not isinstance(raised, KeyboardInterrupt):
+        raise raised
+    if failure:
+        raise TunefleetError(failure)
+    if interrupts or result is None or result.state == RunState.STOPPED:
+        raise TuneInterrupted(run_id)
+    return _result(result, url, settings, coord_settings.confirm)
+
+
+def _drive(
+    coordinator: Any,
+    run_id: int,
+    plan: WorkerPlan,
+    settings: DatabaseSettings,
+    url: str,
+    engine_db: DatabaseSettings,
+    worker_argv: list[str],
+    show: ProgressCallback,
+    progress_type: Any,
+) -> tuple[RunResult | None, str | None, BaseException | None, int]:
+    """Start the workers, drive the search, stop everything: (result, why every local worker
+    exited, what the progress callback raised, how many stop signals came)."""
+    from tunefleet.cli.progress import ProgressReader
+    from tunefleet.db.engine import connect
+
+    workers = LocalWorkers(url, home_dir() / "logs" / f"run-{run_id}")
+    failure: list[str] = []
+    raised: list[BaseException] = []
+    interrupts = 0
+
+    def on_signal(signum: int, frame: Any) -> None:
+        # Ctrl-C, `kill`, a batch system's TERM or a closed terminal: stop cleanly, once.
+        nonlocal interrupts
+        interrupts += 1
+        if interrupts > 1:
+            raise KeyboardInterrupt  # a second one: stop waiting
+        coordinator.request_stop()
+
+    reader = ProgressReader(settings, url, run_id)
+    last_poll = 0.0
+
+    def on_progress(p: Any) -> None:
+        nonlocal last_poll
+        now = time.monotonic()
+        if raised or now - last_poll < 0.5:
+            return
+        last_poll = now
+        line = reader.line(p.unserved)
+        if line is not None:
+            try:
+                show(_progress(run_id, "running", line, p))
+            except BaseException as exc:  # the caller's code: stop the run cleanly first
+                raised.append(exc)
+                coordinator.request_stop()
+        exited = workers.exited()
+        if plan.devices and len(exited) == len(plan.devices) and not failure:
+            rc, log = exited[0]
+            failure.append(
+                f"every local worker exited (status {rc}): {last_line(log) or '?'} (log: {log})"
+            )
+            coordinator.request_stop()
+
+    # Signal handlers belong to the main thread; elsewhere the caller owns stopping.
+    main = threading.current_thread() is threading.main_thread()
+    stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if main else ()
+    result = None
+    with connect(url, settings) as conn:
+        previous = {sig: signal.signal(sig, on_signal) for sig in stop_signals}
+        try:
+            workers.start(plan.devices, worker_argv)
+            workers.wait_registered(conn, WORKERS_UP_S, give_up=lambda: interrupts > 0)
+            result = coordinator.run(run_id, progress_callback=on_progress)
+        except KeyboardInterrupt:
+            interrupts = max(interrupts, 1)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            workers.stop()
+            cancel_leftovers(url, engine_db, run_id)
+    line = reader.line()
+    reader.close()
+    if line is not None:
+        try:
+            show(TuneProgress(run_id, "end", line))
+        except BaseException as exc:
+            raised.append(exc)
+    if raised and isinstance(raised[0], KeyboardInterrupt):
+        interrupts = max(interrupts, 1)
+    return result, (failure[0] if failure else None), (raised[0] if raised else None), interrupts
+
+
+def _progress(run_id: int, phase: str, line: str, p: Any) -> TuneProgress:
+    return TuneProgress(
+        run_id,
+        phase,
+        line,
+        finished=p.finished,
+        in_flight=p.in_flight,
+        live_workers=p.live_workers,
+        elapsed_s=p.elapsed_s,
+        best_gflops=p.best_gflops,
+    )
+
+
+def _result(result: RunResult, url: str, settings: DatabaseSettings, confirm: int) -> TuneResult:
+    from tunefleet.cli.render import best_text, read_best
+    from tunefleet.db.engine import connect
+
+    with connect(url, settings) as conn:
+        found = read_best(conn, result.run_id)
+    try:
+        text = best_text(found)
+    except RunError as exc:  # no successful trial: a result too
+        text = str(exc)
+    best = best_trial(found.best[0]) if found.best else None
+    return TuneResult(
+        run_id=result.run_id,
+        state=result.state,
+        stop_reason=result.stop_reason,
+        trials=result.trials,
+        best=best,
+        confirmed=result.confirmed,
+        report=text + "\n" + final_line(result, confirm),
+        confirmed_median_s=result.confirmed_median_s,
+        spread=result.spread,
+        noise=result.noise,
+        disagrees=result.disagrees,
+    )
+
+
+def final_line(result: RunResult, confirm: int) -> str:
+    """The last line of a tune: the best, and whether a re-measurement confirmed it."""
+    from tunefleet.cli.output import seconds
+
+    run_id = result.run_id
+    if not result.confirmed:
+        why = (
+            "confirmation is off (--confirm 0)"
+            if confirm == 0
+            else "its re-measurement did not finish"
+        )
+        return f"run {run_id}: best trial {result.best_trial_id} is NOT confirmed: {why}"
+    text = (
+        f"run {run_id}: best trial {result.best_trial_id} confirmed by re-measurement "
+        f"({seconds(result.confirmed_median_s)}, spread {100 * (result.spread or 0):.2f} %"
+    )
+    noise = 100 * (result.noise or 0)
+    if result.disagrees:
+        return text + f", beyond the samples' noise of {noise:.2f} %: DISAGREES)"
+    return text + f", within the samples' noise of {noise:.2f} %)"
+
+
+# --- arguments ------------------------------------------------------------------------
+
+
+def _callback(progress: ProgressCallback | bool | None) -> ProgressCallback:
+    if progress is None or progress is True:
+        if not sys.stderr.isatty():
+            return lambda p: None
+        display = ProgressDisplay(sys.stderr, 5.0)
+
+        def default(p: TuneProgress) -> None:
+            if p.phase == "start":
+                print(p.line, file=sys.stderr, flush=True)
+            else:
+                display.show(p.line, force=p.phase == "end")
+                if p.phase == "end":
+                    display.end()
+
+        return default
+    if progress is False:
+        return lambda p: None
+    if not callable(progress):
+        raise UsageError(f"progress={progress!r}: give a callable, or False for no progress")
+    return progress
+
+
+def _raw_args(
+    sizes: Mapping[str, int] | None, dtype: str | None, args: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The raw problem arguments, checked as ``--size``/``--dtype``/``--arg`` are."""
+    from tunefleet.cli.args import MAX_JSON_INT, MAX_SIZE
+
+    for what, given in (("sizes", sizes), ("args", args)):
+        if given is not None and not isinstance(given, Mapping):
+            raise UsageError(f"{what}={given!r}: give a dict, e.g. {what}={{'n': 256}}")
+    raw: dict[str, Any] = dict(args or {})
+    for key, value in (sizes or {}).items():
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise UsageError(f"sizes[{key!r}]={value!r} is not a positive integer")
+        if value > MAX_SIZE:
+            raise UsageError(
+                f"sizes[{key!r}]={value} is above the limit {MAX_SIZE} (kernels index with "
+                "32-bit integers); use a smaller size"
+            )
+        raw[key] = value
+    for key, value in raw.items():
+        if not _finite(value):
+            raise UsageError(f"args[{key!r}]={value!r} is not a finite number; give a number")
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_JSON_INT:
+            raise UsageError(f"args[{key!r}]={value} is above the limit {MAX_JSON_INT} (2^53)")
+    if dtype is not None:
+        if not isinstance(dtype, str):
+            dtype = getattr(dtype, "__name__", None) or str(dtype)  # np.float32 -> 'float32'
+        raw["dtype"] = dtype
+    return raw
+
+
+def _finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list | tuple):
+        return all(_finite(v) for v in value)
+    if isinstance(value, Mapping):
+        return all(_finite(v) for v in value.values())
+    return True
+
+
+def _check_count(what: str, value: Any, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UsageError(f"{what}={value!r} is not a whole number; give e.g. {what}=20")
+    if not low <= value <= high:
+        raise UsageError(f"{what}={value}: give a whole number from {low} to {high}")
+
+
+def _check_seconds(what: str, value: Any, high: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise UsageError(f"{what}={value!r} is not a number; give e.g. {what}=60")
+    if not (math.isfinite(value) and 0 < value <= high):
+        raise UsageError(f"{what}={value!r}: give a positive finite number, at most {high:g}")
+
+
+def _check_numbers(
+    max_trials: Any, max_time: Any, target: Any, patience: Any, confirm: Any, workers: Any
+) -> None:
+    from tunefleet.cli.flags import MAX_BUDGET_S, MAX_COUNT
+
+    for what, value in (("max_trials", max_trials), ("patience", patience)):
+        if value is not None:
+            _check_count(what, value, 1, MAX_COUNT)
+    if confirm is not None:
+        _check_count("confirm", confirm, 0, 1000)
+    if workers is not None:
+        _check_count("workers", workers, 0, 4096)
+    if max_time is not None:
+        _check_seconds("max_time", max_time, MAX_BUDGET_S)
+    if target is not None:
+        _check_seconds("target_gflops", target, 1e12)
+
+
+def _techniques(technique: str | Sequence[str] | None) -> list[str] | None:
+    if technique is None:
+        return None
+    names = [technique] if isinstance(technique, str) else list(technique)
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise UsageError(f"technique={technique!r}: give a technique name or a list of names")
+    return names
+
+
+def _worker_argv(
+    timeout: Any, prefetch: Any, prepare_workers: Any, cores: Any, prebuild: Any
+) -> list[str]:
+    """The worker options as ``tunefleet worker`` flags, each checked by the flag's own
+    parser (one definition of every limit)."""
+    from tunefleet.cli import flags
+
+    given = {"timeout": timeout, "prefetch": prefetch, "prepare_workers": prepare_workers}
+    given |= {"cores": cores}
+    parsed: dict[str, Any] = {"prebuild": prebuild}
+    by_name = {f.names[0].lstrip("-").replace("-", "_"): f for f in flags.WORKER_FLAGS}
+    for key, value in given.items():
+        if value is None:
+            parsed[key] = None
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise UsageError(f"{key}={value!r} is not a number")
+        parse = dict(by_name[key].kwargs)["type"]
+        try:
+            parsed[key] = parse(str(value))
+        except UsageError as exc:
+            raise UsageError(f"{key}={value!r}: {str(exc).split(': ', 1)[-1]}") from None
+    if prebuild is not None and not isinstance(prebuild, bool):
+        raise UsageError(f"prebuild={prebuild!r}: give True or False")
+    return flags.worker_argv(argparse.Namespace(**parsed))
+
+
+def _baseline(problem: Any, problem_args: dict[str, Any]) -> tuple[dict[str, Any], ...]:
+    """The problem's default configuration, measured first: every run then has a baseline
+    to compare the search's best against (none when the default breaks the problem's rules)."""
+    from tunefleet.errors import InvalidConfiguration
+
+    try:
+        return (problem.check_config(problem_args, problem.default_config(problem_args)),)
+    except (InvalidConfiguration, TunefleetError):
+        return ()
+
+
+def _changed_args(problem: Any, problem_args: dict[str, Any]) -> dict[str, Any]:
+    """The arguments that differ from the problem's defaults (what the user chose)."""
+    try:
+        defaults = problem.normalise_args({})
+    except TunefleetError:
+        return problem_args
+    return {k: v for k, v in problem_args.items() if defaults.get(k) != v}
