@@ -155,6 +155,7 @@ def tune(
 
     spec = None if problem is None else problem_spec(problem)
     techniques = _techniques(technique)
+    show = _callback(progress)
     worker_argv = _worker_argv(timeout, prefetch, prepare_workers, cores, prebuild)
     _check_numbers(max_trials, max_time, target_gflops, patience, confirm, workers)
     pattern = None if device is None else str(device)
@@ -222,7 +223,6 @@ def tune(
     engine_db = coordinator_db(settings, url)
     run_id = resume or create_run(coord_settings, url, engine_db)
     coordinator = Coordinator(coord_settings, url, engine_db)
-    show = _callback(progress)
 
     where = f"{len(plan.devices)} local ({plan.description})" if plan.devices else plan.description
     from tunefleet.cli.output import args_text
@@ -492,6 +492,8 @@ def _check_numbers(
 def _techniques(technique: str | Sequence[str] | None) -> list[str] | None:
     if technique is None:
         return None
+    if not isinstance(technique, str | Sequence):
+        raise UsageError(f"technique={technique!r}: give a technique name or a list of names")
     names = [technique] if isinstance(technique, str) else list(technique)
     if not names or not all(isinstance(n, str) and n for n in names):
         raise UsageError(f"technique={technique!r}: give a technique name or a list of names")
