@@ -226,6 +226,7 @@ def test_the_example_with_its_own_problem_class_in_a_file_next_to_it(
 
 
 @pytest.mark.opencl
+@pytest.mark.examples
 def test_the_gemm_example_on_the_pocl_cpu_device(db_url: str, tmp_path: Path) -> None:
     pytest.importorskip("pyopencl")
     env = {**os.environ, "TUNEFLEET_DATABASE_URL": db_url, "TUNEFLEET_HOME": str(tmp_path)}

@@ -123,6 +123,7 @@ def tune(
     prepare_workers: int | None = None,
     cores: float | None = None,
     prebuild: bool | None = None,
+    protocol: Mapping[str, Any] | None = None,
     progress: ProgressCallback | bool | None = None,
 ) -> TuneResult:
     """Tune ``problem`` on this machine (and on any workers started elsewhere) until a stop
@@ -134,8 +135,9 @@ def tune(
     (``--size``/``--dtype``/``--arg``). ``workers``: local workers (default one per OpenCL
     device of the chosen class; 0: only the search, for workers started elsewhere, with
     ``device`` naming their class). ``db``: a PostgreSQL URL (default the embedded
-    server). ``progress``: called with a :class:`TuneProgress`; default a live line on
-    stderr when it is a terminal, nothing otherwise; False: nothing.
+    server). ``protocol``: measurement protocol overrides of a new run (fields of
+    :class:`tunefleet.Protocol`). ``progress``: called with a :class:`TuneProgress`; default
+    a live line on stderr when it is a terminal, nothing otherwise; False: nothing.
 
     Returns a :class:`TuneResult`; raises :class:`~tunefleet.errors.TuneInterrupted` when
     the run was stopped (it is resumable with ``resume=``), and another
@@ -161,10 +163,16 @@ def tune(
     pattern = None if device is None else str(device)
     if spec is None and resume is None:
         raise UsageError("name a problem to tune (see `tunefleet problems`) or resume a run")
+    if protocol is not None and not isinstance(protocol, Mapping):
+        raise UsageError(f"protocol={protocol!r}: give a dict of protocol settings")
     if resume is not None:
         _check_count("resume", resume, 1, 2**63 - 1)
-        if seed_configs or warm_start_from:
-            what = "seed_configs" if seed_configs else "warm_start_from"
+        if seed_configs or warm_start_from or protocol:
+            what = (
+                "seed_configs"
+                if seed_configs
+                else ("warm_start_from" if warm_start_from else "protocol")
+            )
             raise UsageError(f"resuming continues run {resume} as it was created; drop {what}")
 
     settings = DatabaseSettings.build(db, application_name="tunefleet-tune")
@@ -213,6 +221,7 @@ def tune(
         techniques=techniques,
         device_class=plan.device_class,
         name=name,
+        protocol=protocol,
         resume=resume,
         max_trials=max_trials,
         max_seconds=max_time,
