@@ -33,9 +33,10 @@ Arguments as feinsum has them:
                          configuration (feinsum's False would)
 
 Everything else is a :func:`tunefleet.tune` option (``workers``, ``db``, ``name``,
-``technique``, ``confirm``, ``progress``, ...). Timing defaults to feinsum's own (protocol
-statistic ``feinsum-wall-mean``: ``feinsum.measure.timeit``), so the archive rows compare one
-to one with feinsum's; ``protocol=`` overrides it.
+``technique``, ``confirm``, ``progress``, ``protocol``, ...). Timing is tunefleet's protocol
+(OpenCL events, the median of the samples, written as ``runtime_in_sec``);
+``protocol={"statistic": "feinsum-wall-mean"}`` times with feinsum's own ``timeit`` instead
+(it needs a feinsum newer than 2025.3).
 """
 
 from __future__ import annotations
@@ -95,7 +96,6 @@ def autotune(
     archive_path = _archive_path(db_path)
     args = {"space": space, "einsum": _einsum(einsum), "long_dim_length": long_dim_length}
     device = None if cq is None else _device_name(cq)
-    options.setdefault("protocol", {"statistic": "feinsum-wall-mean"})
     try:
         result = tune(
             "feinsum",

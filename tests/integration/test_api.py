@@ -227,6 +227,7 @@ def test_the_example_with_its_own_problem_class_in_a_file_next_to_it(
 
 @pytest.mark.opencl
 @pytest.mark.examples
+@pytest.mark.timeout(1800)  # 20 GEMM evaluations on a CPU: minutes of code generation
 def test_the_gemm_example_on_the_pocl_cpu_device(db_url: str, tmp_path: Path) -> None:
     pytest.importorskip("pyopencl")
     env = {**os.environ, "TUNEFLEET_DATABASE_URL": db_url, "TUNEFLEET_HOME": str(tmp_path)}
@@ -234,7 +235,7 @@ def test_the_gemm_example_on_the_pocl_cpu_device(db_url: str, tmp_path: Path) ->
         [sys.executable, str(EXAMPLES / "tune_gemm.py")],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1700,
         env=env,
         check=False,
     )
