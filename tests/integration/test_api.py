@@ -123,6 +123,32 @@ def test_keyboard_interrupt_in_the_progress_callback_stops_a_resumable_run(db_ur
     assert _counts(db_url, run_id).get("done", 0) > done_before
 
 
+def test_an_error_in_the_progress_callback_stops_the_run_and_is_raised(db_url: str) -> None:
+    class Broken(Exception):
+        pass
+
+    def broken(p: tunefleet.TuneProgress) -> None:
+        if p.phase == "running" and p.finished >= 1:
+            raise Broken("the caller's own bug")
+
+    with pytest.raises(Broken):
+        tunefleet.tune("synthetic", args={"duration": 0.05}, max_trials=400, db=db_url,
+                       progress=broken)  # fmt: skip
+    with connect(db_url) as conn:
+        run = conn.execute("SELECT id, state FROM tunefleet.run").fetchone()
+    assert run["state"] == "stopped"
+    assert _counts(db_url, run["id"]).get("running", 0) == 0
+
+
+def test_numpy_integers_are_counts(db_url: str) -> None:
+    np = pytest.importorskip("numpy")
+    result = tunefleet.tune(
+        "synthetic", args=QUICK, max_trials=np.int64(3), workers=np.int32(1), confirm=0,
+        db=db_url, progress=False,
+    )  # fmt: skip
+    assert result.state == "finished" and result.trials >= 3
+
+
 def _local_class() -> type:
     class Local(tunefleet.Problem):  # type: ignore[misc]
         pass

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import numbers
+import operator
 import signal
 import sys
 import threading
@@ -40,12 +42,16 @@ from tunefleet.api.fleet import (
 )
 from tunefleet.api.problem_ref import problem_spec
 from tunefleet.api.read import BestTrial, best_trial
+from tunefleet.cli.flags import MAX_BUDGET_S, MAX_COUNT, MAX_ID
 from tunefleet.errors import RunError, TunefleetError, TuneInterrupted, UsageError
 from tunefleet.settings import DatabaseSettings, home_dir
 from tunefleet.vocabulary import RunState
 
 if TYPE_CHECKING:
     from tunefleet.coordinator.engine import RunResult
+
+#: Most local workers one call may ask for (a machine's devices, with room to spare).
+MAX_WORKERS = 4096
 
 #: ``progress=`` takes a callable, or False for silence; None is the default display.
 ProgressCallback = Callable[["TuneProgress"], None]
@@ -159,14 +165,19 @@ def tune(
     techniques = _techniques(technique)
     show = _callback(progress)
     worker_argv = _worker_argv(timeout, prefetch, prepare_workers, cores, prebuild)
-    _check_numbers(max_trials, max_time, target_gflops, patience, confirm, workers)
+    max_trials = _count("max_trials", max_trials, 1, MAX_COUNT)
+    patience = _count("patience", patience, 1, MAX_COUNT)
+    confirm = _count("confirm", confirm, 0, 1000)
+    workers = _count("workers", workers, 0, MAX_WORKERS)
+    max_time = _seconds("max_time", max_time, MAX_BUDGET_S)
+    target_gflops = _seconds("target_gflops", target_gflops, 1e12)
     pattern = None if device is None else str(device)
     if spec is None and resume is None:
         raise UsageError("name a problem to tune (see `tunefleet problems`) or resume a run")
     if protocol is not None and not isinstance(protocol, Mapping):
         raise UsageError(f"protocol={protocol!r}: give a dict of protocol settings")
     if resume is not None:
-        _check_count("resume", resume, 1, 2**63 - 1)
+        resume = _count("resume", resume, 1, MAX_ID)
         if seed_configs or warm_start_from or protocol:
             what = (
                 "seed_configs"
@@ -466,36 +477,31 @@ def _finite(value: Any) -> bool:
     return True
 
 
-def _check_count(what: str, value: Any, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
+def _count(what: str, value: Any, low: int, high: int) -> int | None:
+    """``value`` as an int (NumPy integers too), or None; UsageError outside ``low..high``."""
+    if value is None:
+        return None
+    try:
+        number = operator.index(value)
+    except TypeError:
+        number = None
+    if number is None or isinstance(value, bool):
         raise UsageError(f"{what}={value!r} is not a whole number; give e.g. {what}=20")
-    if not low <= value <= high:
-        raise UsageError(f"{what}={value}: give a whole number from {low} to {high}")
+    if not low <= number <= high:
+        raise UsageError(f"{what}={number}: give a whole number from {low} to {high}")
+    return number
 
 
-def _check_seconds(what: str, value: Any, high: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
+def _seconds(what: str, value: Any, high: float) -> float | None:
+    """``value`` as a float, or None; UsageError unless positive, finite and at most ``high``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise UsageError(f"{what}={value!r} is not a number; give e.g. {what}=60")
-    if not (math.isfinite(value) and 0 < value <= high):
+    number = float(value)
+    if not (math.isfinite(number) and 0 < number <= high):
         raise UsageError(f"{what}={value!r}: give a positive finite number, at most {high:g}")
-
-
-def _check_numbers(
-    max_trials: Any, max_time: Any, target: Any, patience: Any, confirm: Any, workers: Any
-) -> None:
-    from tunefleet.cli.flags import MAX_BUDGET_S, MAX_COUNT
-
-    for what, value in (("max_trials", max_trials), ("patience", patience)):
-        if value is not None:
-            _check_count(what, value, 1, MAX_COUNT)
-    if confirm is not None:
-        _check_count("confirm", confirm, 0, 1000)
-    if workers is not None:
-        _check_count("workers", workers, 0, 4096)
-    if max_time is not None:
-        _check_seconds("max_time", max_time, MAX_BUDGET_S)
-    if target is not None:
-        _check_seconds("target_gflops", target, 1e12)
+    return number
 
 
 def _techniques(technique: str | Sequence[str] | None) -> list[str] | None:
