@@ -140,6 +140,26 @@ def test_an_error_in_the_progress_callback_stops_the_run_and_is_raised(db_url: s
     assert _counts(db_url, run["id"]).get("running", 0) == 0
 
 
+def test_tune_runs_in_a_thread_other_than_the_main_one(db_url: str) -> None:
+    # Signal handlers belong to the main thread: elsewhere tune() installs none.
+    import threading
+
+    results: list[Any] = []
+
+    def tune() -> None:
+        results.append(
+            tunefleet.tune(
+                "synthetic", args=QUICK, max_trials=3, workers=1, confirm=0, db=db_url,
+                progress=False,
+            )
+        )  # fmt: skip
+
+    thread = threading.Thread(target=tune)
+    thread.start()
+    thread.join(240)
+    assert not thread.is_alive() and results and results[0].state == "finished"
+
+
 def test_numpy_integers_are_counts(db_url: str) -> None:
     np = pytest.importorskip("numpy")
     result = tunefleet.tune(
