@@ -160,6 +160,20 @@ def test_tune_runs_in_a_thread_other_than_the_main_one(db_url: str) -> None:
     assert not thread.is_alive() and results and results[0].state == "finished"
 
 
+def test_keyboard_interrupt_at_the_start_line_stops_before_any_worker(db_url: str) -> None:
+    def at_once(p: tunefleet.TuneProgress) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(TuneInterrupted) as stopped:
+        tunefleet.tune("synthetic", args=QUICK, max_trials=50, db=db_url, progress=at_once)
+    with connect(db_url) as conn:
+        run = conn.execute(
+            "SELECT state FROM tunefleet.run WHERE id = %s", (stopped.value.run_id,)
+        ).fetchone()
+        workers = conn.execute("SELECT count(*) AS n FROM tunefleet.worker").fetchone()
+    assert run["state"] == "stopped" and workers["n"] == 0
+
+
 def test_numpy_integers_are_counts(db_url: str) -> None:
     np = pytest.importorskip("numpy")
     result = tunefleet.tune(
@@ -199,6 +213,7 @@ def _main_class() -> type:
         ({"problem": "synthetic", "args": {"noise": float("nan")}}, "not a finite number"),
         ({"problem": "synthetic", "prefetch": -1}, "prefetch=-1"),
         ({"problem": "synthetic", "technique": 3}, "technique=3"),
+        ({"problem": "synthetic", "seed_configs": [3]}, "seed_configs: 3 is not"),
         ({"problem": "synthetic", "progress": "yes"}, "progress='yes'"),
         ({"problem": "synthetic", "workers": 0, "prefetch": 8}, "--prefetch sets up"),
         ({"problem": _local_class()}, "defined inside a function"),

@@ -163,6 +163,7 @@ def tune(
 
     spec = None if problem is None else problem_spec(problem)
     techniques = _techniques(technique)
+    seed_list = _seed_configs(seed_configs)
     show = _callback(progress)
     worker_argv = _worker_argv(timeout, prefetch, prepare_workers, cores, prebuild)
     max_trials = _count("max_trials", max_trials, 1, MAX_COUNT)
@@ -218,12 +219,12 @@ def tune(
         )
 
     from tunefleet.coordinator.create import create_run
-    from tunefleet.coordinator.engine import Coordinator, Progress
+    from tunefleet.coordinator.engine import Coordinator
     from tunefleet.coordinator.settings import CoordinatorSettings
 
     seeds: list[dict[str, Any]] = []
     if resume is None:
-        seeds = [*_baseline(loaded, problem_args), *(dict(c) for c in seed_configs or ())]
+        seeds = [*_baseline(loaded, problem_args), *seed_list]
     coord_settings = CoordinatorSettings.build(
         problem=None if resume is not None else spec,
         problem_args=problem_args,
@@ -247,17 +248,15 @@ def tune(
     where = f"{len(plan.devices)} local ({plan.description})" if plan.devices else plan.description
     from tunefleet.cli.output import args_text
 
-    show(
-        TuneProgress(
-            run_id,
-            "start",
-            f"{'resuming' if resume else 'tuning'} run {run_id}: {loaded.name or spec} "
-            f"{args_text(_changed_args(loaded, problem_args))} on {plan.device_class}; "
-            f"workers: {where}",
-        )
+    start = TuneProgress(
+        run_id,
+        "start",
+        f"{'resuming' if resume else 'tuning'} run {run_id}: {loaded.name or spec} "
+        f"{args_text(_changed_args(loaded, problem_args))} on {plan.device_class}; "
+        f"workers: {where}",
     )
     result, failure, raised, interrupts = _drive(
-        coordinator, run_id, plan, settings, url, engine_db, worker_argv, show, Progress
+        coordinator, run_id, plan, settings, url, engine_db, worker_argv, show, start
     )
     if raised is not None and not isinstance(raised, KeyboardInterrupt):
         raise raised
@@ -277,10 +276,11 @@ def _drive(
     engine_db: DatabaseSettings,
     worker_argv: list[str],
     show: ProgressCallback,
-    progress_type: Any,
+    start: TuneProgress,
 ) -> tuple[RunResult | None, str | None, BaseException | None, int]:
-    """Start the workers, drive the search, stop everything: (result, why every local worker
-    exited, what the progress callback raised, how many stop signals came)."""
+    """Say ``start``, start the workers, drive the search, stop everything: (result, why every
+    local worker exited, what the progress callback raised, how many stop signals came). What
+    the callback raises stops the run as Ctrl-C does: the run ends ``stopped``, resumable."""
     from tunefleet.cli.progress import ProgressReader
     from tunefleet.db.engine import connect
 
@@ -328,8 +328,14 @@ def _drive(
     with connect(url, settings) as conn:
         previous = {sig: signal.signal(sig, on_signal) for sig in stop_signals}
         try:
-            workers.start(plan.devices, worker_argv)
-            workers.wait_registered(conn, WORKERS_UP_S, give_up=lambda: interrupts > 0)
+            try:
+                show(start)
+            except BaseException as exc:  # the caller's code: the run stops before it starts
+                raised.append(exc)
+                coordinator.request_stop()
+            if not raised:
+                workers.start(plan.devices, worker_argv)
+                workers.wait_registered(conn, WORKERS_UP_S, give_up=lambda: interrupts > 0)
             result = coordinator.run(run_id, progress_callback=on_progress)
         except KeyboardInterrupt:
             interrupts = max(interrupts, 1)
@@ -502,6 +508,19 @@ def _seconds(what: str, value: Any, high: float) -> float | None:
     if not (math.isfinite(number) and 0 < number <= high):
         raise UsageError(f"{what}={value!r}: give a positive finite number, at most {high:g}")
     return number
+
+
+def _seed_configs(configs: Any) -> list[dict[str, Any]]:
+    if configs is None:
+        return []
+    if isinstance(configs, Mapping):
+        configs = [configs]
+    if isinstance(configs, str | bytes) or not isinstance(configs, Sequence):
+        raise UsageError(f"seed_configs={configs!r}: give a list of configuration dicts")
+    for config in configs:
+        if not isinstance(config, Mapping):
+            raise UsageError(f"seed_configs: {config!r} is not a configuration dict")
+    return [dict(c) for c in configs]
 
 
 def _techniques(technique: str | Sequence[str] | None) -> list[str] | None:
