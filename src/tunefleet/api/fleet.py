@@ -31,6 +31,10 @@ from tunefleet.vocabulary import RunState
 #: How long the search waits for its local workers to register before it starts anyway (a
 #: worker registers once it has found its device, before it opens it).
 WORKERS_UP_S = 30.0
+#: How long local workers get to exit once a run ended by its time budget (the run handed
+#: their trials back, so they only drop them and leave) before they are killed: the budget
+#: bounds the campaign, so a worker mid-compile or mid-timing must not hold it up.
+BUDGET_STOP_S = 3.0
 
 
 # --- planning -----------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from tunefleet.api.display import ProgressDisplay
 from tunefleet.api.fleet import (
+    BUDGET_STOP_S,
     WORKERS_UP_S,
     LocalWorkers,
     WorkerPlan,
@@ -48,6 +49,7 @@ from tunefleet.settings import DatabaseSettings, home_dir
 from tunefleet.vocabulary import RunState
 
 if TYPE_CHECKING:
+    from tunefleet.coordinator.budget import Cut
     from tunefleet.coordinator.engine import RunResult
 
 #: Most local workers one call may ask for (a machine's devices, with room to spare).
@@ -94,6 +96,10 @@ class TuneResult:
     spread: float | None = None
     noise: float | None = None
     disagrees: bool | None = None
+    #: What the time budget cut when it ended the run (``handed_back`` trials in flight,
+    #: ``confirm_wanted`` / ``confirm_queued``, ``sentence(resume)`` for people); None when
+    #: the run had no time budget.
+    budget_cut: Cut | None = None
 
     @property
     def config(self) -> dict[str, Any] | None:
@@ -131,6 +137,7 @@ def tune(
     prebuild: bool | None = None,
     protocol: Mapping[str, Any] | None = None,
     progress: ProgressCallback | bool | None = None,
+    clock_start: float | None = None,
 ) -> TuneResult:
     """Tune ``problem`` on this machine (and on any workers started elsewhere) until a stop
     rule ends the run; the same campaign as ``tunefleet tune`` with the same defaults.
@@ -144,6 +151,8 @@ def tune(
     server). ``protocol``: measurement protocol overrides of a new run (fields of
     :class:`tunefleet.Protocol`). ``progress``: called with a :class:`TuneProgress`; default
     a live line on stderr when it is a terminal, nothing otherwise; False: nothing.
+    ``clock_start``: the ``time.monotonic()`` that ``max_time`` counts from (default: this
+    call; ``tunefleet tune`` gives its process's start, so the budget bounds the command).
 
     Returns a :class:`TuneResult`; raises :class:`~tunefleet.errors.TuneInterrupted` when
     the run was stopped (it is resumable with ``resume=``), and another
@@ -156,6 +165,8 @@ def tune(
     >>> result.config                                             # doctest: +SKIP
     {'order': 'ikj', 'tile': 16, 'unroll': 4, 'vector': True}
     """
+    if clock_start is None:
+        clock_start = time.monotonic()
     from tunefleet.db.engine import connect
     from tunefleet.db.resolve import database_url
     from tunefleet.problems.registry import get_problem
@@ -203,6 +214,7 @@ def tune(
             )
         loaded = get_problem(run["problem"])
         problem_args = dict(run["problem_args"])
+        stored_budget_s = run.get("max_seconds")
         plan = resume_plan(loaded.needs_opencl, workers, pattern, run)
     else:
         # Check what the user gave before touching the database or any device.
@@ -212,6 +224,7 @@ def tune(
         loaded.space(problem_args)
         plan = plan_workers(loaded.needs_opencl, workers, pattern)
         url = database_url(settings)
+        stored_budget_s = None
     if worker_argv and not plan.devices:
         raise UsageError(
             f"{worker_argv[0]} sets up the workers this command starts, and --workers 0 starts "
@@ -243,7 +256,12 @@ def tune(
     )
     engine_db = coordinator_db(settings, url)
     run_id = resume or create_run(coord_settings, url, engine_db)
-    coordinator = Coordinator(coord_settings, url, engine_db)
+    coordinator = Coordinator(coord_settings, url, engine_db, clock_start=clock_start)
+    budget_s = coord_settings.max_seconds or stored_budget_s
+    # The local workers' registration may not outlast what is left of the time budget.
+    up_s = WORKERS_UP_S
+    if budget_s is not None:
+        up_s = min(up_s, max(0.0, budget_s - (time.monotonic() - clock_start)))
 
     where = f"{len(plan.devices)} local ({plan.description})" if plan.devices else plan.description
     from tunefleet.cli.output import args_text
@@ -256,7 +274,7 @@ def tune(
         f"workers: {where}",
     )
     result, failure, raised, interrupts = _drive(
-        coordinator, run_id, plan, settings, url, engine_db, worker_argv, show, start
+        coordinator, run_id, plan, settings, url, engine_db, worker_argv, show, start, up_s
     )
     if raised is not None and not isinstance(raised, KeyboardInterrupt):
         raise raised
@@ -277,6 +295,7 @@ def _drive(
     worker_argv: list[str],
     show: ProgressCallback,
     start: TuneProgress,
+    up_s: float,
 ) -> tuple[RunResult | None, str | None, BaseException | None, int]:
     """Say ``start``, start the workers, drive the search, stop everything: (result, why every
     local worker exited, what the progress callback raised, how many stop signals came). What
@@ -335,14 +354,15 @@ def _drive(
                 coordinator.request_stop()
             if not raised:
                 workers.start(plan.devices, worker_argv)
-                workers.wait_registered(conn, WORKERS_UP_S, give_up=lambda: interrupts > 0)
+                workers.wait_registered(conn, up_s, give_up=lambda: interrupts > 0)
             result = coordinator.run(run_id, progress_callback=on_progress)
         except KeyboardInterrupt:
             interrupts = max(interrupts, 1)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            workers.stop()
+            timed_out = result is not None and result.cut is not None
+            workers.stop(BUDGET_STOP_S if timed_out else 30.0)
             cancel_leftovers(url, engine_db, run_id)
     line = reader.line()
     reader.close()
@@ -392,6 +412,7 @@ def _result(result: RunResult, url: str, settings: DatabaseSettings, confirm: in
         spread=result.spread,
         noise=result.noise,
         disagrees=result.disagrees,
+        budget_cut=result.cut,
     )
 
 
@@ -401,11 +422,13 @@ def final_line(result: RunResult, confirm: int) -> str:
 
     run_id = result.run_id
     if not result.confirmed:
-        why = (
-            "confirmation is off (--confirm 0)"
-            if confirm == 0
-            else "its re-measurement did not finish"
-        )
+        cut = result.cut
+        if confirm == 0:
+            why = "confirmation is off (--confirm 0)"
+        elif cut is not None and cut.confirm_queued < cut.confirm_wanted:
+            why = "the time budget left no time to re-measure it"
+        else:
+            why = "its re-measurement did not finish"
         return f"run {run_id}: best trial {result.best_trial_id} is NOT confirmed: {why}"
     text = (
         f"run {run_id}: best trial {result.best_trial_id} confirmed by re-measurement "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+import time
 from typing import Any
 
 from tunefleet.api.display import ProgressDisplay
@@ -21,6 +22,7 @@ from tunefleet.cli import flags
 from tunefleet.cli.args import add_problem_flags, raw_problem_args
 from tunefleet.cli.db import add_db_flag
 from tunefleet.errors import TuneInterrupted, UsageError
+from tunefleet.processes import process_age_s
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -65,6 +67,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    # The time budget (--max-time) started when this process did: the interpreter's start,
+    # the imports and the database's (an embedded server's start, even its first initdb)
+    # are inside it, so that it bounds the command.
+    clock_start = time.monotonic() - process_age_s()
     from tunefleet.api.tune import TuneProgress, tune
     from tunefleet.coordinator.settings import parse_seed_configs
 
@@ -112,6 +118,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             cores=args.cores,
             prebuild=args.prebuild,
             progress=show,
+            clock_start=clock_start,
         )
     except TuneInterrupted as stopped:
         display.end()
@@ -122,6 +129,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     finally:
         display.end()
     print(f"run {result.run_id} finished: {result.stop_reason}", flush=True)
+    cut = result.budget_cut
+    if cut is not None and cut.anything:
+        resume = f"`tunefleet tune --resume {result.run_id}{_db_hint(args.db)}`"
+        print(cut.sentence(resume), flush=True)
     if result.best is None:
         # What `tunefleet best RUN` says when no trial succeeded.
         print(f"tunefleet: {result.report.splitlines()[0]}", file=sys.stderr)
