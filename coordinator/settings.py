@@ -43,6 +43,14 @@ def _techniques(raw: str) -> tuple[str, ...]:
     return names
 
 
+def default_techniques() -> tuple[str, ...]:
+    """The techniques a run searches with when none is named: ``TUNEFLEET_TECHNIQUE``, else
+    the coordinator's default (:data:`.tuner.DEFAULT_TECHNIQUE`)."""
+    from .tuner import DEFAULT_TECHNIQUE
+
+    return resolve(None, "TECHNIQUE", (DEFAULT_TECHNIQUE,), _techniques)
+
+
 @dataclass(frozen=True)
 class CoordinatorSettings:
     """One coordinator's settings. Build with :meth:`build` (applies env vars and checks)."""

@@ -13,7 +13,14 @@ OpenTuner (about 80 suggestions/s instead of several hundred):
   keyed by OpenTuner's configuration hash instead of querying its database;
 - :meth:`Tuner.ask` asks for a whole generation at once (``parallelism`` = the number the
   engine needs) and skips OpenTuner's per-request time-limit query (the engine sets its own
-  trial timeouts).
+  trial timeouts);
+- new results are handed to the techniques from memory in the order told, and the private
+  database is never flushed (nothing reads it back).
+
+A seeded Tuner (``seed=N``) repeats its search exactly: its techniques draw from their own
+random states (swapped in around every call), the evolutionary techniques order their
+population by a counter instead of the wall clock, and differential evolution picks parents
+from a list instead of a set of objects (whose order follows memory addresses).
 
 A :class:`Tuner` belongs to one thread: SQLite's in-memory database is per connection.
 """
@@ -21,8 +28,10 @@ A :class:`Tuner` belongs to one thread: SQLite's in-memory database is per conne
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import math
+import random
 import warnings
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -62,14 +71,58 @@ with _quiet():
     from opentuner.measurement import MeasurementInterface
     from opentuner.measurement.inputmanager import FixedInputManager
     from opentuner.resultsdb.models import Configuration, DesiredResult, Result
+    from opentuner.search import composableevolutionarytechniques, differentialevolution
     from opentuner.search import technique as _technique
     from opentuner.search.driver import SearchDriver
     from opentuner.search.objective import MinimizeTime
+
+    from . import techniques as _own_techniques  # noqa: F401  (registers them by name)
 # Importing OpenTuner replaces logging.Formatter process-wide; put it back.
 logging.Formatter = _formatter  # type: ignore[misc]
 # Its logging setup writes ``opentuner.log`` into the working directory: never run it.
 tuningrunmain.init_logging = lambda: None
 logging.getLogger("opentuner").setLevel(logging.CRITICAL)
+
+
+class _LogicalClock:
+    """Stands in for the ``time`` module where OpenTuner's evolutionary techniques stamp
+    population members to order them: wall-clock stamps tie when members are made within a
+    clock tick, and a seeded search then does not repeat. A counter keeps the order they
+    mean (which member was made or replaced first) and never ties."""
+
+    def __init__(self) -> None:
+        self._ticks = itertools.count()
+
+    def time(self) -> float:
+        return float(next(self._ticks))
+
+
+differentialevolution.time = _LogicalClock()
+composableevolutionarytechniques.time = _LogicalClock()
+
+
+def _de_parents_in_order(self: Any, parent_pop_member: Any) -> Any:
+    """Differential evolution's new member, with the other members listed in population
+    order before the shuffle: OpenTuner lists them through a set of objects, whose order
+    follows memory addresses and so differs from one process (or run) to the next."""
+    cfg = self.manipulator.copy(parent_pop_member.config.data)
+    cfg_params = self.manipulator.proxy(cfg)
+    others = [p for p in self.population if p is not parent_pop_member]
+    if self.driver.best_result:
+        best = differentialevolution.PopulationMember(self.driver.best_result.configuration)
+        others += [best] * self.information_sharing
+    random.shuffle(others)
+    x1, x2, x3 = (p.config.data for p in others[:3])
+    weight = random.random() / 2.0 + 0.5
+    names = self.manipulator.param_names(cfg, x1, x2, x3)
+    random.shuffle(names)
+    for i, name in enumerate(names):
+        if i < self.n_cross or random.random() < self.cr:
+            cfg_params[name].op4_set_linear(x1, x2, x3, 1.0, weight, -weight)
+    return cfg
+
+
+differentialevolution.DifferentialEvolution.create_new_configuration = _de_parents_in_order
 
 
 def technique_names() -> list[str]:
@@ -122,6 +175,39 @@ class LeanSearchDriver(SearchDriver):  # type: ignore[misc]
         # OpenTuner configuration hash -> fastest time told (inf for failures).
         self.measured: dict[str, float] = {}
         self.requested: deque[Any] = deque()
+        # Results told since the search last looked, in the order they were told.
+        self.told: list[Any] = []
+
+    def process_new_results(self) -> None:
+        """OpenTuner's own version reads the new results back from its database ordered by
+        their collection time, which ties (and then comes back in any order) when outcomes
+        are told faster than the clock ticks: a seeded search would not repeat. The results
+        are kept in the order told instead, and no query runs."""
+        self.new_results: list[Any] = []
+        self.best_result: Any
+        self.pending_result_callbacks: list[Any]
+        told, self.told = self.told, []
+        for result in told:
+            self.plugin_proxy.on_result(result)
+            self.new_results.append(result)
+            if self.best_result is None or self.objective.lt(result, self.best_result):
+                self.best_result = result
+                result.was_new_best = True
+                self.plugin_proxy.on_new_best_result(result)
+            else:
+                result.was_new_best = False
+        self.result_callbacks()
+
+    def result_callbacks(self) -> None:
+        """Every outcome is set on its request when told (:meth:`Tuner._report`): a request
+        still without one is in flight, and OpenTuner's search of its database for it
+        (after a few generations) would find nothing."""
+        pending, self.pending_result_callbacks = self.pending_result_callbacks, []
+        for request, callback in pending:
+            if request.result is not None:
+                callback(request.result)
+            else:
+                self.pending_result_callbacks.append((request, callback))
 
     def get_configuration(self, cfg: dict[str, Any]) -> Any:
         self.manipulator.normalize(cfg)
@@ -187,12 +273,12 @@ class LeanMinimizeTime(MinimizeTime):  # type: ignore[misc]
 
 
 class Manager(TuningRunManager):  # type: ignore[misc]
-    """TuningRunManager that never commits its private database, only flushes: a commit
-    would expire every object OpenTuner holds (thousands after a while) and reload each on
-    its next use, which makes each step slower as the run grows."""
+    """TuningRunManager that never writes its private database: nothing reads it back (the
+    driver answers every question from its dictionaries and keeps new results in memory), a
+    commit would expire every object OpenTuner holds and reload each on its next use, and a
+    flush per step was most of a step's time (a replay of 300 evaluations: 5 s of 7)."""
 
     def commit(self, force: bool = False) -> None:
-        self.session.flush()
         self.forget_collections()
 
     def forget_collections(self) -> None:
@@ -214,12 +300,49 @@ def _copy_result_to(request: Any) -> Any:
     return callback
 
 
+class _Randomness:
+    """The random state of one seeded search. OpenTuner's techniques draw from the ``random``
+    module; around every call into OpenTuner the search's own state is swapped in and the
+    process's put back, so a seed repeats the search exactly whatever else the process
+    draws (within the tuner's thread). NumPy's global generator is left alone: OpenTuner
+    draws from it only for array parameters, which :class:`SpaceMapping` never makes."""
+
+    def __init__(self, seed: int) -> None:
+        self._state = random.Random(seed).getstate()
+
+    @contextmanager
+    def scope(self) -> Iterator[None]:
+        outer = random.getstate()
+        random.setstate(self._state)
+        try:
+            yield
+        finally:
+            self._state = random.getstate()
+            random.setstate(outer)
+
+
+@contextmanager
+def _unseeded() -> Iterator[None]:
+    yield
+
+
 class Tuner:
     """An OpenTuner search over one space. ``seconds=None`` means infinitely slow (invalid,
-    failed or timed out): the search learns to avoid it and never proposes it again."""
+    failed or timed out): the search learns to avoid it and never proposes it again.
+    ``seed`` makes the search repeat exactly: the same outcomes told in the same order give
+    the same suggestions."""
 
-    def __init__(self, space: Space, techniques: Sequence[str] = ()) -> None:
+    def __init__(
+        self, space: Space, techniques: Sequence[str] = (), seed: int | None = None
+    ) -> None:
+        self._randomness = _Randomness(seed) if seed is not None else None
+        with self._rng():
+            self._start(space, techniques)
 
+    def _rng(self) -> Any:
+        return self._randomness.scope() if self._randomness is not None else _unseeded()
+
+    def _start(self, space: Space, techniques: Sequence[str]) -> None:
         self.mapping = SpaceMapping(space)
         argv = ["--database", "sqlite://", "--no-dups", "--quiet", "--parallelism", "1"]
         for name in techniques or (DEFAULT_TECHNIQUE,):
@@ -252,7 +375,7 @@ class Tuner:
         driver = self._driver
         if not driver.requested:
             self._args.parallelism = n
-            with _quiet():
+            with _quiet(), self._rng():
                 driver.external_main_generation()
         out: list[Suggestion] = []
         while driver.requested and len(out) < n:
@@ -268,7 +391,7 @@ class Tuner:
         self.tell_many([(suggestion, seconds)])
 
     def tell_many(self, outcomes: Iterable[tuple[Suggestion, float | None]]) -> None:
-        with _quiet():
+        with _quiet(), self._rng():
             for suggestion, seconds in outcomes:
                 self._report(suggestion.handle, seconds)
             self._manager.commit()
@@ -279,7 +402,7 @@ class Tuner:
         A configuration that is still awaited from an earlier :meth:`ask` is answered
         through that request; one that already has an outcome is ignored."""
         driver = self._driver
-        with _quiet():
+        with _quiet(), self._rng():
             for config, seconds in outcomes:
                 configuration = driver.get_configuration(self.mapping.to_tuner(config))
                 if configuration.hash in driver.measured:
@@ -315,6 +438,7 @@ class Tuner:
         manager.session.add(result)
         request.result = result
         request.state = "COMPLETE"
+        self._driver.told.append(result)
         measured = self._driver.measured
         key = request.configuration.hash
         measured[key] = min(measured.get(key, math.inf), result.time)

@@ -14,6 +14,7 @@ Membership is exact on the JSON form: ``True`` is not ``1`` and ``1.0`` is not `
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import random
@@ -60,7 +61,12 @@ class Param:
             key = canonical_json(jsonvalues.exact(value))
         except (TypeError, ValueError):
             return False
-        return key in {canonical_json(jsonvalues.exact(v)) for v in self.values()}
+        return key in self._value_keys
+
+    @functools.cached_property
+    def _value_keys(self) -> frozenset[str]:
+        # Built once per parameter: every configuration the search proposes is checked.
+        return frozenset(canonical_json(jsonvalues.exact(v)) for v in self.values())
 
     def default(self) -> Any:
         return self.values()[0]

@@ -26,6 +26,7 @@ _COMMAND_MODULES = (
     "tunefleet.cli.importance",
     "tunefleet.worker.cli",
     "tunefleet.coordinator.cli",
+    "tunefleet.coordinator.replay_cli",
 )
 
 
