@@ -90,6 +90,7 @@ def _coordinator(args: argparse.Namespace) -> int:
         seed_configs=seeds,
         warm_start_from=args.warm_start_from,
         techniques=args.technique,
+        search_seed=args.search_seed,
         resume=args.resume,
         max_trials=args.max_trials,
         max_seconds=args.max_time,

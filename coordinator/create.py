@@ -94,6 +94,7 @@ def create_run(
         key = cache_key(settings.problem, args, device_class, protocol)
         search = {
             "techniques": list(settings.techniques),
+            "search_seed": settings.search_seed,
             "depth_factor": settings.depth_factor,
             "min_depth": settings.min_depth,
             "seeds": len(seeds),

@@ -407,7 +407,10 @@ class _Session:
         # the CLI's --help and the tune command's start-up do without them.
         from .tuner import Tuner
 
-        self.tuner = Tuner(self.space, techniques)
+        seed = s.search_seed
+        if seed is None:
+            seed = (run.search or {}).get("search_seed")
+        self.tuner = Tuner(self.space, techniques, seed=seed)
         self.stats = RunStats()
         self.flights: dict[str, _Flight] = {}
         #: Confirmation trials of the run pending or running (their ids).

@@ -158,6 +158,7 @@ class _Busy:
     seq: int
     config: Config = field(compare=False)
     seconds: float | None = field(compare=False)
+    exact: bool = field(compare=False)
     waiting: list[Any] = field(compare=False, default_factory=list)
 
 
@@ -184,11 +185,10 @@ def replay(
     now = 0.0
 
     def start(config: Config, waiting: list[Any]) -> None:
-        nonlocal missing, seq
+        nonlocal seq
         row, exact = answers.answer(config)
-        missing += not exact
         seq += 1
-        item = _Busy(now + answers.cost_s(row), seq, config, row.median_s, waiting)
+        item = _Busy(now + answers.cost_s(row), seq, config, row.median_s, exact, waiting)
         heapq.heappush(busy, item)
         by_hash[config_hash(config)] = item
 
@@ -228,6 +228,7 @@ def replay(
             h = config_hash(done.config)
             del by_hash[h]
             outcomes[h] = done.seconds
+            missing += not done.exact
             if done.waiting:
                 tuner.tell_many([(sug, done.seconds) for sug in done.waiting])
             else:

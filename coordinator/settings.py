@@ -10,6 +10,7 @@ also have environment variables:
 ``TUNEFLEET_POLL_S`` (0.2), ``TUNEFLEET_WORKER_ALIVE_S`` (60), ``TUNEFLEET_UNSERVED_S`` (30),
 ``TUNEFLEET_TRIAL_TIMEOUT_MIN_S`` (10), ``TUNEFLEET_TRIAL_TIMEOUT_MAX_S`` (600),
 ``TUNEFLEET_TECHNIQUE`` (comma-separated OpenTuner technique names),
+``TUNEFLEET_SEARCH_SEED`` (seed of the search's random draws; unset: unseeded),
 ``TUNEFLEET_CONFIRM`` (3: how many of the best configurations are re-measured before the run
 reports its best; 0 turns confirmation off).
 """
@@ -29,6 +30,7 @@ from tunefleet.settings import (
     MAX_CONFIRM,
     WORKER_ALIVE_S,
     bounded,
+    non_negative_int,
     positive_float,
     positive_int,
     resolve,
@@ -67,6 +69,8 @@ class CoordinatorSettings:
     warm_start_from: str | None = None
     warm_start_count: int = 5
     techniques: tuple[str, ...] = ()
+    #: Seed of the search's random draws (stored with the run; None: unseeded).
+    search_seed: int | None = None
     # --- which run to continue -------------------------------------------------------------
     resume: int | None = None
     # --- budget (stored with the run; on resume a given value replaces the stored one) ---
@@ -103,6 +107,7 @@ class CoordinatorSettings:
         seed_configs: Sequence[Mapping[str, Any]] = (),
         warm_start_from: str | None = None,
         techniques: Sequence[str] | None = None,
+        search_seed: int | None = None,
         resume: int | None = None,
         max_trials: int | None = None,
         max_seconds: float | None = None,
@@ -140,6 +145,9 @@ class CoordinatorSettings:
             techniques=tuple(techniques)
             if techniques
             else resolve(None, "TECHNIQUE", (), _techniques),
+            search_seed=resolve(
+                search_seed, "SEARCH_SEED", None, bounded(non_negative_int, MAX_COUNT)
+            ),
             resume=resume,
             max_trials=resolve(max_trials, "MAX_TRIALS", None, bounded(positive_int, MAX_COUNT)),
             max_seconds=resolve(

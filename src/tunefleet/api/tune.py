@@ -127,6 +127,7 @@ def tune(
     db: str | None = None,
     name: str | None = None,
     technique: str | Sequence[str] | None = None,
+    search_seed: int | None = None,
     seed_configs: Sequence[Mapping[str, Any]] | None = None,
     warm_start_from: str | None = None,
     resume: int | None = None,
@@ -148,7 +149,8 @@ def tune(
     (``--size``/``--dtype``/``--arg``). ``workers``: local workers (default one per OpenCL
     device of the chosen class; 0: only the search, for workers started elsewhere, with
     ``device`` naming their class). ``db``: a PostgreSQL URL (default the embedded
-    server). ``protocol``: measurement protocol overrides of a new run (fields of
+    server). ``search_seed``: seed of the search's random draws, stored with the run
+    (``--search-seed``). ``protocol``: measurement protocol overrides of a new run (fields of
     :class:`tunefleet.Protocol`). ``progress``: called with a :class:`TuneProgress`; default
     a live line on stderr when it is a terminal, nothing otherwise; False: nothing.
     ``clock_start``: the ``time.monotonic()`` that ``max_time`` counts from (default: this
@@ -178,6 +180,7 @@ def tune(
     show = _callback(progress)
     worker_argv = _worker_argv(timeout, prefetch, prepare_workers, cores, prebuild)
     max_trials = _count("max_trials", max_trials, 1, MAX_COUNT)
+    search_seed = _count("search_seed", search_seed, 0, MAX_COUNT)
     patience = _count("patience", patience, 1, MAX_COUNT)
     confirm = _count("confirm", confirm, 0, 1000)
     workers = _count("workers", workers, 0, MAX_WORKERS)
@@ -244,6 +247,7 @@ def tune(
         seed_configs=seeds,
         warm_start_from=warm_start_from,
         techniques=techniques,
+        search_seed=search_seed,
         device_class=plan.device_class,
         name=name,
         protocol=protocol,

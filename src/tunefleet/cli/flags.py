@@ -134,7 +134,15 @@ TECHNIQUE = _flag(
     "--technique",
     action="append",
     metavar="NAME",
-    help="OpenTuner search technique (default AUCBanditMetaTechniqueA); repeatable",
+    help="search technique (default NeighbourhoodBandit; any OpenTuner technique name, "
+    "compare them with `tunefleet replay`); repeatable",
+)
+SEARCH_SEED = _flag(
+    "--search-seed",
+    type=count("--search-seed", low=0),
+    metavar="N",
+    help="seed of the search's own random draws, stored with the run (TUNEFLEET_SEARCH_SEED): "
+    "the same outcomes in the same order give the same proposals; default: unseeded",
 )
 SEED_CONFIG = _flag(
     "--seed-config",
@@ -155,7 +163,7 @@ CONFIRM = _flag(
     "worker where one is live) before reporting the best (default 3, TUNEFLEET_CONFIRM; 0: off)",
 )
 SEARCH_FLAGS = (MAX_TRIALS, MAX_TIME, TARGET, PATIENCE, NAME, RESUME, CONFIRM)
-SEED_FLAGS = (TECHNIQUE, SEED_CONFIG, WARM_START_FROM)
+SEED_FLAGS = (TECHNIQUE, SEARCH_SEED, SEED_CONFIG, WARM_START_FROM)
 
 # --- the worker's evaluation and sizing (worker, tune) ------------------------------------------
 TIMEOUT = _flag(

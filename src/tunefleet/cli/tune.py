@@ -109,6 +109,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             db=args.db,
             name=args.name,
             technique=args.technique,
+            search_seed=args.search_seed,
             seed_configs=seeds or None,
             warm_start_from=args.warm_start_from,
             resume=args.resume,

@@ -161,9 +161,23 @@ class KernelProblem(Problem):
         InvalidConfiguration (use :func:`tunefleet.space.require`)."""
 
     def check_config(self, args: Mapping[str, Any], config: Mapping[str, Any]) -> Config:
-        checked = self.space(args).check(config)
+        checked = self._space_of(args).check(config)
         self.config_rules(args, checked)
         return checked
+
+    def _space_of(self, args: Mapping[str, Any]) -> Space:
+        """The space of ``args``, kept for the next call with the same arguments: the
+        coordinator (and a replay) checks every proposal, and building the space and its
+        parameters' value sets anew was most of a check's time."""
+        try:
+            key = canonical_json(dict(args))
+        except (TypeError, ValueError):
+            return self.space(args)
+        kept: tuple[str, Space] | None = getattr(self, "_kept_space", None)
+        if kept is None or kept[0] != key:
+            kept = (key, self.space(args))
+            self._kept_space = kept
+        return kept[1]
 
     # --- the science -----------------------------------------------------------------------
     @abstractmethod

@@ -1,0 +1,118 @@
+"""Which search technique finds a recorded space's best: many seeded replays, no device.
+
+Replays each technique against each recording (``benchmarks/published/recording_*.json``,
+measured on an H200) with ``--seeds`` seeds, one virtual worker, up to the largest budget of
+``--evals`` evaluations (see ``tunefleet replay --help`` for the policies: rule-rejected
+proposals are free, missing configurations are answered by the nearest recorded one). Prints
+the median and worst best-found over the recording's best at each budget and writes JSON.
+
+    python benchmarks/replay_techniques.py --out benchmarks/published/replay_techniques.json
+
+The full run (4 techniques to 1,000 evaluations, 4 more to 300, 50 seeds, 2 recordings) takes
+a few minutes on one core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _harness import fmt, machine, table, write_json
+
+from tunefleet.coordinator.replay import Answers, problem_rules, replay, summarise
+from tunefleet.coordinator.tuner import DEFAULT_TECHNIQUE, check_techniques
+from tunefleet.recording import load
+
+PUBLISHED = Path(__file__).resolve().parent / "published"
+
+#: Replayed to the largest budget: the README's table.
+LONG = (DEFAULT_TECHNIQUE, "AUCBanditMetaTechniqueA", "PureRandom", "NeighbourhoodBandit")
+#: Replayed to 300 evaluations: the other candidates.
+SHORT = (
+    "PatternSearch",
+    "AUCBanditMetaTechniqueC",
+    "NeighbourhoodSearchWide",
+    "NeighbourhoodBanditDE",
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--recording", action="append", help="recording files (default: published)")
+    p.add_argument("--seeds", type=int, default=50)
+    p.add_argument("--evals", default="100,300,1000", help="budgets, comma-separated")
+    p.add_argument("--short-evals", type=int, default=300, help="largest budget of the others")
+    p.add_argument("--long", default=",".join(dict.fromkeys(LONG)))
+    p.add_argument("--short", default=",".join(SHORT))
+    p.add_argument("--out", default=None)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    budgets = sorted({int(b) for b in args.evals.split(",") if b})
+    recordings = args.recording or sorted(str(p) for p in PUBLISHED.glob("recording_*.json"))
+    plan = [(t, budgets) for t in check_techniques([t for t in args.long.split(",") if t])]
+    short = [b for b in budgets if b <= args.short_evals] or budgets[:1]
+    plan += [(t, short) for t in check_techniques([t for t in args.short.split(",") if t])]
+    started = time.monotonic()
+    data: dict[str, Any] = {
+        "machine": machine(),
+        "seeds": args.seeds,
+        "evals": budgets,
+        "default": DEFAULT_TECHNIQUE,
+        "recordings": {},
+    }
+    rows = []
+    for path in recordings:
+        rec = load(path)
+        answers = Answers(rec, problem_rules(rec))
+        best = rec.best.median_s or 0.0
+        cells: dict[str, Any] = {}
+        for technique, evals in plan:
+            t0 = time.monotonic()
+            curves = [
+                replay(answers, [technique], seed=s, evaluations=evals[-1])
+                for s in range(args.seeds)
+            ]
+            summary = summarise(technique, curves, best, evals)
+            cells[technique] = {
+                "at": {
+                    str(n): dict(zip(("median", "worst", "best"), summary.at[n], strict=True))
+                    for n in evals
+                },
+                "virtual_s": {str(n): summary.virtual_s[n] for n in evals},
+                "missing_share": summary.missing_share,
+                "rejected_per_eval": summary.rejected_per_eval,
+                "cpu_s": time.monotonic() - t0,
+            }
+            rows.append(
+                [rec.problem, technique]
+                + [
+                    f"{fmt(summary.at[n][0])} / {fmt(summary.at[n][1])}" if n in evals else "-"
+                    for n in budgets
+                ]
+                + [f"{summary.missing_share:.0%}", fmt(summary.rejected_per_eval, 2)]
+            )
+            print(rows[-1], flush=True)
+        data["recordings"][rec.problem] = {
+            "source": Path(path).name,
+            "recorded": len(rec.rows),
+            "best_s": best,
+            "space_size": rec.space.size(),
+            "techniques": cells,
+        }
+    data["seconds"] = time.monotonic() - started
+    headers = ["space", "technique"] + [f"{n}: median / worst" for n in budgets]
+    print(table(headers + ["missing", "rejected/eval"], rows))
+    write_json("replay_techniques", data, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

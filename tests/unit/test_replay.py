@@ -1,0 +1,213 @@
+"""Replays: the coordinator's real search against recorded spaces, exactly repeatable."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from tunefleet.cli import main
+from tunefleet.coordinator.replay import Answers, problem_rules, replay, summarise
+from tunefleet.coordinator.tuner import Tuner
+from tunefleet.errors import UsageError
+from tunefleet.recording import FORMAT, from_json, load
+from tunefleet.space import Bool, Choice, PowerOfTwo, Space
+
+PUBLISHED = Path(__file__).resolve().parents[2] / "benchmarks" / "published"
+FACE_MASS = PUBLISHED / "recording_face_mass.json"
+GEMM = PUBLISHED / "recording_gemm.json"
+
+# Computed once (NeighbourhoodSearch, seed 7, 2 virtual workers, 60 evaluations): the
+# evaluations at which the best improved and the best median seconds from then on.
+EXPECTED_STEPS = [
+    (1, 0.0006833280000000001),
+    (2, 0.0006782560000000001),
+    (5, 0.00048256000000000004),
+    (20, 0.000451104),
+    (21, 0.00045073600000000003),
+    (32, 0.00044406400000000004),
+    (41, 0.000322656),
+]
+
+
+def _steps(best_s):
+    return [(i + 1, b) for i, b in enumerate(best_s) if i == 0 or b != best_s[i - 1]]
+
+
+@pytest.fixture(scope="module")
+def face_mass():
+    rec = load(FACE_MASS)
+    return Answers(rec, problem_rules(rec))
+
+
+def test_a_seeded_replay_of_a_recorded_space_gives_the_exact_curve(face_mass):
+    curve = replay(face_mass, ["NeighbourhoodSearch"], seed=7, evaluations=60, workers=2)
+    assert _steps(curve.best_s) == EXPECTED_STEPS
+    assert len(curve.best_s) == len(curve.at_s) == 60
+    assert list(curve.at_s) == sorted(curve.at_s) and curve.at_s[0] > 0
+    assert (curve.missing, curve.rejected) == (60, 16)
+
+
+def test_the_same_seed_repeats_whatever_else_the_process_draws(face_mass):
+    first = replay(face_mass, ["AUCBanditMetaTechniqueA"], seed=3, evaluations=40)
+    random.seed(12345)  # the process's own draws must not leak into the search
+    random.random()
+    again = replay(face_mass, ["AUCBanditMetaTechniqueA"], seed=3, evaluations=40)
+    other = replay(face_mass, ["AUCBanditMetaTechniqueA"], seed=4, evaluations=40)
+    assert again == first
+    assert other != first
+
+
+def test_a_seeded_tuner_leaves_the_process_random_state_alone():
+    space = Space.of([PowerOfTwo("p", 1, 64), Bool("b")])
+    random.seed(99)
+    expected = [random.random() for _ in range(3)]
+    random.seed(99)
+    tuner = Tuner(space, ["PureRandom"], seed=1)
+    for sug in tuner.ask(4):
+        tuner.tell(sug, 1.0)
+    tuner.close()
+    assert [random.random() for _ in range(3)] == expected
+
+
+# --- a small recording of our own ----------------------------------------------------------
+SPACE = Space.of([PowerOfTwo("p", 1, 64), Choice("mode", ("a", "b", "c")), Bool("flag")])
+
+
+def _recording(rows):
+    return from_json(
+        {
+            "format": FORMAT,
+            "problem": "not-a-registered-problem",
+            "space": SPACE.to_json(),
+            "params": ["p", "mode", "flag"],
+            "columns": ["values", "state", "median_s", "compile_s", "timing_s"],
+            "rows": rows,
+        },
+        source="test recording",
+    )
+
+
+def test_a_missing_configuration_is_answered_by_its_nearest_recorded_neighbour():
+    rec = _recording(
+        [
+            [[1, "a", False], "done", 4.0, 1.0, 0.5],
+            [[16, "b", True], "done", 1.0, 2.0, 0.5],
+            [[64, "c", True], "invalid", None, None, None],
+        ]
+    )
+    answers = Answers(rec)
+    row, exact = answers.answer({"p": 16, "mode": "b", "flag": True})
+    assert exact and row.median_s == 1.0
+    # p 32 is one doubling from 16 and one halving from 64; "c" matches the invalid row's
+    # mode and flag: 1 step against 1 step + 1 differing choice.
+    row, exact = answers.answer({"p": 32, "mode": "b", "flag": True})
+    assert not exact and row.median_s == 1.0
+    row, exact = answers.answer({"p": 64, "mode": "c", "flag": False})
+    assert not exact and row.state == "invalid"
+    # A recorded configuration without its cost costs the recording's median.
+    assert answers.cost_s(rec.rows[2]) == 2.0
+
+
+def test_rule_rejected_proposals_cost_no_evaluation_and_no_time():
+    # The rules reject mode "c". Its configurations are recorded as the fastest: were one
+    # ever evaluated, the best would be 0.001 s.
+    rows = []
+    for p in (1, 2, 4, 8, 16, 32, 64):
+        for mode in ("a", "b", "c"):
+            for flag in (False, True):
+                fast = mode == "c"
+                rows.append([[p, mode, flag], "done", 0.001 if fast else 1.0 + p, 1.0, 0.0])
+    answers = Answers(_recording(rows), rules=lambda c: c["mode"] != "c")
+    curve = replay(answers, ["PureRandom"], seed=1, evaluations=20)
+    assert len(curve.best_s) == 20
+    assert curve.rejected > 0
+    assert min(curve.best_s) > 0.001
+    assert curve.at_s[-1] == pytest.approx(20.0)  # 1 s each: rejections took no time
+    assert curve.missing == 0
+
+
+def test_a_space_exhausted_ends_the_replay_early():
+    rows = [[[p, "a", False], "done", float(p), 1.0, 0.0] for p in (1, 2, 4, 8, 16, 32, 64)]
+    answers = Answers(_recording(rows), rules=lambda c: c["mode"] == "a" and not c["flag"])
+    curve = replay(answers, ["PureRandom"], seed=2, evaluations=50)
+    assert len(curve.best_s) == 7 and curve.best_s[-1] == 1.0
+    summary = summarise("PureRandom", [curve], 1.0, [5, 50])
+    assert summary.at[50] == (1.0, 1.0, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"format": "other/1"}, "format"),
+        ({"rows": [[[1, "a", False], "running", None, None, None]]}, "state"),
+        ({"rows": [[[3, "a", False], "done", 1.0, 1.0, 0.0]]}, "outside the space"),
+        ({"rows": [[[1, "a", False], "done", None, 1.0, 0.0]]}, "without median_s"),
+        ({"rows": [[[1, "a", False], "done", -1.0, 1.0, 0.0]]}, "median_s"),
+        ({"rows": [[[1, "a", False], "invalid", None, None, None]]}, "no row was measured"),
+        ({"params": ["p"]}, "params"),
+    ],
+)
+def test_a_broken_recording_is_refused_naming_what_is_wrong(change, said):
+    data = {
+        "format": FORMAT,
+        "problem": "x",
+        "space": SPACE.to_json(),
+        "params": ["p", "mode", "flag"],
+        "columns": ["values", "state", "median_s", "compile_s", "timing_s"],
+        "rows": [[[1, "a", False], "done", 1.0, 1.0, 0.0]],
+    } | change
+    with pytest.raises(UsageError, match=said):
+        from_json(data, source="r.json")
+
+
+# --- the command ----------------------------------------------------------------------------
+def test_the_command_prints_the_table_and_saves_the_curves(tmp_path, capsys):
+    out = tmp_path / "replay.json"
+    code = main(
+        [
+            "replay",
+            str(FACE_MASS),
+            "--technique",
+            "PureRandom",
+            "--seeds",
+            "2",
+            "--evals",
+            "10,5",
+            "--save",
+            str(out),
+        ]
+    )
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "PureRandom" in text and "5: median / worst / best" in text
+    saved = json.loads(out.read_text())
+    assert saved["evals"] == [5, 10] and saved["seeds"] == 2
+    curves = saved["techniques"]["PureRandom"]["curves"]
+    assert len(curves) == 2 and all(len(c) == 10 and max(c) <= 1.0 for c in curves)
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["replay", "no-such-file.json"], "is not a file"),
+        (["replay", str(GEMM), "--evals", "10,x"], "--evals"),
+        (["replay", str(GEMM), "--evals", "0"], "--evals"),
+        (["replay", str(GEMM), "--seeds", "0"], "--seeds"),
+        (["replay", str(GEMM), "--technique", "NoSuchSearch"], "unknown search technique"),
+        (["replay", str(GEMM), "--save", "/no/such/folder/x.json"], "--save"),
+    ],
+)
+def test_bad_input_is_one_line_and_a_usage_exit(argv, said, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert said in err and len(err.splitlines()) == 1
+
+
+def test_a_file_that_is_not_a_recording_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2")
+    assert main(["replay", str(bad)]) == 2
+    assert "is not JSON" in capsys.readouterr().err
