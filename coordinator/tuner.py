@@ -51,8 +51,9 @@ from .mapping import SpaceMapping
 
 _log = logging.getLogger(__name__)
 
-#: OpenTuner's default search: a multi-armed bandit over several techniques.
-DEFAULT_TECHNIQUE = "AUCBanditMetaTechniqueA"
+#: The search a run uses unless told otherwise: the best of the techniques compared by
+#: replaying recorded spaces (benchmarks/replay_techniques.py; the README's table).
+DEFAULT_TECHNIQUE = "NeighbourhoodSearch"
 
 
 @contextmanager

@@ -1,0 +1,56 @@
+"""The replay benchmark and the GPU tuning-runs script, end to end with tiny parameters (no
+database, no device: the replay reads the published recordings, the GPU script only plans).
+Marked ``benchmark`` like the other scripts' smoke tests; no timing is asserted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.acceptance, pytest.mark.benchmark]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def script(name: str, out: Path, *args: str) -> tuple[str, Any]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / name), "--out", str(out), *args],
+        env=env, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"wrote {out}" in proc.stdout and "|" in proc.stdout
+    return proc.stdout, json.loads(out.read_text())
+
+
+def test_replay_techniques_smoke(tmp_path: Path) -> None:
+    _, data = script(
+        "replay_techniques.py", tmp_path / "replay.json",
+        "--seeds", "2", "--evals", "5,20", "--short-evals", "5",
+        "--long", "PureRandom", "--short", "NeighbourhoodSearch",
+    )  # fmt: skip
+    assert set(data["recordings"]) == {"gemm", "face_mass"}
+    for rec in data["recordings"].values():
+        cells = rec["techniques"]
+        assert set(cells["PureRandom"]["at"]) == {"5", "20"}
+        assert set(cells["NeighbourhoodSearch"]["at"]) == {"5"}
+        for cell in cells.values():
+            for at in cell["at"].values():
+                assert 0 < at["worst"] <= at["median"] <= at["best"] <= 1.0
+
+
+def test_gpu_tune_runs_plans_without_a_gpu(tmp_path: Path) -> None:
+    out, data = script("gpu_tune_runs.py", tmp_path / "gpu.json", "--dry-run", "--runs", "3")
+    assert [r["run"] for r in data["runs"]] == [1, 2, 3]
+    assert all(
+        "tune gemm --size m=4096,n=4096,k=4096 --dtype float32 --max-time 300" in r["command"]
+        for r in data["runs"]
+    )
