@@ -210,3 +210,22 @@ def test_a_file_that_is_not_a_recording_is_one_line(tmp_path, capsys):
     bad.write_text("[1, 2")
     assert main(["replay", str(bad)]) == 2
     assert "is not JSON" in capsys.readouterr().err
+
+
+# --- the live run's seed ---------------------------------------------------------------------
+def test_the_search_seed_comes_from_the_flag_then_the_environment(monkeypatch):
+    from tunefleet.coordinator.settings import CoordinatorSettings
+
+    monkeypatch.setenv("TUNEFLEET_SEARCH_SEED", "42")
+    assert CoordinatorSettings.build(problem="synthetic").search_seed == 42
+    assert CoordinatorSettings.build(problem="synthetic", search_seed=7).search_seed == 7
+    monkeypatch.setenv("TUNEFLEET_SEARCH_SEED", "-3")
+    with pytest.raises(UsageError, match="TUNEFLEET_SEARCH_SEED"):
+        CoordinatorSettings.build(problem="synthetic")
+    monkeypatch.delenv("TUNEFLEET_SEARCH_SEED")
+    assert CoordinatorSettings.build(problem="synthetic").search_seed is None
+
+
+def test_a_bad_search_seed_is_one_line(capsys):
+    assert main(["tune", "synthetic", "--search-seed", "x"]) == 2
+    assert "--search-seed 'x' is not a whole number" in capsys.readouterr().err
