@@ -48,7 +48,7 @@ def test_replay_techniques_smoke(tmp_path: Path) -> None:
 
 
 def test_gpu_tune_runs_plans_without_a_gpu(tmp_path: Path) -> None:
-    out, data = script("gpu_tune_runs.py", tmp_path / "gpu.json", "--dry-run", "--runs", "3")
+    _, data = script("gpu_tune_runs.py", tmp_path / "gpu.json", "--dry-run", "--runs", "3")
     assert [r["run"] for r in data["runs"]] == [1, 2, 3]
     assert all(
         "tune gemm --size m=4096,n=4096,k=4096 --dtype float32 --max-time 300" in r["command"]
