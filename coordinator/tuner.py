@@ -40,7 +40,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import text as sa_text
 from sqlalchemy.orm.attributes import set_committed_value
 
 from tunefleet.errors import UsageError
@@ -358,10 +357,6 @@ class Tuner:
                 input_manager=FixedInputManager(),
             )
             self._manager = Manager(interface, args, search_driver=LeanSearchDriver)
-            # OpenTuner's objective compares configurations through its result table.
-            self._manager.session.execute(
-                sa_text("CREATE INDEX IF NOT EXISTS tf_result_cfg ON result (configuration_id)")
-            )
         self._driver = self._manager.search_driver
         self._args = args
         self.asked = 0
