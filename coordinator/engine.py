@@ -742,6 +742,7 @@ class _Session:
                 gflops=o.gflops,
                 compile_s=o.compile_s,
                 cached=o.source == TrialSource.CACHE,
+                ruled_out=o.ruled_out,
             )
             if flight is not None and flight.suggestions:
                 told += [(sug, seconds) for sug in flight.suggestions]

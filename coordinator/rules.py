@@ -124,6 +124,9 @@ class RunStats:
     """What the search has learned so far, in the order outcomes arrived."""
 
     finished: int = 0
+    #: Rejected by the problem's rules before any worker saw them: not in ``finished``
+    #: (they cost no evaluation, so no budget and no patience), but the space holds them.
+    ruled_out: int = 0
     cached: int = 0
     failed: int = 0  # invalid, failed and timed out
     best_seconds: float | None = None
@@ -144,11 +147,15 @@ class RunStats:
         gflops: float | None = None,
         compile_s: float | None = None,
         cached: bool = False,
+        ruled_out: bool = False,
     ) -> bool:
         """Count one finished trial; True when it is the new best."""
         if config_hash in self.outcomes:
             return False
         self.outcomes[config_hash] = seconds
+        if ruled_out:
+            self.ruled_out += 1
+            return False
         self.finished += 1
         self.cached += cached
         if compile_s is not None:
@@ -185,7 +192,7 @@ def stop_reason(
         return "target_gflops"
     if budget.patience is not None and stats.since_improvement >= budget.patience:
         return "patience"
-    if stats.finished >= space_size and in_flight == 0:
+    if stats.finished + stats.ruled_out >= space_size and in_flight == 0:
         return "space_exhausted"
     return None
 

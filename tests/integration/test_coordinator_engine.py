@@ -449,6 +449,9 @@ def test_configurations_the_problem_rules_out_never_reach_a_worker(db_url, db, t
         assert (row["state"], row["attempt"], row["claims"]) == ("invalid", 0, 0)
         assert "needs too much local memory" in row["error"]
     assert all(r["claims"] == 1 for r in rows if r["config"]["tile"] < 64)
+    # What the rules rejected cost no evaluation: the 40 of the budget were all measured.
+    measured = [r for r in rows if r["claims"] == 1 and r["state"] in ("done", "invalid")]
+    assert len(measured) >= 40
 
 
 @pytest.mark.parametrize(

@@ -110,6 +110,9 @@ class TrialOutcome:
     compile_s: float | None
     error: str | None
     confirms_trial_id: int | None
+    #: Rejected by the problem's own rules before any worker saw it (``invalid``, never
+    #: claimed, not a verdict of the cache): it costs the run no evaluation.
+    ruled_out: bool = False
 
     def __post_init__(self) -> None:
         # The columns are text; the loop compares members of the vocabulary.
@@ -633,7 +636,7 @@ def insert_invalid_trials(
          WHERE t.state = 'cancelled'
         RETURNING t.id, t.config, t.config_hash, t.state, t.source, t.purpose,
                   NULL::float8 AS median_s, NULL::float8 AS gflops, NULL::float8 AS compile_s,
-                  t.error, t.confirms_trial_id
+                  t.error, t.confirms_trial_id, (t.attempt = 0 AND t.source <> 'cache') AS ruled_out
         """,
         {"run": run_id, "class": device_class, "trials": Jsonb(payload)},
     ).fetchall()
@@ -671,10 +674,11 @@ def fetch_unreported(conn: Conn, run_id: int) -> list[TrialOutcome]:
              WHERE t.run_id = %s AND NOT t.reported
                AND t.state IN ('done', 'invalid', 'failed', 'timed_out')
             RETURNING t.id, t.config, t.config_hash, t.state, t.source, t.error, t.finished_at,
-                      t.purpose, t.confirms_trial_id
+                      t.purpose, t.confirms_trial_id, t.attempt
         )
         SELECT o.id, o.config, o.config_hash, o.state, o.source, o.error, o.purpose,
-               o.confirms_trial_id, m.median_s, m.gflops, m.compile_s
+               o.confirms_trial_id, m.median_s, m.gflops, m.compile_s,
+               (o.state = 'invalid' AND o.attempt = 0 AND o.source <> 'cache') AS ruled_out
           FROM o LEFT JOIN tunefleet.measurement m ON m.trial_id = o.id
          ORDER BY o.finished_at, o.id
         """,
@@ -690,7 +694,8 @@ def reported_outcomes(conn: Conn, run_id: int) -> list[TrialOutcome]:
     return cur.execute(
         """
         SELECT o.id, o.config, o.config_hash, o.state, o.source, o.error, o.purpose,
-               o.confirms_trial_id, m.median_s, m.gflops, m.compile_s
+               o.confirms_trial_id, m.median_s, m.gflops, m.compile_s,
+               (o.state = 'invalid' AND o.attempt = 0 AND o.source <> 'cache') AS ruled_out
           FROM tunefleet.trial o
           LEFT JOIN tunefleet.measurement m ON m.trial_id = o.id
          WHERE o.run_id = %s AND o.reported
