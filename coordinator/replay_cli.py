@@ -25,7 +25,9 @@ recording does not hold are answered by the nearest recorded one (steps of order
 parameters, one per differing switch) and counted in the "missing" column.
 
 The table gives, per evaluation budget, the best found over the recording's best (1.0: the
-recording's best was found): median, worst and best over the seeds.
+recording's best was found): median, worst and best over the seeds; then the median virtual
+seconds the largest budget took. --save writes every seed's curve (best so far after each
+evaluation, and when it ended in virtual seconds).
 """
 
 #: Largest evaluation budget of one replay (the recording answers the rest anyway).
@@ -126,7 +128,12 @@ def _run(args: argparse.Namespace) -> int:
         f"{rec.source}: {rec.problem}, {len(rec.rows)} recorded configurations, "
         f"best {best:.6g} s; {args.seeds} seeds, {args.workers} worker(s)"
     )
-    head = ["technique"] + [f"{n}: median / worst / best" for n in budgets] + ["missing"]
+    head = [
+        "technique",
+        *(f"{n}: median / worst / best" for n in budgets),
+        f"virtual s at {budgets[-1]}",
+        "missing",
+    ]
     lines = [head]
     for names in compared:
         curves = [
@@ -137,7 +144,7 @@ def _run(args: argparse.Namespace) -> int:
         lines.append(
             [summary.technique]
             + [f"{m:.3f} / {w:.3f} / {b:.3f}" for m, w, b in (summary.at[n] for n in budgets)]
-            + [f"{summary.missing_share:.0%}"]
+            + [f"{summary.virtual_s[budgets[-1]]:.0f}", f"{summary.missing_share:.0%}"]
         )
         out["techniques"][summary.technique] = {
             "at": {
@@ -147,6 +154,7 @@ def _run(args: argparse.Namespace) -> int:
             "virtual_s": {str(n): summary.virtual_s[n] for n in budgets},
             "missing_share": summary.missing_share,
             "rejected_per_eval": summary.rejected_per_eval,
+            "curves_at_s": [list(c.at_s) for c in curves],
             "curves": [
                 [best / b if b > 0 and b != float("inf") else 0.0 for b in c.best_s] for c in curves
             ],
