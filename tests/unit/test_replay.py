@@ -229,3 +229,10 @@ def test_the_search_seed_comes_from_the_flag_then_the_environment(monkeypatch):
 def test_a_bad_search_seed_is_one_line(capsys):
     assert main(["tune", "synthetic", "--search-seed", "x"]) == 2
     assert "--search-seed 'x' is not a whole number" in capsys.readouterr().err
+
+
+def test_the_python_api_refuses_a_bad_search_seed_before_anything_runs():
+    import tunefleet
+
+    with pytest.raises(UsageError, match="search_seed=-1"):
+        tunefleet.tune("synthetic", search_seed=-1, progress=False)
