@@ -15,7 +15,8 @@ no evaluation). :class:`NeighbourhoodSearch` is a local search over such a box:
 - with probability ``explore``, and whenever every neighbour it tried was asked for
   already, a uniform draw (the restart that finds another basin).
 
-It never proposes a configuration the search already asked for.
+It skips configurations the search already asked for (a repeat that slips through, after
+24 tries, is answered by the driver from memory).
 
 Registered names (usable with ``--technique``):
 
