@@ -11,7 +11,8 @@ The full range it replaces grows with the number of samples and with any one out
 could not fail. The IQR ignores the slowest and fastest quarter.
 
 **Agreement** of two sample sets is decided by a two-sided Mann-Whitney rank test at
-:data:`ALPHA` (normal approximation with tie and continuity corrections), behind a floor:
+:data:`ALPHA` (exact for small sets, else the normal approximation with tie and continuity
+corrections), behind a floor:
 medians less than :data:`FLOOR` apart always agree. Under the null hypothesis (both sets
 are independent draws from one distribution) the test calls a disagreement at most about
 ``ALPHA`` of the time; the floor only lowers that. Ranks make it indifferent to a few huge
@@ -25,6 +26,7 @@ is the tolerance the GPU isolation benchmark holds the protocol to.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -68,9 +70,39 @@ def is_noisy(samples: Sequence[float], limit: float = NOISY) -> bool:
     return noise(samples) > limit
 
 
+#: Up to this many samples in all (and no ties) the rank test's p-value is exact: the normal
+#: approximation is poor there, and at 5 + 5 samples it could never reach ALPHA at all.
+EXACT_UP_TO = 40
+
+
+@functools.lru_cache(maxsize=4096)
+def _u_counts(m: int, n: int) -> tuple[int, ...]:
+    """How many orderings of ``m`` + ``n`` distinct samples give each U of the first ``m``
+    (U = 0 .. m * n): U's exact distribution under the null hypothesis."""
+    if m == 0 or n == 0:
+        return (1,)
+    out = [0] * (m * n + 1)
+    # The largest sample is one of the m (it beats all n) or one of the n (it beats none).
+    for u, c in enumerate(_u_counts(m - 1, n)):
+        out[u + n] += c
+    for u, c in enumerate(_u_counts(m, n - 1)):
+        out[u] += c
+    return tuple(out)
+
+
+def _exact_p(u: float, m: int, n: int) -> float:
+    counts = _u_counts(m, n)
+    total = math.comb(m + n, m)
+    k = round(u)
+    low = sum(counts[: k + 1]) / total
+    high = sum(counts[k:]) / total
+    return min(1.0, 2 * min(low, high))
+
+
 def rank_test(a: Sequence[float], b: Sequence[float]) -> float:
-    """Two-sided p-value of the Mann-Whitney U test of ``a`` against ``b`` (normal
-    approximation, ties get their average rank and shrink the variance)."""
+    """Two-sided p-value of the Mann-Whitney U test of ``a`` against ``b``: exact for small
+    sets without ties, else the normal approximation (ties get their average rank and shrink
+    the variance)."""
     n1, n2 = len(a), len(b)
     if n1 == 0 or n2 == 0:
         raise ValueError("rank test needs samples on both sides")
@@ -89,6 +121,8 @@ def rank_test(a: Sequence[float], b: Sequence[float]) -> float:
         rank_sum_a += avg_rank * sum(1 for k in range(i, j + 1) if pooled[k][1] == 0)
         i = j + 1
     u = rank_sum_a - n1 * (n1 + 1) / 2
+    if n <= EXACT_UP_TO and tie_term == 0:
+        return _exact_p(u, n1, n2)
     mean = n1 * n2 / 2
     var = n1 * n2 / 12 * ((n + 1) - tie_term / (n * (n - 1))) if n > 1 else 0.0
     if var <= 0:

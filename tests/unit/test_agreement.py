@@ -82,3 +82,19 @@ def test_false_alarm_rate_of_the_rank_test_is_alpha() -> None:
     rate = alarms / pairs
     assert 0.002 <= rate <= 0.02, rate
     assert alarms_floored <= alarms
+
+
+def test_five_samples_each_twice_as_slow_disagree_exactly() -> None:
+    """At 5 + 5 samples complete separation has an exact p of 2/252 (under ALPHA); the normal
+    approximation would say 0.012 and let it pass."""
+    a = draws(7, 5, sigma=0.05)
+    b = draws(8, 5, base=2e-3, sigma=0.05)
+    assert rank_test(a, b) == pytest.approx(2 / 252)
+    assert not compare(a, b).agrees
+
+
+def test_exact_and_approximate_p_values_are_close_where_both_apply() -> None:
+    a, b = draws(9, 20, sigma=0.05), draws(10, 20, base=1.03e-3, sigma=0.05)
+    exact = rank_test(a, b)
+    approx = rank_test(a + [a[0]], b + [a[0]])  # one tie: the approximation
+    assert exact == pytest.approx(approx, rel=0.5, abs=0.02)
