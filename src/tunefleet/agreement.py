@@ -164,3 +164,20 @@ def compare(
         return Agreement(True, spread, 1.0, worst)
     p = rank_test(a, b)
     return Agreement(p >= alpha, spread, p, worst)
+
+
+def verdict_text(
+    spread: float, noise: float | None, disagrees: bool | None, p_value: float | None
+) -> str:
+    """How a stored verdict reads in ``tune``'s last line and ``tunefleet best``."""
+    text = f"spread {100 * spread:.2f} %"
+    if noise is not None:
+        text += f", sample noise {100 * noise:.2f} % IQR/median"
+    if disagrees is None:
+        return text + ", not judged yet"
+    if spread <= FLOOR:
+        return text + f": agrees (under the {100 * FLOOR:g} % floor)"
+    p = "?" if p_value is None else f"{p_value:.2g}"
+    if disagrees:
+        return text + f": DISAGREES (rank test p = {p} < {ALPHA:g})"
+    return text + f": agrees (rank test p = {p}, not under {ALPHA:g})"
