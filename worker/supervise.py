@@ -399,7 +399,8 @@ class Child:
         self.paused_at = None
         if self.deadline is not None:
             self.deadline += stood
-        if self.proc is not None:
+        # A reaped child's pid may be someone else's by now: signal only a live one.
+        if self.proc is not None and self.proc.is_alive():
             try:
                 os.kill(self.proc.pid, signal.SIGCONT)
             except ProcessLookupError:
