@@ -169,9 +169,15 @@ def main() -> int:
     # Prepared in parallel (before anything is timed): the code generation is the slow part.
     with cf.ProcessPoolExecutor(len(cores), mp_context=multiprocessing.get_context("spawn")) as ex:
         futures = [ex.submit(_prepare, args, c, device) for c in timed_ones]
-        chosen = [(c, f.result()) for c, f in zip(timed_ones, futures, strict=True) if f.result()][
-            : opts.configs
-        ]
+        chosen = []
+        for config, future in zip(timed_ones, futures, strict=True):
+            prepared = future.result()
+            if prepared is not None:
+                chosen.append((config, prepared))
+            if len(chosen) == opts.configs:
+                for rest in futures:
+                    rest.cancel()  # the spares were only for illegal ones
+                break
     print(f"prepared {len(chosen)} configurations in {time.monotonic() - t0:.0f} s", flush=True)
 
     session = open_session(device)
