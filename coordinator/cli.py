@@ -15,6 +15,7 @@ import time
 from types import FrameType
 from typing import Any
 
+from tunefleet import agreement
 from tunefleet.cli import flags
 from tunefleet.cli.args import add_problem_flags, raw_problem_args
 from tunefleet.cli.db import add_db_flag, add_wait_flag, wait_for_db_s
@@ -36,11 +37,10 @@ def confirmation_line(result: Any) -> str:
     """One line on whether the best was confirmed, with the spread and the noise."""
     if not result.confirmed:
         return "confirmed: no (the best was measured once; see --confirm)"
-    text = (
-        f"confirmed: {result.confirmed_median_s:.6g} s on re-measurement, spread "
-        f"{100 * result.spread:.2f} % (sample noise {100 * result.noise:.2f} %)"
+    verdict = agreement.verdict_text(
+        result.spread or 0.0, result.noise, result.disagrees, result.agreement_p
     )
-    return text + (" DISAGREES beyond the noise" if result.disagrees else "")
+    return f"confirmed: {result.confirmed_median_s:.6g} s on re-measurement, {verdict}"
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

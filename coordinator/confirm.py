@@ -12,6 +12,11 @@ figure (``best_per_run``). Confirmations are not trials of the search: the searc
 of them and they do not count against ``max_trials``. With no live worker the phase ends with
 what is confirmed so far.
 
+Each done confirmation is judged here, once, by :func:`tunefleet.agreement.compare` on the
+two measurements' samples (a rank test behind a floor for the protocol's resolution), and the
+verdict is stored on the confirmation trial: the ``confirmations`` view, ``tunefleet best``
+and the run's own report read that one decision.
+
 Within a time budget (``max_seconds``) the confirmation is part of the run: the search stopped
 early enough to leave it its time (:mod:`.budget`), the phase queues only the confirmations
 that still come back before the deadline (:func:`.budget.confirmations_that_fit`, counting
@@ -27,6 +32,7 @@ from typing import Any, Protocol
 
 import psycopg
 
+from tunefleet import agreement
 from tunefleet.queries import search as q
 from tunefleet.vocabulary import TrialPurpose, TrialState
 
@@ -120,6 +126,15 @@ class Confirmation:
         s.refresh_flights()
 
     def step(self, now: float) -> int | Confirmed:
+        # Judged before anything else, and again on the way out: whichever way the phase
+        # ends (done, the deadline, no worker left), what came back has its verdict.
+        self.judge()
+        outcome = self._step()
+        if isinstance(outcome, Confirmed):
+            self.judge()
+        return outcome
+
+    def _step(self) -> int | Confirmed:
         s = self.session
         left = s.time_left()
         if left is not None and left <= 0:
@@ -154,6 +169,23 @@ class Confirmation:
             self.enqueued += len(todo)
             return len(self._enqueue(todo, left))
         return 0 if s.confirming else Confirmed()
+
+    def judge(self) -> int:
+        """Decide and store the verdict of every done confirmation not judged yet; how many."""
+        s = self.session
+        judged = 0
+        for u in q.unjudged_confirmations(s.conn, s.run_id):
+            verdict = agreement.compare(u.original_samples, u.confirmed_samples)
+            if q.record_agreement(s.conn, u.confirm_trial_id, not verdict.agrees, verdict.p_value):
+                judged += 1
+                _log.info(
+                    "run %d: confirmation %d %s: %s",
+                    s.run_id,
+                    u.confirm_trial_id,
+                    "agrees" if verdict.agrees else "DISAGREES",
+                    verdict.describe(),
+                )
+        return judged
 
     def _no_time(self, left: float) -> None:
         if self._said_no_time:

@@ -131,8 +131,9 @@ class RunResult:
     best_gflops: float | None = None
     best_trial_id: int | None = None
     #: The best was re-measured (``confirmed_*``: the confirmation's figures), how far apart
-    #: the two measurements are (``spread``, relative) and whether that exceeds the noise of
-    #: their samples or the re-measurement failed (``disagrees``).
+    #: the two measurements are (``spread``, relative), their samples' noise (IQR over
+    #: median) and whether they disagree by :mod:`tunefleet.agreement` or the re-measurement
+    #: failed (``disagrees``; ``agreement_p``: the rank test's p-value).
     confirmed: bool = False
     confirmed_median_s: float | None = None
     confirmed_gflops: float | None = None
@@ -143,6 +144,9 @@ class RunResult:
     #: ``handed_back`` running trials were cancelled at the deadline (a resume revives them).
     cut: Cut | None = None
     handed_back: int = 0
+    agreement_p: float | None = None
+    #: The best's own samples stayed noisier than its protocol's ``noise_limit``.
+    noisy: bool | None = None
 
 
 # --- the session's pieces -------------------------------------------------------------------
@@ -700,6 +704,8 @@ class _Session:
             spread=best.spread,
             noise=best.noise,
             disagrees=best.disagrees,
+            agreement_p=best.agreement_p,
+            noisy=best.noisy,
         )
 
     def _progress(self) -> Progress:

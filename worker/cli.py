@@ -117,6 +117,7 @@ def run_worker(args: argparse.Namespace) -> int:
         poll_s=args.poll,
         listen=args.listen,
         prebuild=args.prebuild,
+        pause_codegen=args.pause_codegen,
         stand_aside_after=args.stand_aside_after,
     )
     url = database_url(settings.db)

@@ -7,8 +7,8 @@ thread (on the same session).
 
 Then, until done, each turn of the loop runs these steps in order::
 
-    collect -> abandon_lost -> start_next -> complete -> reap -> claim -> dispatch -> stop
-    -> size -> wait
+    collect -> abandon_lost -> start_next -> complete -> reap -> claim -> dispatch -> isolate
+    -> stop -> size -> wait
 
 ``collect`` comes first so that a result that is already in is always sent: a zombie's
 result is then refused by the fence, visibly, rather than silently thrown away.
@@ -42,6 +42,7 @@ What this module decides itself is only the order of things and the database's a
 ``signals``  the stop request (SIGTERM, SIGINT, SIGUSR1) and the wake-up pipe
 ``wake``     when to claim next (polling with jittered backoff) and whether to LISTEN
              meanwhile (only while idle, and only on a route that keeps a session)
+``quiet``    the code-generation processes stopped while a CPU device times (``isolate``)
 ``heartbeat`` the heartbeat thread on the worker's one session, and the main loop's liveness
              (a stuck loop stops its heartbeats, so its leases expire)
 """
@@ -84,6 +85,7 @@ from .heartbeat import Heartbeat, HeldLeases, Liveness
 from .judge import Decision, Judge, Trial, cannot_serve
 from .link import DatabaseDown, Link
 from .pool import CodegenPool
+from .quiet import Quiet, shares_host_cores
 from .results import Held
 from .settings import WorkerSettings
 from .signals import Signals
@@ -124,6 +126,9 @@ class Worker:
         self.held: dict[int, Held] = {}
         self.leases = HeldLeases()
         self.device_child = Child("device")
+        #: Stops the code-generation pool while a CPU device times (enabled once the device
+        #: is known).
+        self.quiet = Quiet(False)
         self.pool = CodegenPool(
             detect_resources(settings.cores, peers=settings.peers),
             settings.prepare_workers,
@@ -183,6 +188,7 @@ class Worker:
                 self.step_reap()
                 self.step_claim()
                 self.step_dispatch()
+                self.step_isolate()
                 self.step_stop()
                 self.step_size()
                 self.step_wait()
@@ -192,6 +198,7 @@ class Worker:
             self._give_back_everything()
             raise
         finally:
+            self.quiet.release()  # whatever ended the loop, nothing of ours stays stopped
             self._teardown()
 
     @property
@@ -218,6 +225,7 @@ class Worker:
             if reply.kind != ReplyKind.OK:
                 raise DeviceError(_device_failure("finding the device", reply))
             self.device = reply.value
+        self.quiet = Quiet(self.settings.pause_codegen and shares_host_cores(self.device))
         self.classes = sorted({self.device.device_class, ANY_DEVICE_CLASS})
         conn = self.link.connect_now()  # finds the route (on_connect)
         try:
@@ -518,6 +526,11 @@ class Worker:
         )
         held.stage, held.child, held.prepared = Stage.MEASURING, self.device_child, None
         log.debug("timing trial %s", c.trial_id)
+
+    def step_isolate(self) -> None:
+        """While the device process holds a request on a CPU device, the code-generation
+        processes stand still (:mod:`tunefleet.worker.quiet`); once it is idle they run."""
+        self.quiet.hold(self.device_child.busy, self.pool.children)
 
     def step_stop(self) -> None:
         """While stopping: give back every held trial that is not being timed. If the database

@@ -88,6 +88,8 @@ class WorkerSettings:
     #: the device process's build hits OpenCL's caches: on an H200 a face-mass build went
     #: from 0.34 s to 0.008 s. Off saves each code-generation process its device context.
     prebuild: bool = True
+    #: Stop the code-generation processes while a CPU device times (:mod:`.quiet`).
+    pause_codegen: bool = True
     #: Same unexplained error on this many configurations of a run in a row, before any
     #: verdict of that run here: stand aside from it (see the module docstring); 0 = never.
     stand_aside_after: int = DEFAULT_STAND_ASIDE_AFTER
@@ -130,6 +132,7 @@ class WorkerSettings:
         poll_s: float | None = None,
         listen: bool | None = None,
         prebuild: bool | None = None,
+        pause_codegen: bool | None = None,
         stand_aside_after: int | None = None,
     ) -> WorkerSettings:
         return cls(
@@ -155,6 +158,7 @@ class WorkerSettings:
             poll_s=resolve(poll_s, "WORKER_POLL", DEFAULT_POLL_S, positive_float),
             listen=resolve(listen, "WORKER_LISTEN", False, parse_bool),
             prebuild=resolve(prebuild, "WORKER_PREBUILD", True, parse_bool),
+            pause_codegen=resolve(pause_codegen, "WORKER_PAUSE_CODEGEN", True, parse_bool),
             stand_aside_after=resolve(
                 stand_aside_after,
                 "WORKER_STAND_ASIDE_AFTER",

@@ -283,6 +283,12 @@ class Child:
         #: The request in flight loads a problem, and the child said it has loaded it.
         self.loads = False
         self.loaded = False
+        #: When this child was stopped with SIGSTOP (:meth:`pause`); None while it runs.
+        self.paused_at: float | None = None
+        #: The child has spoken since it started, so it has asked for its parent-death
+        #: SIGKILL (its first act): only then may it be stopped, or a worker killed meanwhile
+        #: would leave it stopped for good.
+        self.armed = False
 
     @property
     def alive(self) -> bool:
@@ -297,6 +303,7 @@ class Child:
         child_conn.close()
         self.proc, self.conn = proc, parent_conn
         self.busy, self.deadline, self.tag = False, None, None
+        self.armed = False
         self.starts += 1
         log.debug("%s process started (pid %s)", self.name, proc.pid)
 
@@ -330,6 +337,7 @@ class Child:
         try:
             while self.conn.poll(0):
                 reply = self.conn.recv()
+                self.armed = True
                 if reply.kind == ReplyKind.STARTED:
                     self.loaded = True
                     continue
@@ -351,7 +359,7 @@ class Child:
                     message=f"the {self.name} process {reason} loading the problem",
                 )
             return Reply(ReplyKind.DIED, message=reason)
-        if self.deadline is not None and now >= self.deadline:
+        if self.paused_at is None and self.deadline is not None and now >= self.deadline:
             # Still a timeout while loading: a fresh process's start-up counts in the trial's
             # limit, and a slow start on a loaded node is no reason to stand aside.
             self.kill()
@@ -368,8 +376,39 @@ class Child:
             if reply is not None:
                 return reply
 
+    def pause(self) -> None:
+        """Stop the child with SIGSTOP (it keeps its request; its deadline waits too).
+        Nothing to do for a child that is not running or not yet :attr:`armed`. The caller
+        must :meth:`resume` it; should the caller die first, the child's parent-death SIGKILL
+        still ends it (SIGKILL reaches a stopped process)."""
+        if self.paused_at is not None or not self.armed:
+            return
+        if self.proc is None or not self.proc.is_alive():
+            return
+        try:
+            os.kill(self.proc.pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            return
+        self.paused_at = time.monotonic()
+
+    def resume(self) -> None:
+        """SIGCONT a paused child and move its deadline on by the time it stood still."""
+        if self.paused_at is None:
+            return
+        stood = time.monotonic() - self.paused_at
+        self.paused_at = None
+        if self.deadline is not None:
+            self.deadline += stood
+        # A reaped child's pid may be someone else's by now: signal only a live one.
+        if self.proc is not None and self.proc.is_alive():
+            try:
+                os.kill(self.proc.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
     def kill(self) -> None:
         """Kill the child at once (a hung or abandoned evaluation); it restarts on demand."""
+        self.resume()  # SIGKILL reaches a stopped process too; this clears the books
         if self.proc is not None and self.proc.is_alive():
             self.proc.kill()
             self.proc.join(5.0)
@@ -379,12 +418,14 @@ class Child:
         """Stop the child: politely when idle (EOF ends its loop), else kill it."""
         if self.proc is None:
             return
+        self.resume()  # a stopped child would never see the EOF
         if not self.busy and self.conn is not None:
             self.conn.close()
             self.proc.join(2.0)
         self.kill()
 
     def _discard(self) -> None:
+        self.resume()
         if self.conn is not None:
             try:
                 self.conn.close()

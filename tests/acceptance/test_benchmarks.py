@@ -366,3 +366,23 @@ def test_budget_overrun_smoke(db_url: str, tmp_path: Path) -> None:
     assert case["exit"] == 0, case
     assert case["wall_s"] > 0 and "overrun" in case and case["search_done"] >= 1
     assert data["machine"]["load_average"] is not None
+
+
+def test_cpu_isolation_times_each_configuration_under_each_condition(tmp_path: Path) -> None:
+    """benchmarks/cpu_isolation.py on PoCL, tiny: two configurations of a small GEMM, alone
+    and beside paused code generation; every condition has a ratio per configuration."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    out = tmp_path / "iso.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "cpu_isolation.py"), "--configs", "2",
+         "--size", "m=64,n=64,k=64", "--conditions", "alone,paused", "--procs", "1",
+         "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert [r["condition"] for r in data["rows"]] == ["alone", "paused"]
+    assert all(len(r["ratios"]) == len(data["configs"]) == 2 for r in data["rows"])
+    assert data["rows"][0]["median_ratio"] == 1.0

@@ -314,3 +314,37 @@ def test_cache_hits_are_results_but_nobody_s_work(db, filled):
     assert len(intervals) == 3 and {i["worker_id"] for i in intervals} == {w3}
     after = {r["worker_id"]: r["measured"] for r in report.fleet(db, run_id=filled.gpu_run)}
     assert after == before == {w3: 3}
+
+
+def test_a_noisy_best_is_flagged_by_the_views_best_and_the_dashboard(db, db_url, filled, capsys):
+    from tunefleet import agreement
+    from tunefleet.queries import dashboard
+
+    def best_row() -> Any:
+        return db.execute(
+            "SELECT measured_noise, noisy FROM tunefleet.best_per_run WHERE run_id = %s",
+            (filled.cpu_run,),
+        ).fetchone()
+
+    median = db.execute(
+        "SELECT median_s FROM tunefleet.measurement WHERE trial_id = %s", (filled.best_trial,)
+    ).fetchone()["median_s"]
+    quiet = [median * f for f in (0.99, 1.0, 1.0, 1.01, 1.0, 1.02, 0.98, 1.0, 1.0, 1.0)]
+    noisy = [median * f for f in (0.6, 1.0, 1.4, 1.0, 2.0, 0.8, 1.0, 1.3, 0.7, 1.0)]
+    for samples, flagged in ((quiet, False), (noisy, True)):
+        db.execute(
+            "UPDATE tunefleet.measurement SET samples_s = %s WHERE trial_id = %s",
+            (samples, filled.best_trial),
+        )
+        row = best_row()
+        # The view's SQL and the worker's statistic are one definition.
+        assert row["measured_noise"] == pytest.approx(agreement.noise(samples))
+        assert row["noisy"] is flagged
+        result = db.execute(
+            "SELECT noisy FROM tunefleet.results WHERE trial_id = %s", (filled.best_trial,)
+        ).fetchone()
+        assert result["noisy"] is flagged
+        code, out, _ = run_cli(capsys, "best", str(filled.cpu_run), "--db", db_url)
+        assert code == 0
+        assert ("\nnoisy: its samples' IQR/median is" in out) is flagged, out
+        assert dashboard.best(db, filled.cpu_run)["noisy"] is flagged

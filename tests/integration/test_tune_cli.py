@@ -78,8 +78,8 @@ def test_tune_synthetic_then_every_read_command(home, tmp_path):
     # the best was re-measured before it was reported, and the last line says so
     assert "\nconfirmed: median " in out, out
     assert re.fullmatch(
-        r"run 1: best trial \d+ confirmed by re-measurement \(.* spread \d+\.\d\d %, "
-        r"within the samples' noise of \d+\.\d\d %\)",
+        r"run 1: best trial \d+ confirmed by re-measurement \(.*, spread \d+\.\d\d %, "
+        r"sample noise \d+\.\d\d % IQR/median: agrees \(.*\)\)",
         out.splitlines()[-1],
     ), out
 

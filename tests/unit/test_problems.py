@@ -9,6 +9,7 @@ import dataclasses
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -175,6 +176,17 @@ def test_next_batch_follows_the_protocol():
     assert next_batch([0.0] * 5, p) == 45  # a zero-time clock: run to the cap
 
 
+def test_noisy_samples_take_more_launches_up_to_the_cap():
+    p = Protocol(warmup=0, min_launches=5, min_seconds=0.0, max_launches=12)
+    quiet, noisy = [1.0, 1.01, 0.99, 1.0, 1.0], [1.0, 1.5, 0.7, 1.2, 2.0]
+    assert next_batch(quiet, p) == 0
+    assert next_batch(noisy, p) == 5  # as many again
+    assert next_batch(noisy * 2, p) == 2  # then up to max_launches
+    assert next_batch(noisy * 2 + [1.0, 1.0], p) == 0  # still noisy: the cap wins
+    assert next_batch(noisy, replace(p, noise_limit=0.0)) == 0  # 0: never
+    assert next_batch(noisy, replace(p, noise_limit=1.0)) == 0  # under a looser limit
+
+
 def test_protocol_round_trips_and_rejects_nonsense():
     p = Protocol(warmup=1, min_launches=2, min_seconds=0.5, max_launches=9, seed=3)
     assert Protocol.from_json(p.to_json()) == p
@@ -185,6 +197,7 @@ def test_protocol_round_trips_and_rejects_nonsense():
         {"warmup": -1},
         {"min_seconds": -1.0},
         {"statistic": "mean"},
+        {"noise_limit": -0.1},
     ):
         with pytest.raises(ProblemError, match="protocol"):
             Protocol(**bad)  # type: ignore[arg-type]

@@ -123,10 +123,16 @@ class BestTrial:
     noise: float | None
     disagrees: bool | None
     reproduce: str
+    #: The confirmation criterion's p-value (:mod:`tunefleet.agreement`); the search
+    #: measurement's noise (IQR over median) and whether it stayed over its protocol's limit.
+    agreement_p: float | None = None
+    measured_noise: float | None = None
+    noisy: bool | None = None
 
     @property
     def confirmed(self) -> bool:
-        """A re-measurement finished and agrees within the samples' noise."""
+        """A re-measurement finished and agrees by the confirmation criterion
+        (:mod:`tunefleet.agreement`)."""
         return self.confirm_state == "done" and not self.disagrees
 
 

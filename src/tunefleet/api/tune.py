@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tunefleet import agreement
 from tunefleet.api.display import ProgressDisplay
 from tunefleet.api.fleet import (
     BUDGET_STOP_S,
@@ -434,14 +435,17 @@ def final_line(result: RunResult, confirm: int) -> str:
         else:
             why = "its re-measurement did not finish"
         return f"run {run_id}: best trial {result.best_trial_id} is NOT confirmed: {why}"
-    text = (
-        f"run {run_id}: best trial {result.best_trial_id} confirmed by re-measurement "
-        f"({seconds(result.confirmed_median_s)}, spread {100 * (result.spread or 0):.2f} %"
+    verdict = agreement.verdict_text(
+        result.spread or 0.0, result.noise, result.disagrees, result.agreement_p
     )
-    noise = 100 * (result.noise or 0)
-    if result.disagrees:
-        return text + f", beyond the samples' noise of {noise:.2f} %: DISAGREES)"
-    return text + f", within the samples' noise of {noise:.2f} %)"
+    noisy = "; its samples stayed noisy (see `tunefleet best`)" if result.noisy else ""
+    how = {None: "re-measured", False: "confirmed by re-measurement"}.get(
+        result.disagrees, "NOT confirmed by its re-measurement"
+    )
+    return (
+        f"run {run_id}: best trial {result.best_trial_id} {how} "
+        f"({seconds(result.confirmed_median_s)}, {verdict}){noisy}"
+    )
 
 
 # --- arguments ------------------------------------------------------------------------

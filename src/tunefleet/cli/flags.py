@@ -200,7 +200,14 @@ PREBUILD = _flag(
     help="code-generation processes also compile on the device, so the device process only "
     "times (default on; --no-prebuild saves their device contexts)",
 )
-WORKER_FLAGS = (TIMEOUT, PREFETCH, PREPARE_WORKERS, CORES, PREBUILD)
+PAUSE_CODEGEN = _flag(
+    "--pause-codegen",
+    action=argparse.BooleanOptionalAction,
+    help="on a CPU OpenCL device, stop the code-generation processes while a kernel is timed, "
+    "so they do not share its cores (default on; off overlaps them, and the timings "
+    "measure the competition)",
+)
+WORKER_FLAGS = (TIMEOUT, PREFETCH, PREPARE_WORKERS, CORES, PREBUILD, PAUSE_CODEGEN)
 
 
 def add(parser: argparse.ArgumentParser, flags: Sequence[Flag]) -> None:

@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from tunefleet import agreement
 from tunefleet.cli.args import command_line_args, problem_sizes, shell_join
 from tunefleet.cli.output import (
     Column,
@@ -280,6 +281,7 @@ def best_text(found: BestOfRun) -> str:
         f"median {seconds(top['median_s'])} (min {seconds(top['min_s'])})"
         + (f", {gflops(top['gbps'])} GB/s" if top.get("gbps") is not None else ""),
         confirmation_text(top),
+        *filter(None, [noise_text(top)]),
         f"device: {top['device_name'] or '-'} (driver {top['driver_version'] or '-'})",
         "configuration:",
     ]
@@ -336,7 +338,8 @@ def _spread(b: Row) -> str:
         return "failed!"
     if b.get("spread") is None:
         return "-"
-    return f"{100 * b['spread']:.1f} %" + ("!" if b.get("disagrees") else "")
+    mark = "!" if b.get("disagrees") else ("?" if b.get("disagrees") is None else "")
+    return f"{100 * b['spread']:.1f} %" + mark + (" noisy" if b.get("noisy") else "")
 
 
 def confirmation_text(best: Row) -> str:
@@ -360,11 +363,21 @@ def confirmation_text(best: Row) -> str:
         f"confirmed: median {seconds(best['confirmed_median_s'])}, "
         f"{gflops(best['confirmed_gflops'])} GFLOP/s (trial {best['confirm_trial_id']} on "
         f"{where}{', the same worker' if same else ', another worker'}, input seed "
-        f"{best['confirm_input_seed']}); spread {100 * best['spread']:.2f} %"
+        f"{best['confirm_input_seed']}); "
+    )
+    text += agreement.verdict_text(
+        best["spread"], best.get("noise"), best.get("disagrees"), best.get("agreement_p")
     )
     if best.get("disagrees"):
-        return (
-            text + f" DISAGREES: more than the samples' noise ({100 * best['noise']:.2f} %); "
-            "the figures are not reproducible to that precision"
-        )
-    return text + f", within the samples' noise ({100 * best['noise']:.2f} %)"
+        text += "; the figures are not reproducible to that precision"
+    return text
+
+
+def noise_text(best: Row) -> str | None:
+    """The ``noisy:`` line of ``tunefleet best`` when the best's samples stayed noisy."""
+    if not best.get("noisy"):
+        return None
+    return (
+        f"noisy: its samples' IQR/median is {100 * best['measured_noise']:.1f} % after every "
+        "launch the protocol allows (other load on the host? see the README on CPU timings)"
+    )

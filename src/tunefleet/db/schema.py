@@ -214,6 +214,10 @@ trial = Table(
     Column("avoid_until", DateTime(timezone=True), nullable=True),
     # Replaces the run protocol's input seed for this trial (fresh inputs); NULL: the run's.
     Column("input_seed", Integer, nullable=True),
+    # A done confirmation's verdict, decided by the coordinator (tunefleet.agreement): its
+    # samples and the original's disagree; and the rank test's p-value. NULL: not judged yet.
+    Column("disagrees", Boolean, nullable=True),
+    Column("agreement_p", DOUBLE_PRECISION, nullable=True),
     CheckConstraint(_in("state", TrialState), name="trial_state_valid"),
     CheckConstraint(_in("purpose", TRIAL_PURPOSES), name="trial_purpose_valid"),
     CheckConstraint(
@@ -416,17 +420,25 @@ SELECT t.run_id,
        w.host AS worker_host,
        t.lease_owner AS worker_id,
        t.started_at,
-       t.finished_at
+       t.finished_at,
+       n.noise,
+       n.noise > (m.protocol ->> 'noise_limit')::double precision AS noisy
   FROM tunefleet.trial t
   JOIN tunefleet.run r ON r.id = t.run_id
   LEFT JOIN tunefleet.measurement m ON m.trial_id = t.id
   LEFT JOIN tunefleet.device d ON d.id = m.device_id
   LEFT JOIN tunefleet.worker w ON w.id = t.lease_owner
+  LEFT JOIN LATERAL (SELECT (percentile_cont(0.75) WITHIN GROUP (ORDER BY x)
+                             - percentile_cont(0.25) WITHIN GROUP (ORDER BY x))
+                            / percentile_cont(0.5) WITHIN GROUP (ORDER BY x) AS noise
+                       FROM unnest(m.samples_s) AS x) n ON m.id IS NOT NULL
  WHERE t.state IN ('done', 'invalid', 'failed', 'timed_out') AND t.purpose = 'search'
 """,
     # One row per confirmation: the search trial it re-measured, both figures, how far apart
-    # they are (spread), how noisy the samples of either measurement were (noise), and
-    # whether the two disagree by more than that noise (or the re-measurement failed).
+    # they are (spread), how noisy the samples of either measurement were (noise: the larger
+    # inter-quartile range over median), and whether the two disagree: the coordinator's
+    # verdict by tunefleet.agreement (a rank test behind a 3 % floor; NULL until judged), or
+    # true when the re-measurement failed.
     "confirmations": """
 SELECT c.run_id,
        c.confirms_trial_id AS trial_id,
@@ -442,28 +454,33 @@ SELECT c.run_id,
        mc.worker_id AS confirm_worker_id,
        (greatest(mo.median_s, mc.median_s) - least(mo.median_s, mc.median_s))
          / least(mo.median_s, mc.median_s) AS spread,
-       greatest((SELECT max(x) - min(x) FROM unnest(mo.samples_s) AS x) / mo.median_s,
-                (SELECT max(x) - min(x) FROM unnest(mc.samples_s) AS x) / mc.median_s)
-         AS noise,
-       CASE WHEN c.state = 'done'
-            THEN (greatest(mo.median_s, mc.median_s) - least(mo.median_s, mc.median_s))
-                   / least(mo.median_s, mc.median_s)
-                 > greatest((SELECT max(x) - min(x) FROM unnest(mo.samples_s) AS x)
-                              / mo.median_s,
-                            (SELECT max(x) - min(x) FROM unnest(mc.samples_s) AS x)
-                              / mc.median_s)
+       greatest(no.noise, nc.noise) AS noise,
+       CASE WHEN c.state = 'done' THEN c.disagrees
             WHEN c.state IN ('invalid', 'failed', 'timed_out') THEN true
        END AS disagrees,
-       c.finished_at
+       c.finished_at,
+       c.agreement_p,
+       no.noise AS original_noise,
+       nc.noise AS confirmed_noise
   FROM tunefleet.trial c
   JOIN tunefleet.trial o ON o.id = c.confirms_trial_id
   LEFT JOIN tunefleet.measurement mo ON mo.trial_id = o.id
   LEFT JOIN tunefleet.measurement mc ON mc.trial_id = c.id
+  LEFT JOIN LATERAL (SELECT (percentile_cont(0.75) WITHIN GROUP (ORDER BY x)
+                             - percentile_cont(0.25) WITHIN GROUP (ORDER BY x))
+                            / percentile_cont(0.5) WITHIN GROUP (ORDER BY x) AS noise
+                       FROM unnest(mo.samples_s) AS x) no ON mo.id IS NOT NULL
+  LEFT JOIN LATERAL (SELECT (percentile_cont(0.75) WITHIN GROUP (ORDER BY x)
+                             - percentile_cont(0.25) WITHIN GROUP (ORDER BY x))
+                            / percentile_cont(0.5) WITHIN GROUP (ORDER BY x) AS noise
+                       FROM unnest(mc.samples_s) AS x) nc ON mc.id IS NOT NULL
  WHERE c.purpose = 'confirm'
 """,
     # The best configuration of each run: ranked by its confirmed figure where a confirmation
     # measured one (else by its search measurement); a configuration whose re-measurement
-    # failed ranks after every other.
+    # failed ranks after every other. ``measured_noise`` / ``noisy``: the search
+    # measurement's samples (IQR over median) and whether that exceeds its protocol's
+    # ``noise_limit`` (the worker took all the samples the protocol allows and it stayed so).
     "best_per_run": """
 SELECT DISTINCT ON (t.run_id)
        t.run_id,
@@ -483,12 +500,19 @@ SELECT DISTINCT ON (t.run_id)
        c.confirmed_gflops,
        c.spread,
        c.noise,
-       c.disagrees
+       c.disagrees,
+       c.agreement_p,
+       n.noise AS measured_noise,
+       n.noise > (m.protocol ->> 'noise_limit')::double precision AS noisy
   FROM tunefleet.trial t
   JOIN tunefleet.run r ON r.id = t.run_id
   JOIN tunefleet.measurement m ON m.trial_id = t.id
   LEFT JOIN tunefleet.device d ON d.id = m.device_id
   LEFT JOIN tunefleet.confirmations c ON c.trial_id = t.id
+  CROSS JOIN LATERAL (SELECT (percentile_cont(0.75) WITHIN GROUP (ORDER BY x)
+                              - percentile_cont(0.25) WITHIN GROUP (ORDER BY x))
+                             / percentile_cont(0.5) WITHIN GROUP (ORDER BY x) AS noise
+                        FROM unnest(m.samples_s) AS x) n
  WHERE t.state = 'done' AND t.purpose = 'search'
  ORDER BY t.run_id,
           coalesce(c.state IN ('invalid', 'failed', 'timed_out'), false),

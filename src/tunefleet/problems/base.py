@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
+from tunefleet.agreement import NOISY
 from tunefleet.devices import DeviceInfo
 from tunefleet.errors import ProblemError
 from tunefleet.space import Config, Space, canonical_json
@@ -39,9 +40,12 @@ class Protocol:
     its own OpenCL profiling event (kernel start to kernel end, no host overhead), until at
     least ``min_launches`` launches (default 10) *and* ``min_seconds`` of summed kernel time
     (default 0.2 s) are collected, but never more than ``max_launches`` (default 200; the cap
-    wins for very short kernels). Every sample is kept; the reported statistic is the median,
-    and the minimum is kept too. Inputs come from a NumPy generator seeded with ``seed``
-    (default 0), so every worker times the same numbers.
+    wins for very short kernels). When the samples are then still noisy (their inter-quartile
+    range over their median exceeds ``noise_limit``, default 5 %: :mod:`tunefleet.agreement`),
+    rounds go on, each as long as all before it, until they are not or ``max_launches`` is
+    reached; a measurement that ends noisy is flagged so in the views. Every sample is kept;
+    the reported statistic is the median, and the minimum is kept too. Inputs come from a
+    NumPy generator seeded with ``seed`` (default 0), so every worker times the same numbers.
 
     Why these defaults: three warm-ups cover lazy module loading and clock ramp-up on GPUs;
     ten samples make the median robust to one slow launch; 0.2 s bounds the timing cost of
@@ -54,7 +58,10 @@ class Protocol:
     max_launches: int = 200
     statistic: str = "median"
     seed: int = 0
-    version: int = 1
+    #: Inter-quartile range over median above which more samples are taken (0: never).
+    noise_limit: float = NOISY
+    #: 2: rounds go on while the samples are noisier than ``noise_limit``.
+    version: int = 2
 
     def __post_init__(self) -> None:
         if self.warmup < 0 or self.min_launches < 1 or self.max_launches < self.min_launches:
@@ -62,6 +69,11 @@ class Protocol:
                 f"bad protocol: warmup={self.warmup}, min_launches={self.min_launches}, "
                 f"max_launches={self.max_launches} (need warmup >= 0 and "
                 "1 <= min_launches <= max_launches)"
+            )
+        if not 0 <= self.noise_limit < 10:
+            raise ProblemError(
+                f"bad protocol: noise_limit={self.noise_limit} (an inter-quartile range over "
+                "median: use 0 <= noise_limit < 10, 0 to never take more samples)"
             )
         if self.min_seconds < 0:
             raise ProblemError(f"bad protocol: min_seconds={self.min_seconds} is negative")

@@ -68,6 +68,7 @@ from typing import Any
 
 import numpy as np
 
+from tunefleet import agreement
 from tunefleet.devices import DeviceInfo
 from tunefleet.errors import DeviceError, InvalidConfiguration, first_line
 from tunefleet.problems.base import Outcome, Problem, Protocol, normalise_with_specs
@@ -534,6 +535,8 @@ def next_batch(samples: list[float], protocol: Protocol) -> int:
     if n >= protocol.max_launches:
         return 0
     if n >= protocol.min_launches and total >= protocol.min_seconds:
+        if protocol.noise_limit > 0 and agreement.noise(samples) > protocol.noise_limit:
+            return min(n, protocol.max_launches - n)  # as many again: the noise is measured
         return 0
     need = protocol.min_launches - n
     if total < protocol.min_seconds:

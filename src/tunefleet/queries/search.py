@@ -173,6 +173,8 @@ class RunBest:
     spread: float | None
     noise: float | None
     disagrees: bool | None
+    agreement_p: float | None
+    noisy: bool | None
 
 
 @dataclass(frozen=True)
@@ -190,6 +192,15 @@ class ConfirmCandidate:
     input_seed: int | None
     confirm_trial_id: int | None
     confirm_state: str | None
+
+
+@dataclass(frozen=True)
+class Unjudged:
+    """A done confirmation without a verdict yet, with both measurements' samples."""
+
+    confirm_trial_id: int
+    original_samples: list[float]
+    confirmed_samples: list[float]
 
 
 @dataclass(frozen=True)
@@ -728,7 +739,8 @@ def best_of_run(conn: Conn, run_id: int) -> RunBest | None:
         """
         SELECT b.trial_id, t.config, t.source, b.median_s, b.min_s, b.gflops, b.gbps,
                coalesce(b.confirmed, false) AS confirmed, b.confirm_trial_id,
-               b.confirmed_median_s, b.confirmed_gflops, b.spread, b.noise, b.disagrees
+               b.confirmed_median_s, b.confirmed_gflops, b.spread, b.noise, b.disagrees,
+               b.agreement_p, b.noisy
           FROM tunefleet.best_per_run b
           JOIN tunefleet.trial t ON t.id = b.trial_id
          WHERE b.run_id = %s
@@ -812,6 +824,7 @@ def insert_confirmations(
             ON CONFLICT (confirms_trial_id) WHERE purpose = 'confirm' DO UPDATE
                SET state = 'pending', timeout_s = excluded.timeout_s, finished_at = NULL,
                    reported = false, error = NULL, avoid_until = excluded.avoid_until,
+                   disagrees = NULL, agreement_p = NULL,
                    max_attempts = greatest(t.max_attempts, t.attempt + 1)
              WHERE t.state = 'cancelled'
             RETURNING t.id, t.confirms_trial_id
@@ -830,6 +843,39 @@ def insert_confirmations(
             "channel": NOTIFY_CHANNEL,
         },
     ).fetchall()
+
+
+def unjudged_confirmations(conn: Conn, run_id: int) -> list[Unjudged]:
+    """The run's done confirmations that have no verdict yet, with the samples of the
+    original measurement and of the re-measurement. Locks: none."""
+    cur = conn.cursor(row_factory=class_row(Unjudged))
+    return cur.execute(
+        """
+        SELECT c.id AS confirm_trial_id, mo.samples_s AS original_samples,
+               mc.samples_s AS confirmed_samples
+          FROM tunefleet.trial c
+          JOIN tunefleet.measurement mo ON mo.trial_id = c.confirms_trial_id
+          JOIN tunefleet.measurement mc ON mc.trial_id = c.id
+         WHERE c.run_id = %s AND c.purpose = 'confirm' AND c.state = 'done'
+           AND c.disagrees IS NULL
+         ORDER BY c.id
+        """,
+        (run_id,),
+    ).fetchall()
+
+
+def record_agreement(conn: Conn, confirm_trial_id: int, disagrees: bool, p_value: float) -> bool:
+    """Store the verdict on a done confirmation (``tunefleet.agreement``): the views and
+    ``tunefleet best`` read it. False when the row is no longer a done confirmation (revived
+    meanwhile). Locks: that trial row, for this statement."""
+    cur = conn.execute(
+        """
+        UPDATE tunefleet.trial SET disagrees = %s, agreement_p = %s
+         WHERE id = %s AND purpose = 'confirm' AND state = 'done'
+        """,
+        (disagrees, p_value, confirm_trial_id),
+    )
+    return cur.rowcount == 1
 
 
 # --- seeds ------------------------------------------------------------------------------------

@@ -580,12 +580,15 @@ function runPage(runId) {
     if (!best) {
       bestBox.replaceChildren(el("h2", { text: "Best configuration" }), el("div", { class: "empty", text: "no successful trial yet" }));
     } else {
-      const confirmed = best.confirmed ? `confirmed at ${gflops(best.confirmed_gflops)} GFLOP/s (spread ${pct(best.spread)})` : best.confirm_trial_id ? "re-measurement did not confirm it" : "not re-measured";
+      const verdict = best.disagrees ? ", DISAGREES" : best.disagrees === false ? ", agrees" : ", not judged yet";
+      const confirmed = best.confirmed ? `re-measured at ${gflops(best.confirmed_gflops)} GFLOP/s (spread ${pct(best.spread)}${verdict})` : best.confirm_trial_id ? "re-measurement did not confirm it" : "not re-measured";
+      const noise = best.measured_noise == null ? "-" : `${pct(best.measured_noise)} IQR/median${best.noisy ? ": NOISY (every launch the protocol allows)" : ""}`;
       bestBox.replaceChildren(el("h2", {}, "Best configuration: ", el("a", { href: `?trial=${best.trial_id}`, id: "best-trial", text: `trial ${best.trial_id}`, onclick: (e) => { e.preventDefault(); showTrial(best.trial_id); } })),
         el("dl", { class: "kv" }, el("dt", { text: "GFLOP/s" }), el("dd", { id: "best-gflops", text: gflops(best.gflops) }),
           el("dt", { text: "Median" }), el("dd", { text: `${secs(best.median_s)} (min ${secs(best.min_s)})` }),
           el("dt", { text: "Device" }), el("dd", { text: best.device_name || "-" }),
           el("dt", { text: "Confirmation" }), el("dd", { text: confirmed }),
+          el("dt", { text: "Noise" }), el("dd", { id: "best-noise", class: best.noisy ? "noisy" : "", text: noise }),
           el("dt", { text: "Configuration" }), el("dd", { class: "config", text: configText(best.config) })),
         el("pre", { class: "cmd", id: "best-reproduce", text: best.reproduce }));
     }
