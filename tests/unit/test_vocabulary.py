@@ -56,6 +56,8 @@ VOCABULARY_MODULES = {"src/tunefleet/vocabulary.py", "worker/vocabulary.py"}
 
 #: (file, the stripped source line): the same word naming something that is not a state.
 NOT_A_STATE = {
+    # tune()'s argument name in its one-line errors ("confirm must be ..."), not a purpose.
+    ("src/tunefleet/api/tune.py", 'confirm = _count("confirm", confirm, 0, 1000)'),
     # The synthetic problem's fault names: "invalid" is the fault that makes a configuration
     # invalid (its outcome is TrialState.INVALID), a flag value users pass.
     ("src/tunefleet/problems/synthetic.py", 'FAULTS = ("none", "invalid", "fail", "hang")'),

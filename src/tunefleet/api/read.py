@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from tunefleet.errors import TunefleetError, UsageError
+from tunefleet.vocabulary import TrialState
 
 T = TypeVar("T")
 
@@ -133,7 +134,7 @@ class BestTrial:
     def confirmed(self) -> bool:
         """A re-measurement finished and agrees by the confirmation criterion
         (:mod:`tunefleet.agreement`)."""
-        return self.confirm_state == "done" and not self.disagrees
+        return self.confirm_state == TrialState.DONE and not self.disagrees
 
 
 def best_trial(row: Mapping[str, Any]) -> BestTrial:

@@ -333,7 +333,7 @@ def _drive(
         line = reader.line(p.unserved)
         if line is not None:
             try:
-                show(_progress(run_id, "running", line, p))
+                show(_progress(run_id, RunState.RUNNING, line, p))
             except BaseException as exc:  # the caller's code: stop the run cleanly first
                 raised.append(exc)
                 coordinator.request_stop()
