@@ -123,7 +123,13 @@ def test_readme_sql_returns_rows(real_db: str, block: str) -> None:
         if title == "failure reasons":
             assert any(r["run_id"] == 1 and r["state"] == "invalid" for r in rows)
         if title == "throughput per worker":
-            assert len(rows) == 2  # the two local workers of `tune --workers 2`
+            # One row per worker that evaluated something: `tune --workers 2` starts two, but
+            # on a loaded machine the first can drain 16 short trials before the second claims.
+            workers = conn.execute(
+                "SELECT DISTINCT worker_id FROM tunefleet.results WHERE run_id = 1"
+            ).fetchall()
+            assert {r["worker_id"] for r in rows} == {w["worker_id"] for w in workers}
+            assert 1 <= len(rows) <= 2
             assert sum(r["evaluations"] for r in rows) == _scalar(conn, f"SELECT count(*) {run1}")
             assert all(float(r["per_minute"]) > 0 and float(r["avg_s"]) > 0 for r in rows)
         if title == "same problem on two devices side by side":
