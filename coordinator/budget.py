@@ -44,18 +44,24 @@ class Speed:
         return self.turnaround_s + (n - 1) / self.throughput
 
 
-def speed(pace: Pace, live_workers: int) -> Speed | None:
+def speed(pace: Pace, in_flight: int) -> Speed | None:
     """The plan's view of ``pace`` (None before any worker finished a trial: nothing to plan
-    from, the deadline alone bounds the run). With a single result the throughput is one
-    trial per turnaround per live worker."""
+    from, the deadline alone bounds the run). ``in_flight`` is how many trials the live
+    workers hold at once (at least one each).
+
+    With a single result there is no span to measure a throughput over, so it follows from
+    Little's law: ``in_flight`` trials each one turnaround in the worker come back at
+    ``in_flight / turnaround``. One trial per turnaround per *worker* would be wrong for a
+    worker that prepares many trials at once: on one GPU worker holding nine feinsum trials
+    whose first took 30 s, it planned 240 s just to drain them and stopped a 150 s search
+    after its first result."""
     if pace.turnaround_s is None or pace.measured == 0:
         return None
     turnaround = max(pace.turnaround_s, 1e-3)
-    serial = max(live_workers, 1) / turnaround
     if pace.measured > 1 and pace.span_s is not None and pace.span_s > 0:
         throughput = (pace.measured - 1) / pace.span_s
     else:
-        throughput = serial
+        throughput = max(in_flight, 1) / turnaround
     return Speed(turnaround, max(throughput, 1e-6))
 
 

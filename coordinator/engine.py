@@ -627,7 +627,12 @@ class _Session:
 
     def speed(self) -> Speed | None:
         """The run's pace as the time budget's plan uses it (:func:`.budget.speed`)."""
-        return speed(self.pace, self.live_workers)
+        return speed(self.pace, self.in_flight())
+
+    def in_flight(self) -> int:
+        """Trials the live workers hold at once: the run's flights up to the workers' summed
+        capacity (the one timed plus the prefetched), never fewer than one per worker."""
+        return max(self.live_workers, min(len(self.flights), self.live_capacity))
 
     def out_of_time(self) -> bool:
         left = self.time_left()
@@ -924,7 +929,7 @@ class _Search:
             return False
         # The queued trials beyond what the workers hold are cancelled when the search
         # stops; only the held ones are waited for.
-        running = min(len(s.flights), max(s.live_capacity, s.live_workers))
+        running = min(len(s.flights), s.in_flight())
         reserve = confirm_reserve(s.speed(), s.settings.confirm, running)
         if left > reserve:
             return False

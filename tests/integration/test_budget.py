@@ -212,3 +212,25 @@ def test_tune_says_what_its_budget_cut_and_how_to_resume(
         "SELECT state FROM tunefleet.trial WHERE id = %s", (claims[0].trial_id,)
     ).fetchone()
     assert row["state"] == "cancelled"
+
+
+def test_a_deep_prefetch_worker_keeps_the_search_going_past_its_first_batch(
+    db_url: str, db: Any, cli_env: dict[str, str]
+) -> None:
+    """One worker holding nine trials whose preparation is slow (3 s each, prepared nine at
+    a time): its first result must not make the budget plan think draining the other eight
+    takes eight turnarounds, which stopped the search with only its first batch of claims."""
+    proc = subprocess.run(
+        ["tunefleet", "tune", "synthetic", "--workers", "1", "--prefetch", "8",
+         "--prepare-workers", "8", "--arg", "prepare_duration=3", "--arg", "duration=0.01",
+         "--max-time", "40", "--db", db_url],
+        env=cli_env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=180,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_id = db.execute("SELECT max(id) AS id FROM tunefleet.run").fetchone()["id"]
+    measured = db.execute(
+        "SELECT count(*) AS n FROM tunefleet.trial WHERE run_id = %s AND purpose = 'search'"
+        " AND state = 'done' AND started_at IS NOT NULL",
+        (run_id,),
+    ).fetchone()["n"]
+    assert measured > 9, proc.stdout + proc.stderr

@@ -17,15 +17,28 @@ from tunefleet.queries.budget import Pace
 
 
 def test_no_pace_before_a_worker_finished_a_trial():
-    assert speed(Pace(0, None, None), live_workers=2) is None
+    assert speed(Pace(0, None, None), in_flight=2) is None
 
 
-def test_one_result_gives_one_trial_per_turnaround_per_worker():
-    assert speed(Pace(1, 6.0, None), live_workers=2) == Speed(6.0, 2 / 6.0)
+def test_one_result_gives_the_trials_in_flight_per_turnaround():
+    assert speed(Pace(1, 6.0, None), in_flight=2) == Speed(6.0, 2 / 6.0)
+    assert speed(Pace(1, 6.0, None), in_flight=0) == Speed(6.0, 1 / 6.0)
+
+
+def test_a_deep_prefetch_worker_does_not_stop_the_search_at_its_first_result():
+    # What an H200 run did: one worker holding nine feinsum trials, the first back after
+    # 30 s, 110 s of a 150 s budget left, three confirmations wanted. Counting one trial per
+    # turnaround per worker, draining the other eight looked like 240 s and the search stopped
+    # with nine trials; as a worker preparing nine at once, they drain in one turnaround.
+    pace = speed(Pace(1, 30.0, None), in_flight=9)
+    assert pace is not None
+    reserve = confirm_reserve(pace, confirm=3, running=8)
+    assert reserve == pytest.approx(8 / 0.3 + 30.0 + 2 / 0.3)
+    assert reserve < 110.0
 
 
 def test_the_throughput_is_measured_between_the_first_and_the_last_result():
-    assert speed(Pace(5, 6.0, 8.0), live_workers=1) == Speed(6.0, 0.5)
+    assert speed(Pace(5, 6.0, 8.0), in_flight=1) == Speed(6.0, 0.5)
 
 
 def test_n_trials_take_one_turnaround_then_one_throughput_step_each():
