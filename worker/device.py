@@ -1,9 +1,9 @@
 """OpenCL device discovery, selection by pattern, and the device session used for timing.
 
 ``list_devices()`` enumerates every OpenCL device of the machine as :class:`DeviceInfo`;
-``select_device(pattern)`` picks one by index (``"1"``, the only way to tell identical GPUs
-apart), by case-insensitive substring of platform name / device name / device class
-(``"h200"``, ``"pocl"``), or ``"host"`` for
+``matching_devices(pattern)`` is the one rule for ``--device`` (index, or a substring of
+name, platform, class, OpenCL version or type: ``"1"``, ``"h200"``, ``"pocl"``, ``"gpu"``),
+shared by workers and ``tune``'s plan; ``select_device(pattern)`` takes its first, or ``"host"`` for
 the pseudo-device that serves only synthetic (``any``-class) runs. ``open_session`` creates the
 context and the profiling queue; it runs in the worker's device process, never in the parent
 (OpenCL state does not survive ``fork``).
@@ -78,42 +78,61 @@ def cl_type_name(dev: Any) -> str:
 
 
 def select_device(pattern: str | None) -> DeviceInfo:
-    """The device a worker serves. ``None`` prefers the first GPU, else the first device."""
+    """The device a worker serves: the first that ``pattern`` matches (:func:`matching_devices`),
+    or the host pseudo-device for ``host``."""
     if pattern is not None and pattern.strip().lower() == "host":
         return HOST_DEVICE
+    return matching_devices(pattern)[0]
+
+
+#: What a machine without any OpenCL device can do instead, for a worker.
+NO_DEVICE_HINT = "or use --device host for synthetic runs"
+
+
+def matching_devices(
+    pattern: str | None, *, no_device_hint: str = NO_DEVICE_HINT
+) -> list[DeviceInfo]:
+    """The devices a ``--device`` pattern names, in index order; one rule for ``tunefleet
+    worker`` and for ``tune``'s plan of local workers, so both pick the same devices.
+
+    ``None`` or empty: the GPUs, else every device. Digits: that index (the only way to tell
+    identical GPUs apart). Otherwise a case-insensitive substring of the name, the platform,
+    the device class, the OpenCL version string (``pocl`` appears only there: PoCL's platform
+    is "Portable Computing Language") or the type (``cpu``, ``gpu``). Raises
+    :class:`DeviceError` naming the pattern and listing the machine's devices."""
     devices = list_devices()
     if not devices:
         raise DeviceError(
-            "no OpenCL device found; install a driver, or 'pip install \"tunefleet[pocl]\"' "
-            "for a CPU device, or use --device host for synthetic runs"
+            "no OpenCL device found; install a driver, or pip install 'tunefleet[pocl]' for a "
+            f"CPU device, {no_device_hint}"
         )
-    if pattern is None or pattern == "":
+    if pattern is None or pattern.strip() == "":
         gpus = [d for d in devices if "gpu" in d.extra.get("type", "")]
-        return (gpus or devices)[0]
+        return gpus or devices
     text = pattern.strip()
     if text.isdigit():
         idx = int(text)
         if idx >= len(devices):
-            raise DeviceError(f"--device {idx}: only {len(devices)} device(s); {_listing(devices)}")
-        return devices[idx]
+            raise DeviceError(
+                f"--device {idx}: this machine has {len(devices)} device(s): {_listing(devices)}"
+            )
+        return [devices[idx]]
     needle = text.lower()
-    matches = [
-        d
-        for d in devices
-        # The OpenCL version string names the implementation ("... PoCL ..."), which the
-        # platform name of PoCL ("Portable Computing Language") does not.
-        if needle in d.name.lower()
-        or needle in d.platform.lower()
-        or needle in d.device_class
-        or needle in str(d.extra.get("opencl_version", "")).lower()
-    ]
+    matches = [d for d in devices if any(needle in part for part in _searchable(d))]
     if not matches:
-        raise DeviceError(f"no OpenCL device matches {pattern!r}; {_listing(devices)}")
-    return matches[0]
+        raise DeviceError(
+            f"no OpenCL device matches --device {pattern!r}; devices: {_listing(devices)}"
+        )
+    return matches
+
+
+def _searchable(d: DeviceInfo) -> tuple[str, ...]:
+    parts = (d.name, d.platform, d.device_class, d.extra.get("opencl_version", ""))
+    return tuple(str(p).lower() for p in (*parts, d.extra.get("type", "")))
 
 
 def _listing(devices: list[DeviceInfo]) -> str:
-    return "devices: " + "; ".join(f"{d.index}: {d.name} ({d.platform})" for d in devices)
+    return "; ".join(f"{d.index}: {d.name} ({d.platform})" for d in devices)
 
 
 @dataclass

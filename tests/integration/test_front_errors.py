@@ -120,7 +120,7 @@ def test_device_pattern_that_matches_nothing(capsys, problem_file):
     pytest.importorskip("pyopencl")
     code, _, err = run_cli(capsys, "measure", problem_file, "--device", "no-such-gpu-anywhere")
     # the host problem needs no OpenCL, but an explicit pattern is honoured
-    assert_one_line_error(code, err, "no OpenCL device matches 'no-such-gpu-anywhere'")
+    assert_one_line_error(code, err, "no OpenCL device matches --device 'no-such-gpu-anywhere'")
 
 
 @pytest.mark.opencl

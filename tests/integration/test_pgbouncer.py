@@ -139,7 +139,9 @@ def test_eight_direct_workers_hold_eight_sessions(db_url: str, db: Any, tmp_path
 def test_eight_workers_behind_transaction_pooling_with_three_server_connections_measure_each_trial_once(  # noqa: E501
     db_url: str, db: Any, pg_admin_url: str, tmp_path: Path
 ) -> None:
-    run = insert_run(db, problem_args={"duration": 0.01})
+    # 50 ms trials: six seconds of work in all, longer than the eight workers' start-up skew
+    # on a loaded machine, so the first to start cannot drain the run alone.
+    run = insert_run(db, problem_args={"duration": 0.05})
     insert_trials(db, run, synthetic_configs(TRIALS))
     watch = SessionWatch(db_url)
     # No ignore_startup_parameters: the workers connect without their options.

@@ -9,7 +9,7 @@ import pytest
 from tunefleet.api.display import ProgressDisplay
 from tunefleet.api.fleet import plan_workers
 from tunefleet.cli.progress import progress_line
-from tunefleet.devices import DeviceInfo
+from tunefleet.devices import HOST_DEVICE, DeviceInfo
 from tunefleet.errors import DeviceError, UsageError
 from tunefleet.worker import device as worker_device
 
@@ -136,3 +136,17 @@ def test_the_in_process_coordinator_keeps_every_database_setting() -> None:
     assert (got.url, got.application_name) == ("postgresql://h/db", "tunefleet-coordinator")
     assert (got.statement_timeout_ms, got.idle_in_transaction_timeout_ms) == (1234, 5678)
     assert got.connect_timeout_s == 3
+
+
+@pytest.mark.parametrize("pattern", [None, "", "gpu", "cpu", "pocl", "h200", "2", "CUDA", "0"])
+def test_a_worker_picks_the_first_device_that_tunes_plan_picks(machine, pattern):
+    # One rule for --device: `tunefleet worker --device P` serves the first device that
+    # `tunefleet tune --device P` would start a local worker on.
+    planned = plan_workers(True, 1, pattern).devices
+    assert planned == (str(worker_device.select_device(pattern).index),)
+
+
+def test_a_worker_device_pattern_error_lists_the_machine(machine):
+    with pytest.raises(DeviceError, match=r"matches --device 'mi300'; devices: 0: pthread"):
+        worker_device.select_device("mi300")
+    assert worker_device.select_device(" host ") is HOST_DEVICE

@@ -95,40 +95,11 @@ def plan_workers(needs_opencl: bool, workers: int | None, pattern: str | None) -
 
 
 def _matching_devices(pattern: str | None) -> list[Any]:
-    from tunefleet.worker.device import list_devices
+    from tunefleet.worker.device import matching_devices
 
-    devices = list_devices()
-    if not devices:
-        raise DeviceError(
-            "no OpenCL device found; install a driver, or pip install 'tunefleet[pocl]' for a "
-            "CPU device, or run the search only (--workers 0 --device CLASS)"
-        )
-    if pattern is None or pattern == "":
-        gpus = [d for d in devices if "gpu" in d.extra.get("type", "")]
-        return gpus or devices
-    text = pattern.strip()
-    if text.isdigit():
-        idx = int(text)
-        if idx >= len(devices):
-            raise DeviceError(
-                f"--device {idx}: this machine has {len(devices)} device(s); "
-                "`tunefleet devices` lists them"
-            )
-        return [devices[idx]]
-    needle = text.lower()
-    matches = [d for d in devices if needle in _searchable(d)]
-    if not matches:
-        raise DeviceError(
-            f"no OpenCL device matches --device {pattern!r}; `tunefleet devices` lists them"
-        )
-    return matches
-
-
-def _searchable(d: Any) -> str:
-    """What a ``--device`` pattern matches: name, platform, class, OpenCL version string
-    (``pocl`` appears only there) and type (``cpu``, ``gpu``)."""
-    parts = (d.name, d.platform, d.device_class, d.extra.get("opencl_version", ""))
-    return " ".join((*parts, d.extra.get("type", ""))).lower()
+    return matching_devices(
+        pattern, no_device_hint="or run the search only (--workers 0 --device CLASS)"
+    )
 
 
 # --- local worker processes ---------------------------------------------------------------
