@@ -46,6 +46,7 @@ def cli(args: list[str], env: dict[str, str], cwd: Path | None = None) -> Any:
 
 
 counts = trial_counts
+SLOWER = [a.replace("duration=0.02", "duration=0.2") for a in FAST]
 
 
 def test_sigkilled_coordinator_resumes_and_finishes_without_measuring_anything_twice(
@@ -56,7 +57,9 @@ def test_sigkilled_coordinator_resumes_and_finishes_without_measuring_anything_t
     with fleet(db_url, 3, tmp_path / "logs") as procs:
         proc = subprocess.Popen(
             coordinator_argv(
-                *FAST,
+                # 0.2 s trials (not FAST's 0.02): after the 15th result some three seconds
+                # of work are left, so the kill lands mid-run however late it is sent.
+                *SLOWER,
                 "--max-trials",
                 "60",
                 "--db",

@@ -94,9 +94,9 @@ def test_idle_workers_wake_on_notify_share_the_work_exactly_once_and_skip_other_
     try:
         for w in fleet:
             wait_until(lambda w=w: "waiting for work" in w.log(), what="an idle worker")
-        # 3 s of work: a worker that wakes late on a loaded machine still gets its share.
+        # 6 s of work: a worker that wakes late on a loaded machine still gets its share.
         good = insert_run(db, problem_args={"duration": 0.3})
-        good_ids = insert_trials(db, good, [*synthetic_configs(9), dict(OPTIMUM)])
+        good_ids = insert_trials(db, good, [*synthetic_configs(19), dict(OPTIMUM)])
         bad = insert_run(db, problem_args={"invalid_rate": 1.0})
         bad_ids = insert_trials(db, bad, synthetic_configs(2))
         gpu = insert_run(db, device_class="nvidia-h200")
@@ -149,7 +149,10 @@ def test_sigkilled_worker_trial_is_requeued_after_its_lease_and_finished_by_anot
         assert children
         victim.kill()
         wait_until(lambda: gone(children), what="the orphaned evaluator to die")
-        rescuer = start_worker(db_url, log_path=tmp_path / "rescuer.log", lease_s=2, **FAST)
+        # Only the victim's lease is short: the rescuer's own must not lapse under load.
+        rescuer = start_worker(
+            db_url, log_path=tmp_path / "rescuer.log", lease_s=SAFE_LEASE_S, **FAST
+        )
         assert rescuer.wait(60) == 0, rescuer.log()
     finally:
         victim.kill()
@@ -169,7 +172,7 @@ def test_stopped_worker_past_its_lease_is_a_zombie_whose_result_is_rejected(db_u
         zombie_id = worker_id_of(db, zombie)
         wait_timing(zombie, tid)
         zombie.send(signal.SIGSTOP)  # only the worker: its evaluator finishes meanwhile
-        other = start_worker(db_url, log_path=tmp_path / "other.log", lease_s=2, **FAST)
+        other = start_worker(db_url, log_path=tmp_path / "other.log", lease_s=SAFE_LEASE_S, **FAST)
         assert other.wait(60) == 0, other.log()
         assert trial_states(db, [tid]) == {tid: "done"}
         zombie.send(signal.SIGCONT)
@@ -186,9 +189,11 @@ def test_stopped_worker_past_its_lease_is_a_zombie_whose_result_is_rejected(db_u
 
 
 def test_trial_lasting_three_leases_is_never_claimed_again_while_heartbeated(db_url, db, tmp_path):
-    run = insert_run(db, problem_args={"duration": 4.5})
+    # Three 3 s leases: a heartbeat (every second) that a loaded machine delays by a second
+    # still lands in time.
+    run = insert_run(db, problem_args={"duration": 9.0})
     [tid] = insert_trials(db, run, synthetic_configs(1))
-    with running_workers(db_url, 2, log_dir=tmp_path, lease_s=1.5, **FAST) as fleet:
+    with running_workers(db_url, 2, log_dir=tmp_path, lease_s=3.0, **FAST) as fleet:
         codes = wait_all(fleet, 60)
     assert codes == [0, 0], logs(fleet)
     assert trial_states(db, [tid]) == {tid: "done"}
@@ -300,8 +305,10 @@ def test_workers_recover_from_a_postgresql_restart_and_finish_the_run(tmp_path, 
         port = server.status().port
         upgrade(url)
         db = connect(url)
-        run = insert_run(db, problem_args={"duration": 0.3})
-        ids = insert_trials(db, run, synthetic_configs(10))
+        # 24 half-second trials on two workers: when the second is done some five seconds of
+        # work are left, so the server stops mid-run however late the stop is sent.
+        run = insert_run(db, problem_args={"duration": 0.5})
+        ids = insert_trials(db, run, synthetic_configs(24))
         with running_workers(url, 2, log_dir=tmp_path, lease_s=2, env=cli_env, **FAST) as fleet:
             wait_until(
                 lambda: list(trial_states(db, ids).values()).count("done") >= 2,
@@ -323,7 +330,8 @@ def test_workers_recover_from_a_postgresql_restart_and_finish_the_run(tmp_path, 
 
 
 def test_first_signal_finishes_the_timed_trial_and_releases_the_others(db_url, db, tmp_path):
-    run = insert_run(db, problem_args={"duration": 2.5})
+    # 6 s trials: the stop lands while the first is being timed, however late it is sent.
+    run = insert_run(db, problem_args={"duration": 6.0})
     ids = insert_trials(db, run, synthetic_configs(5))
     w = start_worker(db_url, log_path=tmp_path / "w.log", lease_s=SAFE_LEASE_S, prefetch=2, **FAST)
     try:

@@ -219,11 +219,12 @@ def test_a_deep_prefetch_worker_keeps_the_search_going_past_its_first_batch(
 ) -> None:
     """One worker holding nine trials whose preparation is slow (3 s each, prepared nine at
     a time): its first result must not make the budget plan think draining the other eight
-    takes eight turnarounds, which stopped the search with only its first batch of claims."""
+    takes eight turnarounds, which stopped the search with only its first batch of claims.
+    90 s leave room for a slow start on a loaded machine; the trial budget ends the run."""
     proc = subprocess.run(
         ["tunefleet", "tune", "synthetic", "--workers", "1", "--prefetch", "8",
          "--prepare-workers", "8", "--arg", "prepare_duration=3", "--arg", "duration=0.01",
-         "--max-time", "40", "--db", db_url],
+         "--max-time", "90", "--max-trials", "18", "--db", db_url],
         env=cli_env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=180,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -86,7 +86,8 @@ def test_terminated_sessions_are_survived_and_nothing_is_measured_twice(
     db_url, db, caplog, tmp_path
 ):
     caplog.set_level(logging.WARNING, logger="tunefleet.coordinator.engine")
-    s = settings(max_trials=40, min_depth=2, problem_args={"duration": 0.02})
+    # 80 trials, outages at 8, 16 and 24: the third lands long before the run could end.
+    s = settings(max_trials=80, min_depth=2, problem_args={"duration": 0.02})
     run_id = create_run(s, db_url)
     driver = Driver(Coordinator(s, db_url), run_id)
     with fleet(db_url, 2, tmp_path) as procs:
@@ -118,8 +119,8 @@ def test_terminated_sessions_are_survived_and_nothing_is_measured_twice(
     assert driver.error is None, repr(driver.error)
     assert driver.result is not None
     assert (driver.result.state, driver.result.stop_reason) == ("finished", "max_trials")
-    assert driver.result.trials == 40
-    assert finished(db, run_id) == 40 and measured_twice(db) == []
+    assert driver.result.trials == 80
+    assert finished(db, run_id) == 80 and measured_twice(db) == []
     run = db.execute("SELECT state, coordinator_id FROM tunefleet.run").fetchone()
     assert run == {"state": "finished", "coordinator_id": None}
     messages = [r.getMessage() for r in caplog.records]

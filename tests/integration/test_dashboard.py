@@ -49,6 +49,17 @@ def filled(dash_url: str) -> Filled:
         return f
 
 
+@pytest.fixture
+def alive(dash_url: str, filled: Filled) -> None:
+    """The filled workers' heartbeats made fresh: the module's other tests (processes among
+    them) can outlast the 60 s that a heartbeat keeps a worker alive."""
+    with psycopg.connect(dash_url, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE tunefleet.worker SET heartbeat_at = now() WHERE id = ANY(%s)",
+            (list(filled.workers),),
+        )
+
+
 @pytest.fixture(scope="module")
 def reader_url(
     dash_url: str, filled: Filled, tmp_path_factory: pytest.TempPathFactory
@@ -97,7 +108,7 @@ def get_json(server: DashboardServer, path: str, status: int = 200) -> Any:
 # --- the JSON API ------------------------------------------------------------------------
 
 
-def test_runs_lists_both_runs_with_progress_best_and_live_workers(server, filled):
+def test_runs_lists_both_runs_with_progress_best_and_live_workers(server, filled, alive):
     runs = {r["run_id"]: r for r in get_json(server, "/api/runs")["runs"]}
     assert list(runs) == [filled.gpu_run, filled.cpu_run]  # newest first
     cpu = runs[filled.cpu_run]
@@ -195,7 +206,7 @@ def test_one_trial_has_its_samples_code_and_reproduce_command(server, filled):
     assert (t["state"], t["gflops"], t["worker_id"]) == ("running", None, str(filled.workers[1]))
 
 
-def test_fleet_shows_workers_what_they_hold_serve_and_stand_aside_from(server, filled):
+def test_fleet_shows_workers_what_they_hold_serve_and_stand_aside_from(server, filled, alive):
     data = get_json(server, "/api/fleet")
     workers = {w["worker_id"]: w for w in data["workers"]}
     w1, w2, w3 = (workers[str(w)] for w in filled.workers)

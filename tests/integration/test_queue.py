@@ -76,12 +76,13 @@ def test_claim_marks_running_with_lease_attempt_row_and_run_fields(db):
     assert c.problem == "synthetic" and c.problem_args["duration"] == 0.0
     assert c.config == synthetic_configs(1)[0] and c.protocol["min_launches"] == 3
     t = db.execute(
-        "SELECT state, attempt, lease_owner, lease_expires_at - now() AS left, started_at "
+        "SELECT state, attempt, lease_owner, lease_expires_at - started_at AS left, started_at "
         "FROM tunefleet.trial WHERE id = %s",
         (tid,),
     ).fetchone()
     assert t["state"] == "running" and t["attempt"] == 1 and t["lease_owner"] == w
-    assert 9 < t["left"].total_seconds() <= 10 and t["started_at"] is not None
+    # The lease runs lease_s from the claim (both stamped by the claim's one now()).
+    assert t["left"].total_seconds() == 10 and t["started_at"] is not None
     [a] = attempts_of(db, tid)
     assert (a["attempt"], a["worker_id"], a["outcome"]) == (1, w, None)
     assert claim(db, w) == []  # nothing else pending

@@ -23,6 +23,7 @@ import pytest
 
 from tests.helpers.launch import process_alive
 from tunefleet.db.engine import connect
+from tunefleet.queries import report
 
 
 def tf(env: dict[str, str], *argv: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
@@ -94,6 +95,9 @@ def test_tune_synthetic_then_every_read_command(home, tmp_path):
         states = {r["state"]: r["n"] for r in counts}
         run = conn.execute("SELECT * FROM tunefleet.run WHERE id = 1").fetchone()
         workers = conn.execute("SELECT state FROM tunefleet.worker").fetchall()
+        # Both workers are started, but on a loaded machine the first can drain 24 short
+        # trials before the second claims one: the plot names the workers that did work.
+        worked = len({str(i["worker_id"]) for i in report.worker_intervals(conn, 1)})
     finished = sum(states.get(s, 0) for s in ("done", "invalid", "failed", "timed_out"))
     assert finished >= 24 and states.get("done", 0) > 0
     assert confirmed >= 3  # the three best, at least (more when one drops out of the top)
@@ -118,7 +122,9 @@ def test_tune_synthetic_then_every_read_command(home, tmp_path):
     plot = tf(home, "plot", "1", "-o", str(png))
     assert plot.returncode == 0, plot.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
-    assert f"{finished} evaluations" in plot.stdout and "2 workers" in plot.stdout
+    assert 1 <= worked <= 2
+    assert f"{finished} evaluations" in plot.stdout
+    assert f"{worked} worker{'' if worked == 1 else 's'}" in plot.stdout, plot.stdout
 
     status = tf(home, "status", "1")
     assert "finished" in status.stdout and f"{states['done']} done" in status.stdout

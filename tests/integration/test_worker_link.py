@@ -23,6 +23,7 @@ from tests.helpers.queue_data import (
     wait_until,
     waiting_on_a_lock,
 )
+from tunefleet.backoff import Backoff
 from tunefleet.devices import DeviceInfo
 from tunefleet.errors import DeviceError
 from tunefleet.queries import queue
@@ -61,6 +62,9 @@ def test_link_reconnects_with_backoff_and_reruns_on_connect(db_url, db):
     link = Link(db_url, DatabaseSettings(url=db_url), "main", on_connect=on_connect)
     try:
         first = link.connect_now()
+        # A 3 s first pause (not 0.2 s): the "inside the backoff window" check below must
+        # not depend on this thread being scheduled within 0.2 s.
+        link.backoff = Backoff(3.0, 3.0)
         db.execute("SELECT pg_terminate_backend(%s)", (backend_pid(first),))
         with pytest.raises(DatabaseDown):
             link.run(lambda c: c.execute("SELECT 1").fetchone())
