@@ -7,7 +7,9 @@ A virtual worker is the worker's loop without a device: it registers its device 
 takes its device's lease, reports its sizing, claims up to its capacity (1 + prefetch),
 "times" a trial by waiting the trial's ``duration`` (its device), starts the next held trial
 before it writes the last result, completes (fenced, with a measurement row), runs the
-reaper every ``lease / 2`` (at most 15 s), reports its sizing every 10 s, waits for work as
+reaper and reports its sizing as often as the worker does for its lease
+(``tunefleet.worker.settings.cadence``: at the default 30 s lease every 15 s and every
+10 s), waits for work as
 the worker does (``tunefleet.worker.wake``: polling with jittered backoff), and its heartbeat
 thread (the worker's own ``Heartbeat`` on the worker's one session, with the main loop's
 liveness) extends its leases and its device lease every third of the lease. Every statement
@@ -21,8 +23,11 @@ and inserting with ``insert_trials`` (one NOTIFY per poll that inserted).
 claims on every notification, and ``two-listen`` is the worker before migration
 0011_fleet_shape (its heartbeat on a second session, two statements a beat, LISTEN all the
 time): the A/B of the wake-ups and of the sessions; ``pooled`` is the worker behind PgBouncer
-in transaction mode (``--pool-size`` server connections, ``--pgbouncer`` the binary). A
-change of shape reconnects the live fleet (registration, leases and device leases stay).
+in transaction mode (``--pool-size`` server connections, ``--pgbouncer`` the binary), and
+``pooled-lease90`` the same workers started with ``--lease 90`` (a heartbeat every 20 s
+instead of 10, a reaper turn every 45 s instead of 15, a sizing report every 30 s instead of
+10: the lever for a fleet of thousands). A change of shape reconnects the live fleet
+(registration, leases and device leases stay).
 
 **Steady state within minutes.** Each cell starts from an idle fleet. The first trial each
 virtual worker runs in a cell lasts a uniform random fraction of T, as if the fleet had been
@@ -79,6 +84,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import dataclasses
 import itertools
 import math
 import multiprocessing as mp
@@ -119,13 +125,13 @@ from tunefleet.settings import DatabaseSettings
 from tunefleet.space import config_hash
 from tunefleet.worker.heartbeat import Heartbeat, HeldLeases, Liveness
 from tunefleet.worker.link import DatabaseDown, Link
+from tunefleet.worker.settings import DEFAULT_LEASE_S, cadence
 from tunefleet.worker.wake import WAKE_SPREAD_S, Wakeups
 
 NAME = "fleet_sim"
 #: The worker's defaults (worker.settings, worker.loop) the virtual workers follow.
-LEASE_S = 30.0
+LEASE_S = DEFAULT_LEASE_S
 POLL_S = 5.0
-REPORT_EVERY_S = 10.0
 PREFETCH = 1
 #: The coordinator's defaults (coordinator.settings).
 COORDINATOR_POLL_S = 0.2
@@ -232,6 +238,8 @@ class Shape:
     #: Through PgBouncer in transaction mode (``pool_mode = transaction``).
     pooled: bool
     about: str
+    #: The workers' ``--lease``: their heartbeat, reaper and sizing intervals follow it.
+    lease_s: float = LEASE_S
 
 
 SHAPES = {
@@ -242,6 +250,7 @@ SHAPES = {
         Shape("one-listen", 1, "listen", False, "one session, LISTEN always"),
         Shape("two-listen", 2, "listen", False, "before 0011: two sessions, LISTEN always"),
         Shape("pooled", 1, "poll", True, "the worker behind PgBouncer (transaction mode)"),
+        Shape("pooled-lease90", 1, "poll", True, "behind PgBouncer, the workers' --lease 90", 90.0),
     )
 }
 
@@ -308,8 +317,9 @@ class VirtualWorker(threading.Thread):
         self.running: tuple[queue.ClaimedTrial, float, float, float] | None = None
         self.finished: list[tuple[queue.ClaimedTrial, float]] = []
         self.next_claim = 0.0
-        self.next_reap = time.monotonic() + self.rng.uniform(0, self.reap_s)
-        self.next_report = time.monotonic() + self.rng.uniform(0, REPORT_EVERY_S)
+        self.cadence = cadence(shape.lease_s)
+        self.next_reap = time.monotonic() + self.rng.uniform(0, self.cadence.reap_s)
+        self.next_report = time.monotonic() + self.rng.uniform(0, self.cadence.report_s)
         self.generation = 0
         self.randomised_cell = -1
         self.ready = threading.Event()
@@ -319,8 +329,6 @@ class VirtualWorker(threading.Thread):
         self.wake_r, self.wake_w = socket.socketpair()
         self.wake_r.setblocking(False)
         self.wake_w.setblocking(False)
-
-    reap_s = min(max(LEASE_S / 2.0, 0.25), 15.0)
 
     def _link(self) -> Link:
         return Link(
@@ -364,7 +372,7 @@ class VirtualWorker(threading.Thread):
 
     # start-up, as the worker's step_start
     def setup(self) -> None:
-        self.liveness = Liveness(LEASE_S)  # owned by this thread: its main loop
+        self.liveness = Liveness(self.shape.lease_s)  # owned by this thread: its main loop
         with self.host.connect_slots:
             conn = self.link.connect_now()
             device_id = queue.register_device(conn, self.device)
@@ -380,7 +388,7 @@ class VirtualWorker(threading.Thread):
             )
             got = queue.take_device(
                 conn, worker_id=self.worker_id, secret=self.secret, index=self.device.index,
-                lease_s=LEASE_S,
+                lease_s=self.shape.lease_s,
             )  # fmt: skip
             if not got.taken:
                 raise RuntimeError(f"device {self.node}/{self.device.index} is leased to another")
@@ -393,13 +401,15 @@ class VirtualWorker(threading.Thread):
                 beat_link = Link(self.host.urls[self.shape.pooled], self.host.db, "heartbeat")
                 beat_link.connect_now()  # at once, so every session is counted from the start
             beat: TimedHeartbeat = LegacyHeartbeat(
-                beat_link, worker_id=self.worker_id, worker_secret=self.secret, lease_s=LEASE_S,
-                interval_s=LEASE_S / 3, held=self.leases, on_lost=self.wake_up,
+                beat_link, worker_id=self.worker_id, worker_secret=self.secret,
+                lease_s=self.shape.lease_s, interval_s=self.cadence.heartbeat_s,
+                held=self.leases, on_lost=self.wake_up,
             )  # fmt: skip
         else:
             beat = TimedHeartbeat(
-                self.link, worker_id=self.worker_id, worker_secret=self.secret, lease_s=LEASE_S,
-                interval_s=LEASE_S / 3, held=self.leases, on_lost=self.wake_up,
+                self.link, worker_id=self.worker_id, worker_secret=self.secret,
+                lease_s=self.shape.lease_s, interval_s=self.cadence.heartbeat_s,
+                held=self.leases, on_lost=self.wake_up,
                 liveness=self.liveness, holds_device=True, on_device_lost=self.wake_up,
             )  # fmt: skip
         beat.owner = self
@@ -473,14 +483,14 @@ class VirtualWorker(threading.Thread):
         try:
             self.complete_finished()
             if now >= self.next_reap:
-                self.next_reap = now + self.reap_s
+                self.next_reap = now + self.cadence.reap_s
                 self.timed("reap", queue.reap_expired_leases)
             room = self.capacity - self.held_count()
             if room > 0 and now >= self.next_claim:
                 if self.claim(now, room):
                     return  # straight to the next turn: start it, claim the rest
             if now >= self.next_report:
-                self.next_report = now + REPORT_EVERY_S
+                self.next_report = now + self.cadence.report_s
                 self.timed("report", self.report)
         except DatabaseDown:
             pass
@@ -496,7 +506,7 @@ class VirtualWorker(threading.Thread):
             secret=self.secret,
             device_classes=self.classes,
             limit=room,
-            lease_s=LEASE_S,
+            lease_s=self.shape.lease_s,
             listen_first=listen_first,
         )
         if listen_first:
@@ -542,7 +552,7 @@ class VirtualWorker(threading.Thread):
 
     def wait(self) -> None:
         now = time.monotonic()
-        deadlines = [self.next_reap, self.next_report, now + POLL_S, now + LEASE_S / 2]
+        deadlines = [self.next_reap, self.next_report, now + POLL_S, now + self.shape.lease_s / 2]
         if self.running is not None:
             deadlines.append(self.running[1])
         if self.held_count() < self.capacity:
@@ -586,6 +596,7 @@ class VirtualWorker(threading.Thread):
                 self.stop_heartbeat()
                 self.link.close()
                 self.shape = SHAPES[arg]
+                self.cadence = cadence(self.shape.lease_s)
                 self.link = self._link()
                 self.wake = self._wakeups()
                 with self.host.connect_slots:
@@ -1370,10 +1381,11 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
         "worker_model": {
             "lease_s": LEASE_S,
-            "heartbeat_s": LEASE_S / 3,
-            "reap_s": VirtualWorker.reap_s,
+            "cadence_by_shape": {
+                s.name: {"lease_s": s.lease_s, **dataclasses.asdict(cadence(s.lease_s))}
+                for s in SHAPES.values()
+            },
             "poll_s": POLL_S,
-            "report_every_s": REPORT_EVERY_S,
             "prefetch": PREFETCH,
             "coordinator_poll_s": COORDINATOR_POLL_S,
         },

@@ -103,8 +103,6 @@ CLAIM_BACKOFF_S = 60.0
 #: Trials set aside in a row, without a claim that worked between them, before the worker
 #: calls it something other than bad rows (and only waits and retries).
 MAX_SKIPS_IN_ROW = 3
-#: The sizing and busy fraction are reported at least this often (and when they change).
-REPORT_EVERY_S = 10.0
 #: A worker of the same host counts as sharing its cores while its heartbeat is this fresh.
 PEER_ALIVE_S = 60.0
 #: Stages of the held trials a graceful stop releases (all but the one being timed).
@@ -926,7 +924,7 @@ class Worker:
     def _report(
         self, conn: psycopg.Connection[Any], initial: bool = False, force: bool = False
     ) -> None:
-        """Write the sizing (when it changed, or every REPORT_EVERY_S) and learn how many
+        """Write the sizing (when it changed, or every ``settings.report_s``) and learn how many
         workers share this host; at start-up a larger count resizes the pool before any
         code-generation process has started."""
         now = time.monotonic()
@@ -934,7 +932,7 @@ class Worker:
         if (
             not (initial or force)
             and sizing == self.reported
-            and now - self.last_report_at < REPORT_EVERY_S
+            and now - self.last_report_at < self.settings.report_s
         ):
             return
         peers = queue.report_worker_sizing(

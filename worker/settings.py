@@ -18,6 +18,11 @@ always wins over the worker's own choice.
 Leases. ``lease_s`` (default 30 s) is how long a claim survives without a heartbeat; the
 heartbeat runs every ``lease_s / 3`` so two consecutive beats can be lost before the lease
 expires. A shorter lease recovers a dead worker's trials sooner at the cost of more writes.
+The worker's other background statements follow the lease too (:func:`cadence`), so a
+large fleet halves its background traffic with ``--lease 90``: the reaper runs every half
+lease, the sizing report every third of it (at least every 10 s). The heartbeat never waits more than a third of ``WORKER_ALIVE_S``: the same
+beat keeps the worker row fresh, and a longer gap would make coordinators and the dashboard
+count a working worker as gone.
 
 Standing aside. ``stand_aside_after`` (K, default 3) is how many configurations of one run in a
 row must end with the same unexplained error (an exception that is neither
@@ -38,6 +43,7 @@ from dataclasses import dataclass
 from tunefleet.cli.flags import MAX_CORES, MAX_PREFETCH, MAX_PREPARE_WORKERS
 from tunefleet.errors import UsageError
 from tunefleet.settings import (
+    WORKER_ALIVE_S,
     DatabaseSettings,
     bounded,
     non_negative_int,
@@ -53,6 +59,27 @@ DEFAULT_POLL_S = 5.0
 DEFAULT_STAND_ASIDE_AFTER = 3
 #: Shortest lease we accept: below it, heartbeats would compete with the work itself.
 MIN_LEASE_S = 0.3
+#: The sizing and busy fraction are reported at least this often (and when they change).
+REPORT_EVERY_S = 10.0
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """How often a worker with a given lease sends each background statement, in seconds."""
+
+    heartbeat_s: float
+    reap_s: float
+    report_s: float
+
+
+def cadence(lease_s: float) -> Cadence:
+    """The background intervals for ``lease_s`` (see the module docstring); the fleet
+    simulation follows the same rule."""
+    return Cadence(
+        heartbeat_s=min(lease_s / 3.0, WORKER_ALIVE_S / 3.0),
+        reap_s=max(lease_s / 2.0, 0.25),
+        report_s=max(lease_s / 3.0, REPORT_EVERY_S),
+    )
 
 
 @dataclass(frozen=True)
@@ -107,13 +134,18 @@ class WorkerSettings:
 
     @property
     def heartbeat_s(self) -> float:
-        """Interval of the lease heartbeat: a third of the lease."""
-        return self.lease_s / 3.0
+        """Interval of the lease heartbeat: a third of the lease (at most 20 s)."""
+        return cadence(self.lease_s).heartbeat_s
 
     @property
     def reap_s(self) -> float:
         """How often this worker runs the reaper step (serialised fleet-wide)."""
-        return min(max(self.lease_s / 2.0, 0.25), 15.0)
+        return cadence(self.lease_s).reap_s
+
+    @property
+    def report_s(self) -> float:
+        """How often the worker reports its sizing when it has not changed."""
+        return cadence(self.lease_s).report_s
 
     @classmethod
     def build(

@@ -221,7 +221,8 @@ def test_fleet_sim_smoke(db_url: str, tmp_path: Path) -> None:
     from tests.helpers.pgbouncer import find_pgbouncer
 
     pooled = find_pgbouncer() is not None
-    cells = ["3:0.2:one", "3:0.2:two-listen", "6:0.2:one", *(["6:0.2:pooled"] if pooled else [])]
+    cells = ["3:0.2:one", "3:0.2:two-listen", "6:0.2:one"]
+    cells += ["6:0.2:pooled", "6:0.2:pooled-lease90"] if pooled else []
     data = run_script(
         "fleet_sim.py",
         db_url,
@@ -232,7 +233,11 @@ def test_fleet_sim_smoke(db_url: str, tmp_path: Path) -> None:
     )  # fmt: skip
     got = [(c["workers"], c["shape"], c["sessions_per_worker"]) for c in data["cells"]]
     expected = [(3, "one", 1), (3, "two-listen", 2), (6, "one", 1)]
-    assert got == expected + ([(6, "pooled", 1)] if pooled else [])
+    assert got == expected + ([(6, "pooled", 1), (6, "pooled-lease90", 1)] if pooled else [])
+    # The virtual workers follow the worker's own rule for each shape's lease.
+    assert data["worker_model"]["cadence_by_shape"]["pooled-lease90"] == {
+        "lease_s": 90.0, "heartbeat_s": 20.0, "reap_s": 45.0, "report_s": 30.0,
+    }  # fmt: skip
     for c in data["cells"]:
         assert c["trials"] > 0 and c["trials_per_s"] > 0
         assert 0 < c["efficiency"] <= 1.05

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from tunefleet.errors import UsageError
-from tunefleet.worker.settings import DEFAULT_LEASE_S, DEFAULT_TIMEOUT_S, WorkerSettings
+from tunefleet.settings import WORKER_ALIVE_S
+from tunefleet.worker.settings import (
+    DEFAULT_LEASE_S,
+    DEFAULT_TIMEOUT_S,
+    Cadence,
+    WorkerSettings,
+    cadence,
+)
 
 
 def test_defaults(monkeypatch):
@@ -21,6 +28,31 @@ def test_defaults(monkeypatch):
     assert s.prebuild is True
     # Polls, never LISTENs (worker.wake); works behind any pooler.
     assert s.poll_s == 5.0 and s.listen is False and s.db.behind_pooler is True
+
+
+@pytest.mark.parametrize(
+    ("lease_s", "expected"),
+    [
+        # The default lease: a beat every 10 s, a reaper turn every 15 s, a report every 10 s.
+        (30.0, Cadence(heartbeat_s=10.0, reap_s=15.0, report_s=10.0)),
+        # Short leases (the tests'): beats and reaper turns follow, reports stay at 10 s.
+        (3.0, Cadence(heartbeat_s=1.0, reap_s=1.5, report_s=10.0)),
+        (0.45, Cadence(heartbeat_s=0.15, reap_s=0.25, report_s=10.0)),
+        # A large fleet's lease: every background statement a third as often or less.
+        (90.0, Cadence(heartbeat_s=20.0, reap_s=45.0, report_s=30.0)),
+        # A very long lease still beats often enough to stay counted alive.
+        (300.0, Cadence(heartbeat_s=20.0, reap_s=150.0, report_s=100.0)),
+    ],
+)
+def test_background_cadence_follows_the_lease(lease_s, expected):
+    got = cadence(lease_s)
+    assert got == expected
+    s = WorkerSettings.build(db="postgresql://u@h/db", lease_s=lease_s)
+    assert (s.heartbeat_s, s.reap_s, s.report_s) == (got.heartbeat_s, got.reap_s, got.report_s)
+    # Two beats may be lost before a claim's lease expires, and a live worker's row is never
+    # older than the window in which coordinators and the dashboard count it alive.
+    assert 3 * got.heartbeat_s <= lease_s
+    assert 3 * got.heartbeat_s <= WORKER_ALIVE_S
 
 
 def test_flag_beats_environment_beats_default(monkeypatch):
