@@ -54,7 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         type=flags.seconds("--lease", high=flags.MAX_TIMEOUT_S),
         metavar="SECONDS",
         default=None,
-        help="lease of a claimed trial without heartbeat (default 30; heartbeat every third)",
+        help="lease of a claimed trial without heartbeat (default 30; the heartbeat, reaper "
+        "and sizing report follow it; 90 for fleets of thousands behind one pooler)",
     )
     flags.add(p, flags.WORKER_FLAGS)
     p.add_argument(

@@ -20,9 +20,9 @@ heartbeat runs every ``lease_s / 3`` so two consecutive beats can be lost before
 expires. A shorter lease recovers a dead worker's trials sooner at the cost of more writes.
 The worker's other background statements follow the lease too (:func:`cadence`), so a
 large fleet halves its background traffic with ``--lease 90``: the reaper runs every half
-lease, the sizing report every third of it (at least every 10 s). The heartbeat never waits more than a third of ``WORKER_ALIVE_S``: the same
-beat keeps the worker row fresh, and a longer gap would make coordinators and the dashboard
-count a working worker as gone.
+lease, the sizing report every third of it (at least every 10 s). The heartbeat never waits
+more than a third of ``WORKER_ALIVE_S``: the same beat keeps the worker row fresh, and a
+longer gap would make coordinators and the dashboard count a working worker as gone.
 
 Standing aside. ``stand_aside_after`` (K, default 3) is how many configurations of one run in a
 row must end with the same unexplained error (an exception that is neither
