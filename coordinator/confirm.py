@@ -20,8 +20,11 @@ and the run's own report read that one decision.
 Within a time budget (``max_seconds``) the confirmation is part of the run: the search stopped
 early enough to leave it its time (:mod:`.budget`), the phase queues only the confirmations
 that still come back before the deadline (:func:`.budget.confirmations_that_fit`, counting
-those in flight), waits for another worker only within the time to spare, and ends at the
-deadline whatever is still in flight (the session then hands it back).
+those in flight), starts without waiting for the search's last trials when they outlast the
+drain the plan gave them (:func:`.budget.confirm_while_draining`; a trial that lands after
+that is ranked, and confirmed too if it still fits), waits for another worker only within
+the time to spare, and ends at the deadline whatever is still in flight (the session then
+hands it back).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from tunefleet import agreement
 from tunefleet.queries import search as q
 from tunefleet.vocabulary import TrialPurpose, TrialState
 
-from .budget import Speed, avoid_seconds, confirmations_that_fit
+from .budget import Speed, avoid_seconds, confirm_while_draining, confirmations_that_fit
 from .phase import Confirmed
 from .settings import CoordinatorSettings
 
@@ -117,6 +120,7 @@ class Confirmation:
         #: Confirmations this phase wanted to queue (the time budget may queue fewer).
         self.wanted = 0
         self._said_no_time = False
+        self._said_early = False
 
     def settle(self) -> None:
         s = self.session
@@ -152,8 +156,11 @@ class Confirmation:
                 s.run_id,
             )
             return Confirmed()
-        if s.flights:
-            return 0  # the search's last trials first: they are ranked too
+        draining = bool(s.flights)
+        if draining:
+            if not confirm_while_draining(s.speed(), s.settings.confirm, left):
+                return 0  # the search's last trials first: they are ranked too
+            self._confirm_early(left)
         want = s.settings.confirm
         candidates = q.confirmation_candidates(s.conn, s.run_id, want)
         todo = [c for c in candidates if c.confirm_state in (None, TrialState.CANCELLED)]
@@ -164,11 +171,12 @@ class Confirmation:
             todo = todo[: max(0, fit - len(s.confirming))]
             if not todo and not s.confirming:
                 self._no_time(left)
-                return Confirmed()
+                # What is still out may land before the deadline: it is kept, not confirmed.
+                return 0 if draining else Confirmed()
         if todo:
             self.enqueued += len(todo)
             return len(self._enqueue(todo, left))
-        return 0 if s.confirming else Confirmed()
+        return 0 if s.confirming or draining else Confirmed()
 
     def judge(self) -> int:
         """Decide and store the verdict of every done confirmation not judged yet; how many."""
@@ -186,6 +194,18 @@ class Confirmation:
                     verdict.describe(),
                 )
         return judged
+
+    def _confirm_early(self, left: float | None) -> None:
+        if self._said_early:
+            return
+        self._said_early = True
+        _log.info(
+            "run %d: %.1f s of the time budget left, what the confirmation needs: confirming "
+            "the best so far while %d search trial(s) are still out",
+            self.session.run_id,
+            left or 0.0,
+            len(self.session.flights),
+        )
 
     def _no_time(self, left: float) -> None:
         if self._said_no_time:

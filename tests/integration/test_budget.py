@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -17,10 +18,11 @@ from tests.helpers.coordinator import fleet, register_worker, settings, trial_co
 from tests.helpers.queue_data import wait_until
 from tunefleet.coordinator.create import create_run
 from tunefleet.coordinator.engine import Coordinator
-from tunefleet.db.engine import redact
+from tunefleet.db.engine import connect, redact
 from tunefleet.problems.synthetic import OPTIMUM
 from tunefleet.queries import queue
 from tunefleet.queries.budget import hand_back
+from tunefleet.queries.queue import MeasurementRow
 
 SEEDS = [OPTIMUM, {**OPTIMUM, "tile": 8}]
 
@@ -235,3 +237,77 @@ def test_a_deep_prefetch_worker_keeps_the_search_going_past_its_first_batch(
         (run_id,),
     ).fetchone()["n"]
     assert measured > 9, proc.stdout + proc.stderr
+
+
+def _complete(conn: Any, worker: uuid.UUID, claim: queue.ClaimedTrial, median_s: float) -> None:
+    state = queue.complete_trial(
+        conn, trial_id=claim.trial_id, attempt=claim.attempt, token=claim.lease_token,
+        worker_id=worker, state="done",
+        measurement=MeasurementRow(median_s=median_s, min_s=median_s,
+                                   samples_s=[median_s] * 5, protocol={}),
+    )  # fmt: skip
+    assert state == "done"
+
+
+def test_a_drain_that_outlasts_its_plan_still_leaves_the_best_confirmed(
+    db_url: str, db: Any
+) -> None:
+    """One search trial never comes back (a slow kernel, a worker gone quiet). Waiting for it
+    until the deadline, as the confirmation did, left the best measured unconfirmed; now the
+    confirmation starts while it is out, once the time left is what the confirmation takes,
+    and the straggler is handed back at the deadline."""
+    s = settings(max_seconds=20.0, max_trials=2, confirm=1, seed_configs=SEEDS)
+    run_id = create_run(s, db_url)
+    worker, secret = _claiming_worker(db)
+    fast, slow = queue.claim_trials(
+        db, worker_id=worker, secret=secret, device_classes=["any"], limit=5, lease_s=300
+    )
+    outcome: dict[str, Any] = {}
+
+    def coordinate() -> None:
+        try:
+            outcome["result"] = Coordinator(s, db_url, clock_start=time.monotonic()).run(run_id)
+        except BaseException as exc:  # the test thread reports it
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=coordinate, daemon=True)
+    thread.start()
+    with connect(db_url, autocommit=True) as conn:
+        # The fast trial's result, as if it took 4 s from claim to result (so the plan has a
+        # pace to go by), written in one transaction so the coordinator never sees it without.
+        with conn.transaction():
+            _complete(conn, worker, fast, 1e-3)
+            conn.execute(
+                "UPDATE tunefleet.trial SET started_at = finished_at - interval '4 seconds'"
+                " WHERE id = %s",
+                (fast.trial_id,),
+            )
+
+        def claim_confirmation() -> list[queue.ClaimedTrial]:
+            return queue.claim_trials(
+                conn, worker_id=worker, secret=secret, device_classes=["any"], limit=1,
+                lease_s=300,
+            )  # fmt: skip
+
+        [confirmation] = wait_until(
+            claim_confirmation, timeout=40, what="the confirmation of the fast trial"
+        )
+        _complete(conn, worker, confirmation, 1e-3)
+    thread.join(timeout=60)
+    assert not thread.is_alive() and "error" not in outcome, outcome
+    result = outcome["result"]
+    assert (result.state, result.stop_reason) == ("finished", "max_seconds")
+    assert result.confirmed and result.best_trial_id == fast.trial_id
+    assert result.handed_back == 1
+    rows = db.execute(
+        "SELECT id, purpose, state, confirms_trial_id, finished_at FROM tunefleet.trial"
+        " WHERE run_id = %s ORDER BY id",
+        (run_id,),
+    ).fetchall()
+    by_id = {r["id"]: r for r in rows}
+    confirm_row = by_id[confirmation.trial_id]
+    assert (confirm_row["purpose"], confirm_row["state"]) == ("confirm", "done")
+    assert confirm_row["confirms_trial_id"] == fast.trial_id
+    # Confirmed while the straggler was still out; the straggler was handed back after.
+    assert by_id[slow.trial_id]["state"] == "cancelled"
+    assert by_id[slow.trial_id]["finished_at"] > confirm_row["finished_at"]

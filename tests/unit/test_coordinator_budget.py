@@ -10,6 +10,7 @@ from tunefleet.coordinator.budget import (
     Speed,
     avoid_seconds,
     confirm_reserve,
+    confirm_while_draining,
     confirmations_that_fit,
     speed,
 )
@@ -21,8 +22,8 @@ def test_no_pace_before_a_worker_finished_a_trial():
 
 
 def test_one_result_gives_the_trials_in_flight_per_turnaround():
-    assert speed(Pace(1, 6.0, None), in_flight=2) == Speed(6.0, 2 / 6.0)
-    assert speed(Pace(1, 6.0, None), in_flight=0) == Speed(6.0, 1 / 6.0)
+    assert speed(Pace(1, 6.0, None), in_flight=2) == Speed(6.0, 2 / 6.0, 6.0)
+    assert speed(Pace(1, 6.0, None), in_flight=0) == Speed(6.0, 1 / 6.0, 6.0)
 
 
 def test_a_deep_prefetch_worker_does_not_stop_the_search_at_its_first_result():
@@ -33,12 +34,46 @@ def test_a_deep_prefetch_worker_does_not_stop_the_search_at_its_first_result():
     pace = speed(Pace(1, 30.0, None), in_flight=9)
     assert pace is not None
     reserve = confirm_reserve(pace, confirm=3, running=8)
-    assert reserve == pytest.approx(8 / 0.3 + 30.0 + 2 / 0.3)
+    assert reserve == pytest.approx(max(8 / 0.3, 30.0) + 30.0 + 2 / 0.3)
     assert reserve < 110.0
 
 
 def test_the_throughput_is_measured_between_the_first_and_the_last_result():
-    assert speed(Pace(5, 6.0, 8.0), in_flight=1) == Speed(6.0, 0.5)
+    assert speed(Pace(5, 6.0, 8.0), in_flight=1) == Speed(6.0, 0.5, 6.0)
+    # The slow turnaround is the 90th percentile, never below the median.
+    assert speed(Pace(5, 6.0, 8.0, 15.0), in_flight=1) == Speed(6.0, 0.5, 15.0)
+
+
+def test_the_last_trial_in_flight_drains_no_sooner_than_a_slow_one():
+    # The H200 feinsum run: 16 trials held by one worker at 1.3 results/s, median turnaround
+    # 9.2 s, 90th percentile 18.9 s. The throughput alone says 12 s; they took 22 s.
+    pace = speed(Pace(170, 9.2, 130.0, 18.9), in_flight=16)
+    assert pace is not None
+    assert pace.drains(16) == pytest.approx(18.9)
+    assert pace.drains(0) == 0.0
+    # Many trials in flight at a low throughput: the throughput decides.
+    assert pace.drains(100) == pytest.approx(100 / pace.throughput)
+    assert confirm_reserve(pace, confirm=3, running=16) == pytest.approx(
+        18.9 + 9.2 + 2 / pace.throughput
+    )
+
+
+@pytest.mark.parametrize(
+    ("pace", "want", "left_s", "now"),
+    [
+        (None, 3, 5.0, False),  # no pace: wait for the search's last trials
+        (Speed(6.0, 0.5), 3, None, False),  # no time budget: wait
+        (Speed(6.0, 0.5), 0, 1.0, False),  # nothing to confirm
+        (Speed(6.0, 0.5), 3, 30.0, False),  # time to spare: the last trials first
+        (Speed(6.0, 0.5), 3, 12.0, True),  # 6 + 2 / 0.5 + 1 / 0.5 = 12: start now
+        (Speed(6.0, 0.5), 1, 8.5, False),
+        (Speed(6.0, 0.5), 1, 8.0, True),
+    ],
+)
+def test_the_confirmation_starts_before_the_drain_ends_when_waiting_would_cut_it(
+    pace, want, left_s, now
+):
+    assert confirm_while_draining(pace, want, left_s) is now
 
 
 def test_n_trials_take_one_turnaround_then_one_throughput_step_each():

@@ -32,6 +32,10 @@ class Pace:
     #: Seconds between the first and the last of those results (None below two): the
     #: fleet's throughput is ``(measured - 1) / span_s``.
     span_s: float | None
+    #: The 90th percentile of those turnarounds: how long the slow ones take (None before
+    #: any). The last trial in flight ends no sooner (:meth:`~tunefleet.coordinator.budget.
+    #: Speed.drains`).
+    slow_turnaround_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,9 @@ def run_pace(conn: Conn, run_id: int) -> Pace:
                percentile_cont(0.5) WITHIN GROUP (
                    ORDER BY extract(epoch FROM t.finished_at - t.started_at))::float8
                    AS turnaround_s,
+               percentile_cont(0.9) WITHIN GROUP (
+                   ORDER BY extract(epoch FROM t.finished_at - t.started_at))::float8
+                   AS slow_turnaround_s,
                CASE WHEN count(*) > 1
                     THEN extract(epoch FROM max(t.finished_at) - min(t.finished_at))::float8
                END AS span_s
