@@ -71,7 +71,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _coordinator(args: argparse.Namespace) -> int:
+    from tunefleet.processes import process_age_s
+
     from .settings import CoordinatorSettings, parse_seed_configs
+
+    # --max-time bounds this command, as for `tune`: a resumed run gets the budget again
+    # rather than finding it spent by its age.
+    clock_start = time.monotonic() - process_age_s()
 
     if args.resume is not None:
         given = [flag for dest, flag in _NEW_RUN_FLAGS.items() if getattr(args, dest)]
@@ -111,7 +117,7 @@ def _coordinator(args: argparse.Namespace) -> int:
     from .create import create_run
     from .engine import Coordinator, Progress
 
-    coordinator = Coordinator(settings, url)
+    coordinator = Coordinator(settings, url, clock_start=clock_start)
     run_id = settings.resume if settings.resume is not None else create_run(settings, url)
     if settings.resume is None:
         print(f"created run {run_id}", file=sys.stderr, flush=True)
@@ -149,8 +155,7 @@ def _coordinator(args: argparse.Namespace) -> int:
         f"{result.cancelled} pending cancelled"
     )
     if result.cut is not None and result.cut.anything:
-        # This command's budget counts from the run's creation: a resume needs a longer one.
-        resume = f"`tunefleet coordinator --resume {result.run_id}` and a --max-time past its age"
+        resume = f"`tunefleet coordinator --resume {result.run_id}`"
         print(result.cut.sentence(resume))
     if result.best_config is None:
         print("best: none measured")

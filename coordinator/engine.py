@@ -265,8 +265,9 @@ class Coordinator:
         self.db_url = db_url
         self.db_settings = db_settings or coordinator_db_settings(db_url)
         #: When the time budget (``max_seconds``) started, on ``time.monotonic()``'s clock:
-        #: ``tunefleet tune`` gives its own start, so that the budget bounds the command. None:
-        #: the run's creation (the database clock), as for ``tunefleet coordinator``.
+        #: ``tunefleet tune`` and ``tunefleet coordinator`` give their process's start, so
+        #: that the budget bounds the command (and a resume gets it again). None: the run's
+        #: creation (the database clock).
         self.clock_start = clock_start
         self.coordinator_id = uuid.uuid4()
         self._stop = threading.Event()

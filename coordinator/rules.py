@@ -29,8 +29,9 @@ Trial timeout (``trial.timeout_s``)
 
 Stop rules (checked after every batch of outcomes; first match wins)
     ``max_trials``     finished trials (including cache answers) reached the budget
-    ``max_seconds``    wall time since the run was created (``tunefleet tune``: since the
-                       command started) reached the budget; with a confirmation, the engine
+    ``max_seconds``    wall time since the command started (``tune``, ``coordinator``;
+                       a library caller without a clock: since the run was created)
+                       reached the budget; with a confirmation, the engine
                        also stops the search once the time left is what the confirmation
                        needs (:mod:`.budget`)
     ``target_gflops``  the best measured GFLOP/s reached the target

@@ -215,3 +215,28 @@ def test_a_finished_coordinator_releases_its_run(db_url, db, cli_env, tmp_path):
         "max_trials",
         None,
     )
+
+
+def test_a_resumed_run_gets_its_time_budget_again(db_url, db, cli_env, tmp_path):
+    """`--max-time` counts from the command's start, as for `tune`: a run created long ago
+    (an earlier batch job) and resumed with a budget searches on rather than finding it
+    spent by its age and stopping at once."""
+    env = env_for(cli_env)
+    with fleet(db_url, 1, tmp_path / "logs") as procs:
+        first = cli([*FAST, "--max-trials", "3", "--confirm", "0", "--db", db_url], env)
+        assert first.returncode == 0, first.stderr + logs(procs)
+        run_id = db.execute("SELECT max(id) AS id FROM tunefleet.run").fetchone()["id"]
+        # An hour old, as if its first coordinator ran in an earlier allocation.
+        db.execute(
+            "UPDATE tunefleet.run SET created_at = created_at - interval '1 hour' WHERE id = %s",
+            (run_id,),
+        )
+        done = cli(
+            ["--resume", str(run_id), "--max-trials", "8", "--max-time", "600", "--confirm",
+             "0", "--db", db_url],
+            env,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr + logs(procs)
+    assert f"run {run_id} finished: the trial budget is spent (max_trials)" in done.stdout
+    finished = sum(counts(db, run_id).get(s, 0) for s in ("done", "invalid", "failed", "timed_out"))
+    assert finished == 8

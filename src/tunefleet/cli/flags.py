@@ -112,7 +112,8 @@ MAX_TIME = _flag(
     "--max-time",
     type=seconds("--max-time"),
     metavar="S",
-    help="stop S seconds after the run was created (resumed runs count their earlier time)",
+    help="stop S seconds after this command started, the confirmation included (a resumed "
+    "run gets S seconds more)",
 )
 TARGET = _flag(
     "--target",
