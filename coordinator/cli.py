@@ -71,13 +71,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _coordinator(args: argparse.Namespace) -> int:
-    from tunefleet.processes import process_age_s
+    from tunefleet.processes import started_monotonic
 
     from .settings import CoordinatorSettings, parse_seed_configs
 
     # --max-time bounds this command, as for `tune`: a resumed run gets the budget again
     # rather than finding it spent by its age.
-    clock_start = time.monotonic() - process_age_s()
+    clock_start = started_monotonic()
 
     if args.resume is not None:
         given = [flag for dest, flag in _NEW_RUN_FLAGS.items() if getattr(args, dest)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 #: prctl(2) option: the signal the calling process gets when its parent thread exits.
 _PR_SET_PDEATHSIG = 1
@@ -42,3 +43,9 @@ def process_age_s() -> float:
     except (OSError, ValueError, IndexError):
         return 0.0
     return max(0.0, uptime - started)
+
+
+def started_monotonic() -> float:
+    """This process's start on ``time.monotonic()``'s clock (:func:`process_age_s` ago):
+    where a command's time budget starts, so that it bounds the whole command."""
+    return time.monotonic() - process_age_s()

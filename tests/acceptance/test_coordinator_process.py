@@ -16,6 +16,7 @@ from tests.helpers.coordinator import fleet, logs, measured_twice, trial_counts
 from tests.helpers.queue_data import first_invalid, wait_until
 from tunefleet.db.engine import connect
 from tunefleet.queries import search as q
+from tunefleet.vocabulary import FINISHED_TRIAL_STATES
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.acceptance
@@ -238,5 +239,5 @@ def test_a_resumed_run_gets_its_time_budget_again(db_url, db, cli_env, tmp_path)
         )  # fmt: skip
     assert done.returncode == 0, done.stderr + logs(procs)
     assert f"run {run_id} finished: the trial budget is spent (max_trials)" in done.stdout
-    finished = sum(counts(db, run_id).get(s, 0) for s in ("done", "invalid", "failed", "timed_out"))
+    finished = sum(counts(db, run_id).get(s, 0) for s in FINISHED_TRIAL_STATES)
     assert finished == 8

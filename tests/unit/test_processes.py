@@ -79,3 +79,16 @@ def test_a_process_knows_its_age_and_it_grows():
     first = process_age_s()
     assert first > 0  # this interpreter started and imported pytest a while ago
     assert process_age_s() >= first
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux's /proc")
+def test_the_start_on_the_monotonic_clock_stays_put_and_lies_in_the_past():
+    import time
+
+    from tunefleet.processes import started_monotonic
+
+    first = started_monotonic()
+    assert first < time.monotonic()
+    # Read again, the start moves by /proc's resolution (clock ticks, 1/100 s on Linux),
+    # not by the time that passed: a budget counted from it does not drift.
+    assert abs(started_monotonic() - first) < 0.1

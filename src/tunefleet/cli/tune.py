@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-import time
 from typing import Any
 
 from tunefleet.api.display import ProgressDisplay
@@ -22,7 +21,7 @@ from tunefleet.cli import flags
 from tunefleet.cli.args import add_problem_flags, raw_problem_args
 from tunefleet.cli.db import add_db_flag
 from tunefleet.errors import TuneInterrupted, UsageError
-from tunefleet.processes import process_age_s
+from tunefleet.processes import started_monotonic
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -70,7 +69,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     # The time budget (--max-time) started when this process did: the interpreter's start,
     # the imports and the database's (an embedded server's start, even its first initdb)
     # are inside it, so that it bounds the command.
-    clock_start = time.monotonic() - process_age_s()
+    clock_start = started_monotonic()
     from tunefleet.api.tune import TuneProgress, tune
     from tunefleet.coordinator.settings import parse_seed_configs
 
