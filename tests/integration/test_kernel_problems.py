@@ -164,7 +164,7 @@ from tunefleet.problems.base import ArgSpec
 from tunefleet.problems.kernel import KernelProblem
 from tunefleet.space import Choice, PowerOfTwo, Space
 
-BUGS = ("none", "wrong", "skip", "nan", "syntax", "skip_big")
+BUGS = ("none", "wrong", "skip", "nan", "syntax", "skip_big", "zero_big")
 
 
 class Scale(KernelProblem):
@@ -191,6 +191,9 @@ class Scale(KernelProblem):
         expr = {
             "wrong": "2 * a[i] + 0.001",
             "nan": "2 * a[i] * (a[i] - a[i]) / (a[i] - a[i])",
+            # Right at the validation size, finite zeros past it: only a check of the
+            # numbers at the target size sees it.
+            "zero_big": "2 * a[i] if i < 64 else 0",
         }.get(bug, "2 * a[i]")
         knl = lp.make_kernel(
             "{[i]: 0 <= i < %d}" % upper,
@@ -245,7 +248,8 @@ def test_user_problem_from_a_file_runs(session, broken):
         ("skip", r"out: 1 of 64 outputs are NaN or infinite \(not written"),
         ("nan", r"out: 64 of 64 outputs are NaN or infinite"),
         ("syntax", r"OpenCL build failed"),
-        ("skip_big", r"out: 136 of 200 outputs are NaN or infinite at the target size"),
+        ("skip_big", r"at the target size, out: 136 of 200 outputs are NaN or infinite"),
+        ("zero_big", r"at the target size, out: wrong numbers \(max error 1 relative"),
     ],
 )
 def test_broken_kernels_are_invalid_with_their_reason(session, broken, bug, reason):
@@ -349,3 +353,78 @@ def test_face_mass_rules_still_match_what_loopy_cannot_schedule(session, change)
         problem.check_config(args, config)
     with pytest.raises(InvalidConfiguration, match="no schedule"):
         KernelProblem._build(problem, args, config, session.info)
+
+
+POISON_SCRIPT = r"""
+import json, sys
+import loopy as lp
+from loopy.target.execution import typed_and_scheduled_cache
+from tunefleet.problems.base import Protocol
+from tunefleet.problems.registry import get_problem
+from tunefleet.worker.device import list_devices, open_session
+
+problem = get_problem("gemm")
+args = problem.normalise_args({"n": 32, "m": 32, "k": 32})
+session = open_session(list_devices()[0])
+mine = {**problem.default_config(args), "wg_i": 4, "wg_j": 4, "reg_i": 2, "reg_j": 2,
+        "vec_i": 1, "vec_j": 1, "tile_k": 8}
+other = {**mine, "unroll_k": "none" if mine["unroll_k"] != "none" else "full"}
+with lp.CacheMode(False):  # nothing of either reaches the caches by itself
+    prepared = problem.prepare(args, mine, session.info)
+    poison = problem.prepare(args, other, session.info)
+assert prepared.target.source != poison.target.source
+# A cache keyed by too little: the executor's lookup for this configuration's translation unit
+# answers with the other configuration's scheduled kernel.
+key = ("PyOpenCLExecutor", prepared.target.translation_unit, None)
+typed_and_scheduled_cache.store_if_not_present(key, poison.target.translation_unit)
+outcome = problem.measure(prepared, session, Protocol(warmup=0, min_launches=2, min_seconds=0))
+print("RESULT " + json.dumps({"state": outcome.state, "error": outcome.error,
+      "sha": outcome.details.get("source_sha256"),
+      "generated": __import__("hashlib").sha256(prepared.target.source.encode()).hexdigest()}))
+"""
+
+
+def test_a_cache_answering_with_another_kernel_is_never_timed_in_its_name(tmp_path):
+    """Loopy's executor finds its code by a hash of the translation unit. A cache planted to
+    answer this configuration with another configuration's kernel (in a cache home of this
+    test's own: the user's caches are never touched) is noticed when the device builds, the
+    build is redone without caches, and the timed code is the configuration's own."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    proc = subprocess.run(
+        [sys.executable, "-c", POISON_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert lines, proc.stdout + proc.stderr
+    result = json.loads(lines[-1][len("RESULT ") :])
+    assert result["state"] == "done", result["error"]
+    assert result["sha"] == result["generated"]
+    assert "loopy's caches answered with other code" in proc.stderr
+
+
+def test_an_input_changed_on_the_device_is_caught_and_replaced(session, broken):
+    """The worker keeps a size's inputs on the device from one configuration to the next. A
+    kernel that stored into one (out of bounds) would hand every later configuration other
+    numbers: the measurement that finds an input changed is invalid, and the next one gets
+    fresh inputs."""
+    from tunefleet.problems import kernel
+
+    config = {"wg": 16, "bug": "none"}
+    assert _evaluate(broken, {}, config, session).state == "done"
+    (inputs,) = kernel._DEVICE_INPUTS.values()
+    inputs.device["a"].fill(0.0)  # what a stray store would leave
+    outcome = _evaluate(broken, {}, config, session)
+    assert outcome.state == "invalid"
+    assert outcome.error.startswith("the kernel wrote into its input a at the target size")
+    again = _evaluate(broken, {}, config, session)
+    assert again.state == "done", again.error
+    assert again.validation["target_outputs"]["out"]["checked"] == 200

@@ -139,6 +139,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--device", metavar="PATTERN", help="device index, name part, or 'host'")
     p.add_argument("--protocol", metavar="JSON", help="measurement protocol overrides")
     p.add_argument("--code", action="store_true", help="also print the generated source")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the measurement as one JSON object (times, samples, source hash)",
+    )
     p.set_defaults(func=cmd_measure)
 
 
@@ -482,6 +487,27 @@ def _json_arg(text: str | None, flag: str) -> Any:
         ) from None
 
 
+def _measurement_json(
+    problem: str, problem_args: dict[str, Any], config: dict[str, Any], device: Any, outcome: Any
+) -> dict[str, Any]:
+    details = outcome.details or {}
+    return {
+        "problem": problem,
+        "problem_args": problem_args,
+        "config": config,
+        "device": device.name,
+        "state": outcome.state,
+        "error": outcome.error,
+        "median_s": outcome.median_s,
+        "min_s": outcome.min_s,
+        "gflops": outcome.gflops,
+        "gbps": outcome.gbps,
+        "samples_s": list(outcome.samples_s),
+        "source_sha256": details.get("source_sha256"),
+        "compile_s": outcome.compile_s,
+    }
+
+
 def cmd_measure(args: argparse.Namespace) -> int:
     from tunefleet.errors import InvalidConfiguration
     from tunefleet.problems.base import Protocol
@@ -514,6 +540,9 @@ def cmd_measure(args: argparse.Namespace) -> int:
         outcome = problem.measure(prepared, session, protocol)
     except InvalidConfiguration as exc:
         raise TunefleetError(f"configuration is invalid: {exc}") from None
+    if args.json:
+        _out(json.dumps(_measurement_json(args.problem, problem_args, config, device, outcome)))
+        return 0 if outcome.state == TrialState.DONE else 1
     _out(f"{args.problem} {args_text(problem_args)} on {device.name} ({device.platform})")
     _out(f"config: {compact_json(config)}")
     if outcome.state != TrialState.DONE:

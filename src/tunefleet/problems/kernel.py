@@ -15,7 +15,12 @@ only pays the OpenCL build (measured: 3-5 s of code generation for an unrolled G
 **measure** (in the worker's device process, on an open ``DeviceSession``):
 
 1. Build the OpenCL program (``compile_s`` = loopy code generation in prepare + OpenCL build
-   here). A build error is an ``invalid`` outcome with the build log.
+   here). A build error is an ``invalid`` outcome with the build log. The code the executor
+   builds is compared with the code generated for the configuration: loopy's caches answer
+   the executor by a hash of the translation unit, and a cache that answers with another
+   kernel's code is bypassed (the build is redone without caches), so a configuration is
+   never credited with another kernel's time; the measurement records the sha256 of the
+   code it timed (``details["source_sha256"]``).
 2. Validate at the small size: deterministic inputs, outputs pre-filled with NaN (so elements a
    kernel forgets to write are caught) unless the problem gives their starting contents,
    compared with the NumPy reference (computed in float64) by the scaled max-norm error
@@ -29,10 +34,15 @@ only pays the OpenCL build (measured: 3-5 s of code generation for an unrolled G
    .Protocol`): warm-up launches, then rounds until at least ``min_launches`` launches and
    ``min_seconds`` of kernel time, at most ``max_launches``. Every sample is kept; the
    outcome reports median and minimum, GFLOP/s and GB/s from the median, compile time, the
-   protocol, software versions and the device. After timing, every checked target output must
-   be finite (outputs start as NaN, so a kernel that skips elements at the target size is
-   caught there too); the unchecked elements come from the reference at the target size,
-   computed once per size and only for problems whose validation reference has NaN.
+   protocol, software versions and the device.
+4. Check where it was timed: the outputs of the last timed launch (they start as NaN) are
+   compared with the NumPy reference at the target size, computed once per size and input
+   seed, as in validation; a kernel that skips work or reads stale data at the target size
+   only is ``invalid`` "at the target size". Where that reference is too costly
+   (:data:`TARGET_REFERENCE_MAX_FLOP`, and the validation checked every element) every output
+   must at least be finite. Then the inputs, which the worker keeps on the device from one
+   configuration to the next, must still equal the host arrays: a kernel that wrote into one
+   (out of bounds) is ``invalid``, and the next configuration gets fresh inputs.
 
 **Starting contents.** ``make_inputs`` may also return an array for an output: its starting
 contents (instead of NaN). An argument the kernel reads and writes (loopy infers it, or the
@@ -58,6 +68,8 @@ event). Nothing here imports loopy or pyopencl at module level.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import logging
 import math
 import statistics
 import time
@@ -86,6 +98,7 @@ TOLERANCES: dict[str, float] = {
 }
 
 _MAX_REASON = 4000
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -365,23 +378,14 @@ class KernelProblem(Problem):
             if launcher is None:
                 return invalid(reason, verdict)
             details["build_s"] += launcher.build_s
-            arrays = _KernelArrays.create(
-                self.name,
-                target,
-                self._target_inputs(target.args, protocol.seed, session),
-                session,
-            )
+            inputs = self._target_inputs(target.args, protocol.seed, session)
+            arrays = _KernelArrays.create(self.name, target, inputs.device, session)
             launcher.bind(arrays.by_name)
-            partial = any(o["checked"] < o["elements"] for o in verdict["outputs"].values())
-            checked = self._target_checked(target.args, protocol.seed) if partial else {}
         else:
+            inputs = None
             arrays.reset()
-            checked = {}
-            for name, want in expected.items():
-                mask = _checked_mask(np.asarray(want))
-                if mask is not None:
-                    checked[name] = mask
         details["compile_s"] = details["build_s"] + details["codegen_s"]
+        details["source_sha256"] = source_hash(launcher.source)
 
         def launch() -> Any:
             arrays.restore()
@@ -394,24 +398,47 @@ class KernelProblem(Problem):
             return invalid(
                 f"kernel launch failed at the target size: {first_line(exc)[:500]}", verdict
             )
-        target_checked: dict[str, Any] = {}
-        for name, arr in arrays.outputs.items():
-            host = arr.get()
-            if host.dtype.kind not in "fc":
-                continue
-            finite = np.isfinite(host)
-            mask = checked.get(name)
-            if mask is not None:
-                finite = finite.reshape(mask.shape)[mask]
-            target_checked[name] = {"checked": int(finite.size), "elements": int(host.size)}
-            if not finite.all():
-                bad = int(finite.size - finite.sum())
+        # 3. the inputs are as they were, and the outputs of the last timed launch agree with
+        # the reference at the target size
+        if inputs is not None:
+            changed = inputs.changed()
+            if changed:
+                _DEVICE_INPUTS.clear()  # the next configuration gets pristine inputs
                 return invalid(
-                    f"{name}: {bad} of {_outputs(finite.size, host.size)} are NaN or infinite "
-                    "at the target size (not written, or overflow)",
+                    f"the kernel wrote into its input {', '.join(changed)} at the target size "
+                    "(stores out of bounds?)",
                     verdict,
                 )
-        verdict["target_checked"] = target_checked
+        if inputs is None:
+            want: dict[str, Any] | None = expected
+        else:
+            partial = any(o["checked"] < o["elements"] for o in verdict["outputs"].values())
+            want = inputs.reference(self, needed=partial)
+        got = {name: arr.get() for name, arr in arrays.outputs.items()}
+        if want is not None:
+            at_target = self.compare(want, got)
+            if not at_target["passed"]:
+                return invalid(f"at the target size, {at_target['reason']}", verdict)
+            verdict["target_checked"] = {
+                name: {"checked": o["checked"], "elements": o["elements"]}
+                for name, o in at_target["outputs"].items()
+            }
+            verdict["target_outputs"] = at_target["outputs"]
+        else:
+            target_checked: dict[str, Any] = {}
+            for name, host in got.items():
+                if host.dtype.kind not in "fc":
+                    continue
+                finite = np.isfinite(host)
+                target_checked[name] = {"checked": int(finite.size), "elements": int(host.size)}
+                if not finite.all():
+                    bad = int(finite.size - finite.sum())
+                    return invalid(
+                        f"{name}: {bad} of {_outputs(finite.size, host.size)} are NaN or "
+                        "infinite at the target size (not written, or overflow)",
+                        verdict,
+                    )
+            verdict["target_checked"] = target_checked
         median = statistics.median(samples)
         stat = median if protocol.statistic == "median" else min(samples)
         flops, nbytes = base["flop_count"], base["byte_count"]
@@ -471,7 +498,7 @@ class KernelProblem(Problem):
                 }
         return {"passed": True, "reason": "", "outputs": per_output}
 
-    def _target_inputs(self, args: Mapping[str, Any], seed: int, session: Any) -> dict[str, Any]:
+    def _target_inputs(self, args: Mapping[str, Any], seed: int, session: Any) -> _TargetInputs:
         key = (
             type(self).__module__,
             type(self).__qualname__,
@@ -482,34 +509,58 @@ class KernelProblem(Problem):
         cached = _DEVICE_INPUTS.get(key)
         if cached is None:
             _DEVICE_INPUTS.clear()  # one problem size at a time: free the previous arrays first
-            cached = _to_device(self.make_inputs(args, np.random.default_rng(seed)), session)
+            host = self.make_inputs(args, np.random.default_rng(seed))
+            cached = _TargetInputs(dict(args), host, _to_device(host, session))
             _DEVICE_INPUTS[key] = cached
         return cached
 
-    def _target_checked(self, args: Mapping[str, Any], seed: int) -> dict[str, Any]:
-        """Per output with unchecked elements, the mask of its checked ones at the target size
-        (from the reference there: computed once per size, only for problems that need it)."""
-        key = (type(self).__module__, type(self).__qualname__, canonical_json(dict(args)), seed)
-        cached = _TARGET_CHECKED.get(key)
-        if cached is None:
-            _TARGET_CHECKED.clear()
-            inputs = self.make_inputs(args, np.random.default_rng(seed))
-            cached = {}
-            for name, want in self.reference(args, inputs).items():
-                mask = _checked_mask(np.asarray(want))
-                if mask is not None:
-                    cached[name] = mask
-            _TARGET_CHECKED[key] = cached
-        return cached
+    def target_reference_affordable(self, args: Mapping[str, Any]) -> bool:
+        """Whether the NumPy reference at the target size is cheap enough to check every
+        timed configuration's output against (computed once per size and input seed)."""
+        return self.flop_count(args) <= TARGET_REFERENCE_MAX_FLOP
 
 
 # --- helpers --------------------------------------------------------------------------------
 
 #: Target-size inputs on the device, reused while a worker measures one run's configurations.
 #: Never bound to a kernel argument that is written: those get a working copy.
-_DEVICE_INPUTS: dict[tuple[Any, ...], dict[str, Any]] = {}
-#: Target-size masks of checked output elements, for problems whose reference has NaN.
-_TARGET_CHECKED: dict[tuple[Any, ...], dict[str, Any]] = {}
+_DEVICE_INPUTS: dict[tuple[Any, ...], _TargetInputs] = {}
+
+#: Largest flop count of one launch for which the target size's outputs are compared with a
+#: NumPy reference (float64 GEMM at n = 4096 is 1.4e11: a second or two, once per input seed);
+#: above it only their finiteness is checked, unless the reference has unchecked elements.
+TARGET_REFERENCE_MAX_FLOP = 4e11
+
+
+class CodeMismatch(DeviceError):
+    """The device process would launch other code than was generated for the configuration."""
+
+
+@dataclass
+class _TargetInputs:
+    """One size's inputs: the host arrays, their device copies, and the reference outputs
+    (computed when first asked for, ``None`` where unaffordable)."""
+
+    args: dict[str, Any]
+    host: dict[str, Any]
+    device: dict[str, Any]
+    _reference: dict[str, Any] | None = None
+
+    def reference(self, problem: KernelProblem, needed: bool) -> dict[str, Any] | None:
+        """``needed``: compute it whatever it costs (the validation showed unchecked elements,
+        which only the reference tells from forgotten ones)."""
+        if self._reference is None and (needed or problem.target_reference_affordable(self.args)):
+            self._reference = problem.reference(self.args, self.host)
+        return self._reference
+
+    def changed(self) -> list[str]:
+        """The inputs whose device copy no longer equals the host array."""
+        return [
+            name
+            for name, arr in self.device.items()
+            if not np.array_equal(arr.get(), np.ascontiguousarray(self.host[name]), equal_nan=True)
+        ]
+
 
 #: The protocol key naming the arguments restored before each launch (in-place updates).
 RESTORED_KEY = "restored_before_each_launch"
@@ -616,18 +667,54 @@ class _Launcher:
         self.executor = executor
         self.build_s = build_s
         self.kwargs: dict[str, Any] = {}
+        #: The OpenCL source the executor built: what the launches run.
+        self.source = built.source
 
     @classmethod
     def create(cls, built: BuiltKernel, session: Any) -> tuple[_Launcher | None, str]:
+        """Build ``built`` on the session's device. The code the executor builds is checked
+        against the code generated for the configuration: loopy's caches answer the
+        executor by a hash of the translation unit, and should they answer with another
+        kernel's code, the build is redone with caching off, so that nothing but this
+        configuration's code is ever timed in its name (:class:`CodeMismatch` if even that
+        differs)."""
+        import loopy as lp
+
         t0 = time.perf_counter()
+        launcher, reason = cls._build(built, session)
+        if launcher is not None and launcher.source != built.source:
+            _log.warning(
+                "%s: loopy's caches answered with other code than was generated for this "
+                "configuration (sha256 %s, generated %s); building it again without them",
+                built.entrypoint,
+                source_hash(launcher.source)[:12],
+                source_hash(built.source)[:12],
+            )
+            with lp.CacheMode(False):
+                launcher, reason = cls._build(built, session)
+            if launcher is not None and launcher.source != built.source:
+                raise CodeMismatch(
+                    f"the device built other OpenCL code than code generation produced for "
+                    f"this configuration (sha256 {source_hash(launcher.source)[:12]}, "
+                    f"generated {source_hash(built.source)[:12]}), even without caches"
+                )
+        if launcher is not None:
+            launcher.build_s = time.perf_counter() - t0
+        return launcher, reason
+
+    @classmethod
+    def _build(cls, built: BuiltKernel, session: Any) -> tuple[_Launcher | None, str]:
         executor = built.translation_unit.executor(session.queue, entrypoint=built.entrypoint)
+        arg_to_dtype = executor.arg_to_dtype({})
         try:
             # Builds the OpenCL program (code generation is a cache hit after prepare).
-            executor.translation_unit_info(executor.arg_to_dtype({}))
+            executor.translation_unit_info(arg_to_dtype)
         except _cl_errors() as exc:
             _check_device_alive(session, exc)
             return None, f"OpenCL build failed: {str(exc).strip()}"
-        return cls(built, session, executor, time.perf_counter() - t0), ""
+        launcher = cls(built, session, executor, 0.0)
+        launcher.source = executed_source(executor, arg_to_dtype)
+        return launcher, ""
 
     def bind(self, arrays: Mapping[str, Any]) -> None:
         kwargs: dict[str, Any] = {}
@@ -641,6 +728,21 @@ class _Launcher:
     def launch(self) -> Any:
         evt, _ = self.executor(self.session.queue, **self.kwargs)
         return evt
+
+
+def executed_source(executor: Any, arg_to_dtype: Any) -> str:
+    """The device code ``executor`` builds and launches, looked up the way loopy's
+    ``translation_unit_info`` looks it up (its persistent caches, keyed by the translation
+    unit's hash): a cache that answers with another kernel's code shows here."""
+    from loopy.codegen import generate_code_v2
+
+    scheduled = executor.get_typed_and_scheduled_translation_unit(arg_to_dtype)
+    return str(generate_code_v2(scheduled).device_code())
+
+
+def source_hash(source: str) -> str:
+    """The identity of generated code: sha256 of its text, hex."""
+    return hashlib.sha256(source.encode()).hexdigest()
 
 
 def _cl_errors() -> tuple[type[BaseException], ...]:
