@@ -184,14 +184,21 @@ class Confirmation:
         judged = 0
         for u in q.unjudged_confirmations(s.conn, s.run_id):
             verdict = agreement.compare(u.original_samples, u.confirmed_samples)
-            if q.record_agreement(s.conn, u.confirm_trial_id, not verdict.agrees, verdict.p_value):
+            # Another kernel's time is no confirmation, however close the numbers.
+            agrees = verdict.agrees and u.same_source is not False
+            if q.record_agreement(s.conn, u.confirm_trial_id, not agrees, verdict.p_value):
                 judged += 1
-                _log.info(
-                    "run %d: confirmation %d %s: %s",
+                _log.log(
+                    logging.INFO if agrees else logging.WARNING,
+                    "run %d: confirmation %d %s: %s%s",
                     s.run_id,
                     u.confirm_trial_id,
-                    "agrees" if verdict.agrees else "DISAGREES",
+                    "agrees" if agrees else "DISAGREES",
                     verdict.describe(),
+                    ""
+                    if u.same_source is not False
+                    else "; its cold build generated OTHER "
+                    "code than the search measured (a cache answered with another kernel?)",
                 )
         return judged
 

@@ -6,4 +6,4 @@ Revision ids are readable (``0001_initial``, ``0002_...``) and there is exactly 
 #: The one head, for the processes that only check a database against it (every worker and
 #: each of its children, every command): comparing with this spares them loading Alembic and
 #: SQLAlchemy. A new migration updates it; tests/integration/test_head_check.py says so if not.
-HEAD = "0012_measurement_trust"
+HEAD = "0013_cold_confirmation"

@@ -54,7 +54,9 @@ import math
 import multiprocessing.connection
 import os
 import random
+import shutil
 import socket
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -90,7 +92,7 @@ from .results import Held
 from .settings import WorkerSettings
 from .signals import Signals
 from .sizing import Sizing, detect_resources
-from .supervise import Child, Describe, Measure, Open, Prepare, Reply
+from .supervise import Child, Describe, Measure, Open, Prepare, Reply, cold_environment
 from .vocabulary import ReplyKind, Stage, Verdict
 from .wake import Wakeups
 
@@ -124,6 +126,10 @@ class Worker:
         self.held: dict[int, Held] = {}
         self.leases = HeldLeases()
         self.device_child = Child("device")
+        #: A one-shot child per cold build (a confirmation): started with caches of its own,
+        #: closed after its reply, its cache directory removed (:meth:`_end_cold`).
+        self.cold_child = Child("cold build")
+        self.cold_cache_dir: str | None = None
         #: Stops the code-generation pool while a CPU device times (enabled once the device
         #: is known).
         self.quiet = Quiet(False)
@@ -380,6 +386,7 @@ class Worker:
             reply = child.poll(now)
             if reply is not None and held is not None:
                 self._on_reply(held, reply)
+        self._end_cold()
 
     def step_abandon_lost(self) -> None:
         """Drop trials whose lease the heartbeat could not extend (someone else's now); stop
@@ -401,7 +408,7 @@ class Worker:
             self.outcomes["lost"] += 1
 
     def step_start_next(self) -> None:
-        if self.device_child.alive and not self.device_child.busy:
+        if self.device_child.alive and not self._device_busy():
             self.step_dispatch()
 
     def step_complete(self) -> None:
@@ -489,7 +496,7 @@ class Worker:
         for child in self.pool.active():
             if child.busy:
                 continue
-            held = self._first(Stage.CLAIMED)
+            held = self._first(Stage.CLAIMED, cold=False)
             if held is None:
                 break
             c = held.claim
@@ -499,16 +506,19 @@ class Worker:
                 tag=c.key,
             )
             held.stage, held.child = Stage.PREPARING, child
-        if self.device_child.busy:
+        if self._device_busy():
             return
-        held = self._first(Stage.CLAIMED if inline else Stage.PREPARED)
+        held = self._next_to_time(inline)
         if held is None:
+            return
+        c = held.claim
+        if held.cold:
+            self._start_cold(held)
             return
         if not self.device_child.alive:
             with self.liveness.blocking(DEVICE_START_TIMEOUT_S):
                 self.device_child.start()
                 self._open_device()
-        c = held.claim
         self.device_child.submit(
             Measure(
                 c.problem,
@@ -525,10 +535,56 @@ class Worker:
         held.stage, held.child, held.prepared = Stage.MEASURING, self.device_child, None
         log.debug("timing trial %s", c.trial_id)
 
+    def _next_to_time(self, inline: bool) -> Held | None:
+        """The first held trial (in claim order) that is ready for the device: a cold build
+        as soon as it is claimed (it prepares in its own process), any other once prepared
+        (or claimed, without code-generation processes)."""
+        ready = Stage.CLAIMED if inline else Stage.PREPARED
+        for held in self.held.values():
+            if held.stage == (Stage.CLAIMED if held.cold else ready):
+                return held
+        return None
+
+    def _start_cold(self, held: Held) -> None:
+        """Build and time ``held`` in a fresh process whose caches share nothing with this
+        worker's code-generation and device processes (or any earlier cold build), so that a
+        cache answering with another kernel's code cannot confirm its own mistake. The device
+        process stands idle meanwhile: one timing at a time."""
+        c = held.claim
+        self.cold_cache_dir = tempfile.mkdtemp(prefix="tunefleet-cold-")
+        self.cold_child = Child("cold build", cold_environment(self.cold_cache_dir))
+        self.cold_child.submit(
+            Measure(
+                c.problem,
+                c.problem_args,
+                c.config,
+                self.device,
+                c.protocol,
+                inline_prepare=True,
+                cold=True,
+            ),
+            self._prepare_timeout(c) + self._timeout(c),
+            tag=c.key,
+        )
+        held.stage, held.child = Stage.MEASURING, self.cold_child
+        log.info("trial %s: a cold build in a fresh process", c.trial_id)
+
+    def _end_cold(self) -> None:
+        """Close the cold build's process and remove its caches once it has answered."""
+        if self.cold_child.busy or self.cold_cache_dir is None:
+            return
+        self.cold_child.close()
+        shutil.rmtree(self.cold_cache_dir, ignore_errors=True)
+        self.cold_cache_dir = None
+
+    def _device_busy(self) -> bool:
+        """Something times on the device: the device process, or a cold build."""
+        return self.device_child.busy or self.cold_child.busy
+
     def step_isolate(self) -> None:
         """While the device process holds a request on a CPU device, the code-generation
         processes stand still (:mod:`tunefleet.worker.quiet`); once it is idle they run."""
-        self.quiet.hold(self.device_child.busy, self.pool.children)
+        self.quiet.hold(self._device_busy(), self.pool.children)
 
     def step_stop(self) -> None:
         """While stopping: give back every held trial that is not being timed. If the database
@@ -589,7 +645,7 @@ class Worker:
         starved = not self.stopping and any(
             h.stage in (Stage.CLAIMED, Stage.PREPARING) for h in self.held.values()
         )
-        self.pool.book(now, busy=self.device_child.busy, starved=starved)
+        self.pool.book(now, busy=self._device_busy(), starved=starved)
         self.pool.retire(self._in_use())
         device = [self.device_child.proc.pid] if self.device_child.proc is not None else []
         ended = self.pool.end_window(now, [self.pid, *device])
@@ -955,6 +1011,7 @@ class Worker:
     def _give_back_everything(self) -> None:
         """After a fatal error: stop timing, release what we hold, mark the worker stopped."""
         self.device_child.kill()
+        self.cold_child.kill()
         for child in self.pool.children:
             child.kill()
         unfinished = [h for h in self.held.values() if h.stage != Stage.FINISHED]
@@ -980,6 +1037,8 @@ class Worker:
             self.heartbeat.stop()
         for child in self._children():
             child.close()
+        if self.cold_cache_dir is not None:
+            shutil.rmtree(self.cold_cache_dir, ignore_errors=True)
         self.link.close()
         self.signals.close()
 
@@ -998,7 +1057,7 @@ class Worker:
             return False
 
     def _children(self) -> list[Child]:
-        return [*self.pool.children, self.device_child]
+        return [*self.pool.children, self.device_child, self.cold_child]
 
     def _in_use(self) -> list[Child]:
         """The children tied to a held trial."""
@@ -1024,8 +1083,16 @@ class Worker:
         off."""
         return max(self._timeout(claim), self.settings.timeout_s)
 
-    def _first(self, stage: Stage) -> Held | None:
-        return next((h for h in self.held.values() if h.stage == stage), None)
+    def _first(self, stage: Stage, cold: bool | None = None) -> Held | None:
+        """The first held trial in ``stage`` (and, given ``cold``, of that kind)."""
+        return next(
+            (
+                h
+                for h in self.held.values()
+                if h.stage == stage and (cold is None or h.cold == cold)
+            ),
+            None,
+        )
 
     def _forget(self, held: Held) -> None:
         self.held.pop(held.claim.trial_id, None)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunefleet import __version__, jsonvalues
-from tunefleet.problems.base import Outcome, Protocol
+from tunefleet.problems.base import COLD_KEY, Outcome, Protocol
 from tunefleet.queries.queue import ClaimedTrial, MeasurementRow
 from tunefleet.vocabulary import TrialState
 
@@ -44,6 +44,12 @@ class Held:
     @property
     def key(self) -> Key:
         return self.claim.key
+
+    @property
+    def cold(self) -> bool:
+        """The claim asks for a cold build (a confirmation): a fresh process, no shared
+        caches (:meth:`tunefleet.worker.loop.Worker._start_cold`)."""
+        return bool(self.claim.protocol.get(COLD_KEY))
 
     def finish(
         self, state: Verdict, error: str | None = None, measurement: MeasurementRow | None = None

@@ -16,6 +16,7 @@ kernel to SIGKILL it when the parent dies, so a hung kernel never outlives its w
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -28,6 +29,7 @@ from typing import Any
 
 from tunefleet.devices import DeviceInfo
 from tunefleet.errors import InvalidConfiguration, ProblemError, TunefleetError
+from tunefleet.problems.base import COLD_KEY, Outcome
 from tunefleet.processes import die_with_parent
 
 from .vocabulary import ReplyKind
@@ -68,7 +70,9 @@ class Prepare:
 @dataclass(frozen=True)
 class Measure:
     """Time one configuration. With ``inline_prepare`` the child prepares it first (no
-    code-generation processes); otherwise ``prepared`` is what a Prepare returned."""
+    code-generation processes); otherwise ``prepared`` is what a Prepare returned. ``cold``:
+    a one-shot child started with caches of its own (:func:`cold_environment`), which opens
+    the device itself and records the cold build in the measurement's protocol."""
 
     problem: str
     args: dict[str, Any]
@@ -77,6 +81,7 @@ class Measure:
     protocol: dict[str, Any]
     prepared: Any = None
     inline_prepare: bool = False
+    cold: bool = False
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,19 @@ class NeedsDevice(ProblemError):
     """A problem timed on OpenCL reached a worker that serves the host pseudo-device."""
 
 
+def cold_environment(cache_dir: str) -> dict[str, str]:
+    """The environment of a cold build: every cache that could carry code from the search
+    into this process (loopy's and pytools' persistent dictionaries, pyopencl's binaries,
+    PoCL's kernels, NVIDIA's compute cache) is an empty directory of its own or off."""
+    return {
+        "XDG_CACHE_HOME": cache_dir,
+        "POCL_CACHE_DIR": os.path.join(cache_dir, "pocl"),
+        "POCL_KERNEL_CACHE": "0",
+        "CUDA_CACHE_PATH": os.path.join(cache_dir, "nv"),
+        "CUDA_CACHE_DISABLE": "1",
+    }
+
+
 # --- the child side ----------------------------------------------------------------------------
 
 
@@ -128,8 +146,14 @@ class _ChildState:
         return self.problems[spec]
 
 
-def child_main(conn: multiprocessing.connection.Connection, parent_pid: int) -> None:
-    """Entry point of a child: serve requests until the pipe closes."""
+def child_main(
+    conn: multiprocessing.connection.Connection,
+    parent_pid: int,
+    environment: dict[str, str] | None = None,
+) -> None:
+    """Entry point of a child: serve requests until the pipe closes. ``environment`` is set
+    before anything imports loopy, pyopencl or an OpenCL driver (they read it once)."""
+    os.environ.update(environment or {})
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # Not Linux: the pipe's EOF still ends an idle child.
@@ -201,6 +225,10 @@ def _handle(state: _ChildState, request: Any) -> Any:
         from tunefleet.problems.base import Protocol
 
         problem = state.problem(request.problem)
+        if request.cold and problem.needs_opencl and state.session is None:
+            from .device import open_session
+
+            state.session = open_session(request.device)
         prepared = request.prepared
         if request.inline_prepare:
             prepared = problem.prepare(request.args, request.config, request.device)
@@ -209,7 +237,10 @@ def _handle(state: _ChildState, request: Any) -> Any:
                 f"problem {request.problem!r} needs an OpenCL device, but this worker serves "
                 "the host pseudo-device (start it with --device PATTERN)"
             )
-        return problem.measure(prepared, state.session, Protocol.from_json(request.protocol))
+        outcome = problem.measure(prepared, state.session, Protocol.from_json(request.protocol))
+        if request.cold and isinstance(outcome, Outcome):
+            outcome = dataclasses.replace(outcome, protocol={**outcome.protocol, COLD_KEY: True})
+        return outcome
     raise TypeError(f"unknown request {type(request).__name__}")
 
 
@@ -271,8 +302,10 @@ class Child:
     At most one request is in flight; ``tag`` remembers what it is about (the trial).
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, environment: dict[str, str] | None = None) -> None:
         self.name = name
+        #: Set in the child before it serves anything (see :func:`child_main`).
+        self.environment = environment
         self.proc: Any = None
         self.conn: multiprocessing.connection.Connection | None = None
         self.deadline: float | None = None
@@ -297,7 +330,9 @@ class Child:
     def start(self) -> None:
         parent_conn, child_conn = _CONTEXT.Pipe(duplex=True)
         proc = _CONTEXT.Process(
-            target=child_main, args=(child_conn, os.getpid()), name=f"tunefleet-{self.name}"
+            target=child_main,
+            args=(child_conn, os.getpid(), self.environment),
+            name=f"tunefleet-{self.name}",
         )
         proc.start()
         child_conn.close()

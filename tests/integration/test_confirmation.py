@@ -10,6 +10,7 @@ Real PostgreSQL, real worker processes (``--device host``) where a test says so.
 from __future__ import annotations
 
 import itertools
+import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -373,3 +374,76 @@ def test_a_search_trial_has_at_most_one_confirmation(db):
         (row["confirms_trial_id"],),
     ).fetchone()
     assert n["n"] == 1
+
+
+def test_a_cache_that_answers_with_another_kernel_is_caught_by_the_cold_build(db_url, db, tmp_path):
+    """A planted wrong attribution: the workers' cache home holds a "kernel" for unroll 3
+    that is really the optimum's (a code cache keyed by less than the configuration, filled
+    by an earlier process). The search measures both unroll-3 configurations at the optimum's
+    time, with the optimum's code. Each confirmation is built cold, in a fresh process whose
+    caches are its own: it generates the configuration's own code, so the run reports that the
+    figure was another kernel's, not a confirmation."""
+    from tests.helpers.coordinator_problems import HIDDEN_CACHE, hidden_cache_path
+    from tunefleet.problems.synthetic import OPTIMUM_SECONDS, objective
+
+    home = tmp_path / "cache-home"
+    planted = hidden_cache_path(3, str(home))
+    planted.parent.mkdir(parents=True)
+    optimum = {"tile": 16, "unroll": 4, "vector": True, "order": "ikj"}
+    planted.write_text(json.dumps(optimum))
+    unroll3 = [{"unroll": 3, "vector": False}, {"unroll": 3, "vector": True}]
+    s = settings(
+        problem=HIDDEN_CACHE,
+        problem_args={"duration": 0.005},
+        protocol=PROTOCOL,
+        seed_configs=unroll3,
+        max_trials=2,
+        confirm=2,
+    )
+    scratch = tmp_path / "tmp"  # the worker's temporary directory: cold builds make theirs here
+    scratch.mkdir()
+    env = {"XDG_CACHE_HOME": str(home), "TMPDIR": str(scratch)}
+    with fleet(db_url, 1, tmp_path / "logs", env=env) as procs:
+        try:
+            result = Coordinator(s, db_url).run()
+        except BaseException:
+            print(logs(procs))
+            raise
+        worker_log = logs(procs)
+
+    searched = {
+        json.dumps(r["config"], sort_keys=True): r
+        for r in db.execute(
+            """
+            SELECT t.config, m.median_s, m.code FROM tunefleet.trial t
+              JOIN tunefleet.measurement m ON m.trial_id = t.id
+             WHERE t.run_id = %s AND t.purpose = 'search'
+            """,
+            (result.run_id,),
+        ).fetchall()
+    }
+    assert len(searched) == 2
+    for row in searched.values():
+        # What the search saw: the planted kernel's code and the optimum's time.
+        assert json.loads(row["code"][len("kernel for ") :])["unroll"] == 4
+        assert row["median_s"] == pytest.approx(OPTIMUM_SECONDS)
+
+    seen = confirmations(db, result.run_id)
+    assert len(seen) == 2, worker_log
+    for c in seen.values():
+        assert c["state"] == "done"
+        assert c["cold_build"] is True and c["protocol"]["cold_build"] is True
+        assert c["same_source"] is False
+        assert c["disagrees"] is True
+        config = {**c["config"], "tile": 16, "order": "ikj"}
+        assert c["confirmed_median_s"] == pytest.approx(objective(config))
+    # The run does not call its best confirmed, and says why.
+    assert result.confirmed and result.disagrees is True
+    best = db.execute(
+        "SELECT * FROM tunefleet.best_per_run WHERE run_id = %s", (result.run_id,)
+    ).fetchone()
+    assert best["same_source"] is False and best["disagrees"] is True
+    assert "cold build" in worker_log
+    # The cold builds left the worker's own cache as it was, and removed their own.
+    assert json.loads(planted.read_text()) == optimum
+    assert not list(scratch.glob("tunefleet-cold-*"))

@@ -321,11 +321,12 @@ REVOKE ALL ON FUNCTION tunefleet.report_worker_sizing(
     uuid, text, integer, integer, integer, text, double precision, double precision
 ) FROM PUBLIC;
 
--- claim_trials (as of 0003_worker_functions)
+-- claim_trials (as of 0013_cold_confirmation)
 -- Queue rule 1: one index walk per class (LATERAL), SKIP LOCKED, merged in priority, id order,
 -- stepping over the runs the worker stands aside from and the trials whose claim the database
 -- refused; the row locks end with the calling statement. Each claimed trial gets a random lease
--- token, stored only as its SHA-256.
+-- token, stored only as its SHA-256. A confirmation's protocol says cold_build: the worker builds
+-- and times it in a fresh process that shares no cache with the search.
 CREATE OR REPLACE FUNCTION tunefleet.claim_trials(
     p_worker_id uuid, p_secret text, p_classes text[], p_limit integer,
     p_lease_s double precision, p_excluded_runs bigint[], p_skipped_trials bigint[],
@@ -396,7 +397,7 @@ BEGIN
         FROM leased l
        WHERE t.id = l.id
    RETURNING t.id, t.run_id, t.attempt, t.max_attempts, t.config, t.config_hash,
-             t.timeout_s, t.device_class, t.priority, t.input_seed, l.token
+             t.timeout_s, t.device_class, t.priority, t.input_seed, t.purpose, l.token
   ), recorded AS (
       INSERT INTO tunefleet.attempt (trial_id, attempt, worker_id)
       SELECT c.id, c.attempt, p_worker_id FROM claimed c
@@ -404,7 +405,10 @@ BEGIN
   SELECT c.id, c.run_id, c.attempt, c.max_attempts, c.config, c.config_hash, c.timeout_s,
          c.device_class, r.problem, r.problem_args,
          CASE WHEN c.input_seed IS NULL THEN r.protocol
-              ELSE jsonb_set(r.protocol, '{seed}', to_jsonb(c.input_seed)) END,
+              ELSE jsonb_set(r.protocol, '{seed}', to_jsonb(c.input_seed)) END
+           -- a confirmation is built cold (0013_cold_confirmation)
+           || CASE WHEN c.purpose = 'confirm' THEN '{"cold_build": true}'::jsonb
+                   ELSE '{}'::jsonb END,
          r.cache_key, c.token
     FROM claimed c
     JOIN tunefleet.run r ON r.id = c.run_id

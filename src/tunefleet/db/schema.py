@@ -437,8 +437,10 @@ SELECT t.run_id,
     # One row per confirmation: the search trial it re-measured, both figures, how far apart
     # they are (spread), how noisy the samples of either measurement were (noise: the larger
     # inter-quartile range over median), and whether the two disagree: the coordinator's
-    # verdict by tunefleet.agreement (a rank test behind a 3 % floor; NULL until judged), or
-    # true when the re-measurement failed.
+    # verdict (tunefleet.agreement's rank test behind a 3 % floor, or a cold rebuild whose
+    # code differs; NULL until judged), or true when the re-measurement failed. ``same_source``:
+    # the re-measurement generated the very code the search measured; ``cold_build``: it was
+    # built and timed in a fresh process sharing no cache with the search.
     "confirmations": """
 SELECT c.run_id,
        c.confirms_trial_id AS trial_id,
@@ -461,7 +463,9 @@ SELECT c.run_id,
        c.finished_at,
        c.agreement_p,
        no.noise AS original_noise,
-       nc.noise AS confirmed_noise
+       nc.noise AS confirmed_noise,
+       mo.code IS NOT DISTINCT FROM mc.code AS same_source,
+       coalesce((mc.protocol ->> 'cold_build')::boolean, false) AS cold_build
   FROM tunefleet.trial c
   JOIN tunefleet.trial o ON o.id = c.confirms_trial_id
   LEFT JOIN tunefleet.measurement mo ON mo.trial_id = o.id
@@ -503,7 +507,9 @@ SELECT DISTINCT ON (t.run_id)
        c.disagrees,
        c.agreement_p,
        n.noise AS measured_noise,
-       n.noise > (m.protocol ->> 'noise_limit')::double precision AS noisy
+       n.noise > (m.protocol ->> 'noise_limit')::double precision AS noisy,
+       c.same_source,
+       c.cold_build
   FROM tunefleet.trial t
   JOIN tunefleet.run r ON r.id = t.run_id
   JOIN tunefleet.measurement m ON m.trial_id = t.id

@@ -31,6 +31,13 @@ from tunefleet.space import Config, Space, canonical_json
 STATISTICS = ("median", "min", "feinsum-wall-mean")
 
 
+#: A measurement's protocol records ``cold_build: true`` when it was built and timed in a fresh
+#: process whose caches shared nothing with any other evaluation (a confirmation): the claim
+#: asks for it, the worker does it. A fact about the measurement, not a setting of
+#: :class:`Protocol` (whose fields are part of every cache key).
+COLD_KEY = "cold_build"
+
+
 @dataclass(frozen=True)
 class Protocol:
     """How a configuration is timed. Stored with every measurement and part of the cache key,

@@ -175,6 +175,7 @@ class RunBest:
     disagrees: bool | None
     agreement_p: float | None
     noisy: bool | None
+    same_source: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -196,11 +197,13 @@ class ConfirmCandidate:
 
 @dataclass(frozen=True)
 class Unjudged:
-    """A done confirmation without a verdict yet, with both measurements' samples."""
+    """A done confirmation without a verdict yet, with both measurements' samples and
+    whether the re-measurement generated the same code (``None``: neither stored code)."""
 
     confirm_trial_id: int
     original_samples: list[float]
     confirmed_samples: list[float]
+    same_source: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -740,7 +743,7 @@ def best_of_run(conn: Conn, run_id: int) -> RunBest | None:
         SELECT b.trial_id, t.config, t.source, b.median_s, b.min_s, b.gflops, b.gbps,
                coalesce(b.confirmed, false) AS confirmed, b.confirm_trial_id,
                b.confirmed_median_s, b.confirmed_gflops, b.spread, b.noise, b.disagrees,
-               b.agreement_p, b.noisy
+               b.agreement_p, b.noisy, b.same_source
           FROM tunefleet.best_per_run b
           JOIN tunefleet.trial t ON t.id = b.trial_id
          WHERE b.run_id = %s
@@ -847,12 +850,15 @@ def insert_confirmations(
 
 def unjudged_confirmations(conn: Conn, run_id: int) -> list[Unjudged]:
     """The run's done confirmations that have no verdict yet, with the samples of the
-    original measurement and of the re-measurement. Locks: none."""
+    original measurement and of the re-measurement, and whether both built the same code.
+    Locks: none."""
     cur = conn.cursor(row_factory=class_row(Unjudged))
     return cur.execute(
         """
         SELECT c.id AS confirm_trial_id, mo.samples_s AS original_samples,
-               mc.samples_s AS confirmed_samples
+               mc.samples_s AS confirmed_samples,
+               CASE WHEN mo.code IS NULL AND mc.code IS NULL THEN NULL
+                    ELSE mo.code IS NOT DISTINCT FROM mc.code END AS same_source
           FROM tunefleet.trial c
           JOIN tunefleet.measurement mo ON mo.trial_id = c.confirms_trial_id
           JOIN tunefleet.measurement mc ON mc.trial_id = c.id
