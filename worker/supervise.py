@@ -16,6 +16,7 @@ kernel to SIGKILL it when the parent dies, so a hung kernel never outlives its w
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import multiprocessing
@@ -24,12 +25,13 @@ import os
 import signal
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from tunefleet.devices import DeviceInfo
 from tunefleet.errors import InvalidConfiguration, ProblemError, TunefleetError
-from tunefleet.problems.base import COLD_KEY, Outcome
+from tunefleet.problems.base import COLD_KEY, Outcome, codegen_environment
 from tunefleet.processes import die_with_parent
 
 from .vocabulary import ReplyKind
@@ -117,7 +119,8 @@ class NeedsDevice(ProblemError):
 def cold_environment(cache_dir: str) -> dict[str, str]:
     """The environment of a cold build: every cache that could carry code from the search
     into this process (loopy's and pytools' persistent dictionaries, pyopencl's binaries,
-    PoCL's kernels, NVIDIA's compute cache) is an empty directory of its own or off."""
+    PoCL's kernels, NVIDIA's compute cache) is an empty directory of its own or off. (The
+    hash seed stays the code generation's.)"""
     return {
         "XDG_CACHE_HOME": cache_dir,
         "POCL_CACHE_DIR": os.path.join(cache_dir, "pocl"),
@@ -146,14 +149,8 @@ class _ChildState:
         return self.problems[spec]
 
 
-def child_main(
-    conn: multiprocessing.connection.Connection,
-    parent_pid: int,
-    environment: dict[str, str] | None = None,
-) -> None:
-    """Entry point of a child: serve requests until the pipe closes. ``environment`` is set
-    before anything imports loopy, pyopencl or an OpenCL driver (they read it once)."""
-    os.environ.update(environment or {})
+def child_main(conn: multiprocessing.connection.Connection, parent_pid: int) -> None:
+    """Entry point of a child: serve requests until the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # Not Linux: the pipe's EOF still ends an idle child.
@@ -296,6 +293,22 @@ def describe_exit(exitcode: int | None) -> str:
 # --- the parent side ---------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in this process's environment for the block (a spawned child inherits the
+    environment of the moment it starts); the previous values afterwards."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 class Child:
     """One supervised child process, started lazily, restarted after a kill or a death.
 
@@ -304,8 +317,10 @@ class Child:
 
     def __init__(self, name: str, environment: dict[str, str] | None = None) -> None:
         self.name = name
-        #: Set in the child before it serves anything (see :func:`child_main`).
-        self.environment = environment
+        #: The child starts with these on top of the parent's environment and the code
+        #: generation's (:func:`~tunefleet.problems.base.codegen_environment`: a fixed hash
+        #: seed, which Python reads once, at start).
+        self.environment = environment or {}
         self.proc: Any = None
         self.conn: multiprocessing.connection.Connection | None = None
         self.deadline: float | None = None
@@ -330,11 +345,10 @@ class Child:
     def start(self) -> None:
         parent_conn, child_conn = _CONTEXT.Pipe(duplex=True)
         proc = _CONTEXT.Process(
-            target=child_main,
-            args=(child_conn, os.getpid(), self.environment),
-            name=f"tunefleet-{self.name}",
+            target=child_main, args=(child_conn, os.getpid()), name=f"tunefleet-{self.name}"
         )
-        proc.start()
+        with _environment({**codegen_environment(), **self.environment}):
+            proc.start()  # spawn: a new interpreter with this process's environment now
         child_conn.close()
         self.proc, self.conn = proc, parent_conn
         self.busy, self.deadline, self.tag = False, None, None

@@ -428,3 +428,55 @@ def test_an_input_changed_on_the_device_is_caught_and_replaced(session, broken):
     again = _evaluate(broken, {}, config, session)
     assert again.state == "done", again.error
     assert again.validation["target_outputs"]["out"]["checked"] == 200
+
+
+SEED_SCRIPT = r"""
+import hashlib, json, sys
+from tunefleet.problems.registry import get_problem
+from tunefleet.worker.device import list_devices
+from tunefleet.worker.supervise import Child, Prepare
+
+problem = get_problem("gemm")
+args = problem.normalise_args({"n": 64, "m": 64, "k": 64})
+config = problem.default_config(args)
+device = list_devices()[0]
+here = problem.prepare(args, config, device).target.source
+child = Child("codegen")
+reply = child.call(Prepare("gemm", args, config, device), 300)
+child.close()
+print("RESULT " + json.dumps({
+    "here": hashlib.sha256(here.encode()).hexdigest(),
+    "child": hashlib.sha256(reply.value.target.source.encode()).hexdigest(),
+}))
+"""
+
+
+def test_a_configuration_builds_to_one_kernel_in_every_worker_process(tmp_path):
+    """Loopy's code follows Python's string hashing (the order of unrolled ILP statements,
+    the numbering of accumulators): processes with other hash seeds build other kernels for
+    one configuration, which run at other speeds. A worker starts its children with the code
+    generation's seed, so whatever the seed of the process that starts them, they build one
+    kernel. (Should loopy become deterministic, the first assertion fails: the hazard is gone
+    and the fixed seed could go too.)"""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    results = []
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "XDG_CACHE_HOME": str(tmp_path / seed)}
+        proc = subprocess.run(
+            [sys.executable, "-c", SEED_SCRIPT],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        assert lines, proc.stdout + proc.stderr
+        results.append(json.loads(lines[-1][len("RESULT ") :]))
+        assert "hashes strings with a random seed" in proc.stderr  # said where it happens
+    assert results[0]["here"] != results[1]["here"]  # the hazard
+    assert results[0]["child"] == results[1]["child"]  # gone in the worker's processes

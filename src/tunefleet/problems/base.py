@@ -15,6 +15,8 @@ Everything here is importable without loopy or OpenCL.
 from __future__ import annotations
 
 import hashlib
+import os
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -29,6 +31,36 @@ from tunefleet.space import Config, Space, canonical_json
 #: event-timed launches, or ``feinsum-wall-mean``: feinsum's own timing (its wall-clock mean per
 #: launch, with its own warm-up and launch counts), which only the feinsum problem offers.
 STATISTICS = ("median", "min", "feinsum-wall-mean")
+
+
+#: Loopy generates code whose details follow Python's string hashing, which is randomised per
+#: process: the order of the unrolled statements of ILP loops and the numbering of privatised
+#: accumulators come from iterating sets of names. One configuration then builds to different
+#: kernels in different processes, and they run at different speeds (a GEMM configuration
+#: generated under three seeds: three sources). Every process that generates code for tunefleet
+#: (a worker's code-generation, device and cold-build processes, ``tunefleet measure``) runs
+#: with this fixed seed, so a configuration has one kernel everywhere.
+CODEGEN_HASH_SEED = "0"
+#: ... and with loopy's and pyopencl's persistent caches in a directory of their own (under the
+#: cache home) that only such processes fill: an entry written under another seed would
+#: answer with its own variant of the kernel.
+CODEGEN_CACHE = "tunefleet-codegen-1"
+
+
+def codegen_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment variables a process generating code must start with (the hash seed is
+    read once, when the interpreter starts)."""
+    env = os.environ if environ is None else environ
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    if os.path.basename(os.path.normpath(base)) != CODEGEN_CACHE:
+        base = os.path.join(base, CODEGEN_CACHE)
+    return {"PYTHONHASHSEED": CODEGEN_HASH_SEED, "XDG_CACHE_HOME": base}
+
+
+def canonical_codegen() -> bool:
+    """This process hashes strings with :data:`CODEGEN_HASH_SEED` (so the code it generates
+    is a configuration's one kernel)."""
+    return sys.flags.hash_randomization == 0
 
 
 #: A measurement's protocol records ``cold_build: true`` when it was built and timed in a fresh
