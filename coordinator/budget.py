@@ -19,6 +19,11 @@ the time left is :func:`confirm_reserve`; the confirmation queues only what
 still out when their drain runs past its plan (:func:`confirm_while_draining`); at the
 deadline whatever is still in flight is handed back (cancelled, and revived by a resume),
 never waited for.
+
+A confirmation is no search trial: it is a cold build, in a fresh process that shares no
+cache with the search (code generation again, build, timing), one at a time on a worker,
+with none of the search's pipelining: :meth:`Speed.confirms` plans it from the run's
+confirmations so far, or from the search's code generation time before the first.
 """
 
 from __future__ import annotations
@@ -34,6 +39,12 @@ from tunefleet.queries.budget import Pace
 AVOID_SHARE = 0.5
 
 
+#: Seconds a cold build pays before its code generation: a fresh process that imports the
+#: problem's modules (loopy, pyopencl) and opens the device (0.8 s of imports here, more on a
+#: loaded node).
+COLD_START_S = 2.0
+
+
 @dataclass(frozen=True)
 class Speed:
     """The run's pace as the plan uses it (seconds; per second)."""
@@ -43,6 +54,20 @@ class Speed:
     #: The run's slow turnaround (its 90th percentile): what the last of the trials in
     #: flight needs at least (0: not known, the throughput alone decides).
     slow_s: float = 0.0
+    #: Seconds one confirmation takes (a cold build, in a fresh process, one at a time per
+    #: worker); 0: as a search trial (:meth:`takes`).
+    cold_s: float = 0.0
+    #: Live workers, which take confirmations side by side.
+    workers: int = 1
+
+    def confirms(self, n: int) -> float:
+        """Seconds until ``n`` confirmations queued now are all back: cold builds, one at a
+        time on each worker, none of the search's pipelining."""
+        if n <= 0:
+            return 0.0
+        if self.cold_s <= 0:
+            return self.takes(n)
+        return math.ceil(n / max(self.workers, 1)) * self.cold_s
 
     def drains(self, running: int) -> float:
         """Seconds until the ``running`` trials in flight are all back: at the fleet's
@@ -62,10 +87,16 @@ class Speed:
         return self.turnaround_s + (n - 1) / self.throughput
 
 
-def speed(pace: Pace, in_flight: int) -> Speed | None:
+def speed(pace: Pace, in_flight: int, workers: int = 1) -> Speed | None:
     """The plan's view of ``pace`` (None before any worker finished a trial: nothing to plan
     from, the deadline alone bounds the run). ``in_flight`` is how many trials the live
-    workers hold at once (at least one each).
+    workers hold at once (at least one each); ``workers`` how many workers are live.
+
+    A confirmation is a cold build (:meth:`Speed.confirms`): what the run's finished
+    confirmations took, or before any, :data:`COLD_START_S` plus the search's median code
+    generation and build plus one trial's share of the device (``workers / throughput``,
+    at most a turnaround). On an H200 a cold GEMM build took several times a search trial's
+    share of the device: planned at the search's throughput, the confirmation would not fit.
 
     With a single result there is no span to measure a throughput over, so it follows from
     Little's law: ``in_flight`` trials each one turnaround in the worker come back at
@@ -81,7 +112,14 @@ def speed(pace: Pace, in_flight: int) -> Speed | None:
     else:
         throughput = max(in_flight, 1) / turnaround
     slow = max(turnaround, pace.slow_turnaround_s or 0.0)
-    return Speed(turnaround, max(throughput, 1e-6), slow)
+    throughput = max(throughput, 1e-6)
+    workers = max(workers, 1)
+    if pace.cold_s is not None:
+        cold = pace.cold_s
+    else:
+        device = min(workers / throughput, turnaround)
+        cold = COLD_START_S + (pace.compile_s or 0.0) + device
+    return Speed(turnaround, throughput, slow, cold, workers)
 
 
 def confirm_reserve(pace: Speed | None, confirm: int, running: int) -> float:
@@ -90,7 +128,7 @@ def confirm_reserve(pace: Speed | None, confirm: int, running: int) -> float:
     0 without confirmation or before there is a pace to plan from."""
     if pace is None or confirm <= 0:
         return 0.0
-    return pace.drains(running) + pace.takes(confirm)
+    return pace.drains(running) + pace.confirms(confirm)
 
 
 def confirm_while_draining(pace: Speed | None, want: int, left_s: float | None) -> bool:
@@ -101,7 +139,7 @@ def confirm_while_draining(pace: Speed | None, want: int, left_s: float | None) 
     that runs long costs the confirmation of what lands last, not the whole confirmation."""
     if left_s is None or pace is None or want <= 0:
         return False
-    return left_s <= pace.takes(want) + 1.0 / pace.throughput
+    return left_s <= pace.confirms(want) + 1.0 / pace.throughput
 
 
 def confirmations_that_fit(pace: Speed | None, want: int, left_s: float) -> int:
@@ -111,9 +149,12 @@ def confirmations_that_fit(pace: Speed | None, want: int, left_s: float) -> int:
         return 0
     if pace is None:
         return want
-    if left_s < pace.turnaround_s:
-        return 0
-    return min(want, 1 + math.floor((left_s - pace.turnaround_s) * pace.throughput))
+    if pace.cold_s <= 0:
+        if left_s < pace.turnaround_s:
+            return 0
+        return min(want, 1 + math.floor((left_s - pace.turnaround_s) * pace.throughput))
+    rounds = math.floor(left_s / pace.cold_s)
+    return min(want, rounds * max(pace.workers, 1))
 
 
 def avoid_seconds(usual_s: float, live_workers: int, slack_s: float | None) -> float:

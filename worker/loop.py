@@ -536,14 +536,15 @@ class Worker:
         log.debug("timing trial %s", c.trial_id)
 
     def _next_to_time(self, inline: bool) -> Held | None:
-        """The first held trial (in claim order) that is ready for the device: a cold build
-        as soon as it is claimed (it prepares in its own process), any other once prepared
-        (or claimed, without code-generation processes)."""
+        """The held trial the device takes next: a cold build first (a confirmation, which a
+        run's time budget waits for: it prepares in its own process, so it is ready once
+        claimed), else the first (in claim order) that is prepared, or claimed without
+        code-generation processes."""
+        cold = next((h for h in self.held.values() if h.cold and h.stage == Stage.CLAIMED), None)
+        if cold is not None:
+            return cold
         ready = Stage.CLAIMED if inline else Stage.PREPARED
-        for held in self.held.values():
-            if held.stage == (Stage.CLAIMED if held.cold else ready):
-                return held
-        return None
+        return next((h for h in self.held.values() if not h.cold and h.stage == ready), None)
 
     def _start_cold(self, held: Held) -> None:
         """Build and time ``held`` in a fresh process whose caches share nothing with this

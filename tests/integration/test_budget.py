@@ -121,10 +121,18 @@ def test_a_budget_too_short_for_the_confirmation_skips_it_and_says_so(
     with fleet(db_url, 1, tmp_path / "logs"):
         first = Coordinator(settings(max_trials=3, confirm=0), db_url).run()
     assert first.trials == 3
-    # Its trials took 100 s each from claim to result, as far as the plan can tell.
+    # Its trials took 100 s each from claim to result and came back 100 s apart, as far as
+    # the plan can tell: a confirmation (a cold build) takes a trial's share of the device.
     db.execute(
-        "UPDATE tunefleet.trial SET started_at = finished_at - interval '100 seconds'"
-        " WHERE run_id = %s AND started_at IS NOT NULL",
+        """
+        UPDATE tunefleet.trial t
+           SET finished_at = o.first + (o.n - 1) * interval '100 seconds',
+               started_at = o.first + (o.n - 2) * interval '100 seconds'
+          FROM (SELECT id, row_number() OVER (ORDER BY finished_at, id) AS n,
+                       min(finished_at) OVER () AS first
+                  FROM tunefleet.trial WHERE run_id = %s AND started_at IS NOT NULL) o
+         WHERE t.id = o.id
+        """,
         (first.run_id,),
     )
     register_worker(db, device_class="any")  # live, so the plan is not "nobody to measure"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tunefleet.coordinator.budget import (
+    COLD_START_S,
     Cut,
     Speed,
     avoid_seconds,
@@ -22,8 +23,10 @@ def test_no_pace_before_a_worker_finished_a_trial():
 
 
 def test_one_result_gives_the_trials_in_flight_per_turnaround():
-    assert speed(Pace(1, 6.0, None), in_flight=2) == Speed(6.0, 2 / 6.0, 6.0)
-    assert speed(Pace(1, 6.0, None), in_flight=0) == Speed(6.0, 1 / 6.0, 6.0)
+    # (a confirmation, before the first: the cold start, no code generation, and one
+    # trial's share of the device: 1 worker / the throughput, at most a turnaround)
+    assert speed(Pace(1, 6.0, None), in_flight=2) == Speed(6.0, 2 / 6.0, 6.0, COLD_START_S + 3)
+    assert speed(Pace(1, 6.0, None), in_flight=0) == Speed(6.0, 1 / 6.0, 6.0, COLD_START_S + 6)
 
 
 def test_a_deep_prefetch_worker_does_not_stop_the_search_at_its_first_result():
@@ -31,17 +34,18 @@ def test_a_deep_prefetch_worker_does_not_stop_the_search_at_its_first_result():
     # 30 s, 110 s of a 150 s budget left, three confirmations wanted. Counting one trial per
     # turnaround per worker, draining the other eight looked like 240 s and the search stopped
     # with nine trials; as a worker preparing nine at once, they drain in one turnaround.
-    pace = speed(Pace(1, 30.0, None), in_flight=9)
+    pace = speed(Pace(1, 30.0, None, compile_s=4.0), in_flight=9)
     assert pace is not None
     reserve = confirm_reserve(pace, confirm=3, running=8)
-    assert reserve == pytest.approx(max(8 / 0.3, 30.0) + 30.0 + 2 / 0.3)
+    cold = COLD_START_S + 4.0 + 1 / 0.3  # a fresh process, code generation, the device
+    assert reserve == pytest.approx(max(8 / 0.3, 30.0) + 3 * cold)
     assert reserve < 110.0
 
 
 def test_the_throughput_is_measured_between_the_first_and_the_last_result():
-    assert speed(Pace(5, 6.0, 8.0), in_flight=1) == Speed(6.0, 0.5, 6.0)
+    assert speed(Pace(5, 6.0, 8.0), in_flight=1) == Speed(6.0, 0.5, 6.0, COLD_START_S + 2)
     # The slow turnaround is the 90th percentile, never below the median.
-    assert speed(Pace(5, 6.0, 8.0, 15.0), in_flight=1) == Speed(6.0, 0.5, 15.0)
+    assert speed(Pace(5, 6.0, 8.0, 15.0), in_flight=1) == Speed(6.0, 0.5, 15.0, COLD_START_S + 2)
 
 
 def test_the_last_trial_in_flight_drains_no_sooner_than_a_slow_one():
@@ -54,8 +58,28 @@ def test_the_last_trial_in_flight_drains_no_sooner_than_a_slow_one():
     # Many trials in flight at a low throughput: the throughput decides.
     assert pace.drains(100) == pytest.approx(100 / pace.throughput)
     assert confirm_reserve(pace, confirm=3, running=16) == pytest.approx(
-        18.9 + 9.2 + 2 / pace.throughput
+        18.9 + 3 * (COLD_START_S + 1 / pace.throughput)
     )
+
+
+def test_confirmations_are_cold_builds_one_at_a_time_per_worker():
+    # Before any confirmation: the cold start, the search's median code generation and
+    # build, one trial's share of the device. A GEMM on an H200: 5 s of code generation at
+    # 1.5 results/s; three confirmations on one worker take three cold builds, not the
+    # pipelined 6 s + 2 / 1.5 s of three search trials.
+    pace = speed(Pace(400, 6.0, 300.0, 14.0, compile_s=5.0), in_flight=17)
+    assert pace is not None
+    cold = COLD_START_S + 5.0 + 1 / pace.throughput
+    assert pace.cold_s == pytest.approx(cold)
+    assert pace.confirms(3) == pytest.approx(3 * cold)
+    assert pace.confirms(3) > pace.takes(3)
+    # Two workers take them side by side; what the run's confirmations took wins once known.
+    two = speed(Pace(400, 6.0, 300.0, 14.0, compile_s=5.0, cold_s=9.0), in_flight=34, workers=2)
+    assert two is not None and two.cold_s == 9.0
+    assert [two.confirms(n) for n in (0, 1, 2, 3)] == [0.0, 9.0, 9.0, 18.0]
+    assert confirmations_that_fit(two, 3, 17.9) == 2  # one round of two
+    assert confirmations_that_fit(two, 3, 18.0) == 3
+    assert confirm_reserve(two, confirm=3, running=0) == 18.0
 
 
 @pytest.mark.parametrize(

@@ -36,6 +36,12 @@ class Pace:
     #: any). The last trial in flight ends no sooner (:meth:`~tunefleet.coordinator.budget.
     #: Speed.drains`).
     slow_turnaround_s: float | None = None
+    #: The median code generation and build seconds of the measured search trials (None
+    #: before any): what a cold build pays again, without caches.
+    compile_s: float | None = None
+    #: The median turnaround of the run's finished confirmations (cold builds: a fresh
+    #: process, code generation without caches, build, timing; None before any).
+    cold_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -52,25 +58,36 @@ class HandedBack:
 
 
 def run_pace(conn: Conn, run_id: int) -> Pace:
-    """The run's :class:`Pace`, from its finished search trials that a worker claimed
-    (``started_at`` set). Locks: none (reads the run's rows by trial_run_state_idx)."""
+    """The run's :class:`Pace`, from its finished trials that a worker claimed (``started_at``
+    set): the search's, and the confirmations' for ``cold_s``. Locks: none (reads the run's
+    rows by trial_run_state_idx, their measurements by primary key)."""
     cur = conn.cursor(row_factory=class_row(Pace))
     row = cur.execute(
         """
-        SELECT count(*)::int AS measured,
-               percentile_cont(0.5) WITHIN GROUP (
-                   ORDER BY extract(epoch FROM t.finished_at - t.started_at))::float8
-                   AS turnaround_s,
-               percentile_cont(0.9) WITHIN GROUP (
-                   ORDER BY extract(epoch FROM t.finished_at - t.started_at))::float8
-                   AS slow_turnaround_s,
-               CASE WHEN count(*) > 1
-                    THEN extract(epoch FROM max(t.finished_at) - min(t.finished_at))::float8
-               END AS span_s
-          FROM tunefleet.trial t
-         WHERE t.run_id = %s AND t.purpose = 'search'
-           AND t.state IN ('done', 'invalid', 'failed', 'timed_out')
-           AND t.started_at IS NOT NULL AND t.finished_at IS NOT NULL
+        WITH finished AS (
+            SELECT t.purpose, t.state, t.finished_at, m.compile_s,
+                   extract(epoch FROM t.finished_at - t.started_at)::float8 AS turnaround
+              FROM tunefleet.trial t
+              LEFT JOIN tunefleet.measurement m ON m.trial_id = t.id
+             WHERE t.run_id = %s
+               AND t.state IN ('done', 'invalid', 'failed', 'timed_out')
+               AND t.started_at IS NOT NULL AND t.finished_at IS NOT NULL
+        )
+        SELECT count(*) FILTER (WHERE purpose = 'search')::int AS measured,
+               percentile_cont(0.5) WITHIN GROUP (ORDER BY turnaround)
+                   FILTER (WHERE purpose = 'search') AS turnaround_s,
+               percentile_cont(0.9) WITHIN GROUP (ORDER BY turnaround)
+                   FILTER (WHERE purpose = 'search') AS slow_turnaround_s,
+               CASE WHEN count(*) FILTER (WHERE purpose = 'search') > 1
+                    THEN extract(epoch FROM max(finished_at) FILTER (WHERE purpose = 'search')
+                                            - min(finished_at) FILTER (WHERE purpose = 'search')
+                                 )::float8
+               END AS span_s,
+               percentile_cont(0.5) WITHIN GROUP (ORDER BY compile_s)
+                   FILTER (WHERE purpose = 'search' AND compile_s IS NOT NULL) AS compile_s,
+               percentile_cont(0.5) WITHIN GROUP (ORDER BY turnaround)
+                   FILTER (WHERE purpose = 'confirm' AND state = 'done') AS cold_s
+          FROM finished
         """,
         (run_id,),
     ).fetchone()
