@@ -38,7 +38,7 @@ def confirmation_line(result: Any) -> str:
     if not result.confirmed:
         return "confirmed: no (the best was measured once; see --confirm)"
     verdict = agreement.verdict_text(
-        result.spread or 0.0, result.noise, result.disagrees, result.agreement_p
+        result.spread or 0.0, result.noise, result.disagrees, result.agreement_p, result.same_source
     )
     return f"confirmed: {result.confirmed_median_s:.6g} s on re-measurement, {verdict}"
 

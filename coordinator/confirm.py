@@ -224,7 +224,7 @@ class Confirmation:
             "confirmation takes about %s); finishing with what is confirmed so far",
             self.session.run_id,
             left,
-            "?" if pace is None else f"{pace.turnaround_s:.1f} s",
+            "?" if pace is None else f"{pace.confirms(1):.1f} s",
         )
 
     def _enqueue(
@@ -234,7 +234,7 @@ class Confirmation:
         slack = None
         if left is not None:
             pace = s.speed()
-            need = 0.0 if pace is None else pace.takes(len(s.confirming) + len(candidates))
+            need = 0.0 if pace is None else pace.confirms(len(s.confirming) + len(candidates))
             slack = left - need
         base = int(s.protocol.get("seed") or 0)
         items = []

@@ -147,6 +147,8 @@ class RunResult:
     agreement_p: float | None = None
     #: The best's own samples stayed noisier than its protocol's ``noise_limit``.
     noisy: bool | None = None
+    #: The re-measurement generated the very code the search timed (None: no code stored).
+    same_source: bool | None = None
 
 
 # --- the session's pieces -------------------------------------------------------------------
@@ -628,7 +630,7 @@ class _Session:
 
     def speed(self) -> Speed | None:
         """The run's pace as the time budget's plan uses it (:func:`.budget.speed`)."""
-        return speed(self.pace, self.in_flight())
+        return speed(self.pace, self.in_flight(), self.live_workers)
 
     def in_flight(self) -> int:
         """Trials the live workers hold at once: the run's flights up to the workers' summed
@@ -712,6 +714,7 @@ class _Session:
             disagrees=best.disagrees,
             agreement_p=best.agreement_p,
             noisy=best.noisy,
+            same_source=best.same_source,
         )
 
     def _progress(self) -> Progress:

@@ -10,7 +10,12 @@ own mistake. Now:
   times such a trial in a fresh process whose caches share nothing with the search;
 - ``confirmations`` and ``best_per_run`` gain ``same_source`` (the re-measurement generated
   the very code the search measured: ``mo.code IS NOT DISTINCT FROM mc.code``) and
-  ``cold_build``; the coordinator's verdict counts a different source as a disagreement.
+  ``cold_build``; the coordinator's verdict counts a different source as a disagreement;
+  ``best_per_run`` computes the noise of its best alone (it computed it for every trial);
+- one best everywhere: ``run_progress.best_gflops`` / ``best_median_s`` are the figures of
+  ``best_per_run``'s best (its confirmed figures once confirmed; before, the fastest search
+  measurement, whatever its confirmation said), and ``best_status`` (confirmed, not
+  reproduced, unconfirmed) and ``best_trial_id`` are appended.
 
 Views keep their columns (new ones are appended), so ``CREATE OR REPLACE`` keeps their
 dependents. ``claim_trials`` keeps its signature.
@@ -238,7 +243,8 @@ SELECT c.run_id,
        c.agreement_p,
        no.noise AS original_noise,
        nc.noise AS confirmed_noise,
-       mo.code IS NOT DISTINCT FROM mc.code AS same_source,
+       CASE WHEN mo.code IS NULL AND mc.code IS NULL THEN NULL
+            ELSE mo.code IS NOT DISTINCT FROM mc.code END AS same_source,
        coalesce((mc.protocol ->> 'cold_build')::boolean, false) AS cold_build
   FROM tunefleet.trial c
   JOIN tunefleet.trial o ON o.id = c.confirms_trial_id
@@ -255,48 +261,131 @@ SELECT c.run_id,
  WHERE c.purpose = 'confirm'
 """,
     "best_per_run": """
-SELECT DISTINCT ON (t.run_id)
-       t.run_id,
-       r.problem,
-       r.problem_args,
-       r.device_class,
-       t.id AS trial_id,
-       t.config,
-       m.median_s,
-       m.min_s,
-       m.gflops,
-       m.gbps,
-       d.name AS device_name,
-       c.state = 'done' AS confirmed,
-       c.confirm_trial_id,
-       c.confirmed_median_s,
-       c.confirmed_gflops,
-       c.spread,
-       c.noise,
-       c.disagrees,
-       c.agreement_p,
+SELECT b.run_id,
+       b.problem,
+       b.problem_args,
+       b.device_class,
+       b.trial_id,
+       b.config,
+       b.median_s,
+       b.min_s,
+       b.gflops,
+       b.gbps,
+       b.device_name,
+       b.confirmed,
+       b.confirm_trial_id,
+       b.confirmed_median_s,
+       b.confirmed_gflops,
+       b.spread,
+       b.noise,
+       b.disagrees,
+       b.agreement_p,
        n.noise AS measured_noise,
-       n.noise > (m.protocol ->> 'noise_limit')::double precision AS noisy,
-       c.same_source,
-       c.cold_build
-  FROM tunefleet.trial t
-  JOIN tunefleet.run r ON r.id = t.run_id
-  JOIN tunefleet.measurement m ON m.trial_id = t.id
-  LEFT JOIN tunefleet.device d ON d.id = m.device_id
-  LEFT JOIN tunefleet.confirmations c ON c.trial_id = t.id
-  CROSS JOIN LATERAL (SELECT (percentile_cont(0.75) WITHIN GROUP (ORDER BY x)
-                              - percentile_cont(0.25) WITHIN GROUP (ORDER BY x))
-                             / percentile_cont(0.5) WITHIN GROUP (ORDER BY x) AS noise
-                        FROM unnest(m.samples_s) AS x) n
- WHERE t.state = 'done' AND t.purpose = 'search'
- ORDER BY t.run_id,
-          coalesce(c.state IN ('invalid', 'failed', 'timed_out'), false),
-          coalesce(c.confirmed_median_s, m.median_s),
-          t.id
+       n.noise > (b.protocol ->> 'noise_limit')::double precision AS noisy,
+       b.same_source,
+       b.cold_build
+  FROM (SELECT DISTINCT ON (t.run_id)
+               t.run_id,
+               r.problem,
+               r.problem_args,
+               r.device_class,
+               t.id AS trial_id,
+               t.config,
+               m.median_s,
+               m.min_s,
+               m.gflops,
+               m.gbps,
+               d.name AS device_name,
+               c.state = 'done' AS confirmed,
+               c.confirm_trial_id,
+               c.confirmed_median_s,
+               c.confirmed_gflops,
+               c.spread,
+               c.noise,
+               c.disagrees,
+               c.agreement_p,
+               c.same_source,
+               c.cold_build,
+               m.samples_s,
+               m.protocol
+          FROM tunefleet.trial t
+          JOIN tunefleet.run r ON r.id = t.run_id
+          JOIN tunefleet.measurement m ON m.trial_id = t.id
+          LEFT JOIN tunefleet.device d ON d.id = m.device_id
+          LEFT JOIN tunefleet.confirmations c ON c.trial_id = t.id
+         WHERE t.state = 'done' AND t.purpose = 'search'
+         ORDER BY t.run_id,
+                  coalesce(c.state IN ('invalid', 'failed', 'timed_out'), false),
+                  coalesce(c.confirmed_median_s, m.median_s),
+                  t.id) b
+ CROSS JOIN LATERAL (SELECT (percentile_cont(0.75) WITHIN GROUP (ORDER BY x)
+                             - percentile_cont(0.25) WITHIN GROUP (ORDER BY x))
+                            / percentile_cont(0.5) WITHIN GROUP (ORDER BY x) AS noise
+                       FROM unnest(b.samples_s) AS x) n
+""",
+    "run_progress": """
+SELECT a.run_id,
+       a.name,
+       a.problem,
+       a.device_class,
+       a.run_state,
+       a.stop_reason,
+       a.trials,
+       a.pending,
+       a.running,
+       a.done,
+       a.invalid,
+       a.failed,
+       a.timed_out,
+       a.cancelled,
+       a.cached,
+       CASE WHEN b.confirmed THEN b.confirmed_gflops ELSE b.gflops END AS best_gflops,
+       CASE WHEN b.confirmed THEN b.confirmed_median_s ELSE b.median_s END AS best_median_s,
+       a.created_at,
+       a.elapsed,
+       a.evaluations_per_minute,
+       a.confirmed,
+       a.confirming,
+       CASE WHEN b.trial_id IS NULL THEN NULL
+            WHEN b.confirmed AND b.disagrees = false THEN 'confirmed'
+            WHEN b.disagrees THEN 'not reproduced'
+            ELSE 'unconfirmed' END AS best_status,
+       b.trial_id AS best_trial_id
+  FROM (SELECT r.id AS run_id,
+               r.name,
+               r.problem,
+               r.device_class,
+               r.state AS run_state,
+               r.stop_reason,
+               count(t.id) AS trials,
+               count(t.id) FILTER (WHERE t.state = 'pending') AS pending,
+               count(t.id) FILTER (WHERE t.state = 'running') AS running,
+               count(t.id) FILTER (WHERE t.state = 'done') AS done,
+               count(t.id) FILTER (WHERE t.state = 'invalid') AS invalid,
+               count(t.id) FILTER (WHERE t.state = 'failed') AS failed,
+               count(t.id) FILTER (WHERE t.state = 'timed_out') AS timed_out,
+               count(t.id) FILTER (WHERE t.state = 'cancelled') AS cancelled,
+               count(t.id) FILTER (WHERE t.source = 'cache') AS cached,
+               r.created_at,
+               coalesce(r.finished_at, now()) - r.created_at AS elapsed,
+               count(t.id) FILTER (WHERE t.state IN ('done', 'invalid', 'failed', 'timed_out'))
+                 / greatest(extract(epoch FROM coalesce(r.finished_at, now()) - r.created_at)
+                            / 60.0, 1e-9) AS evaluations_per_minute,
+               (SELECT count(*) FROM tunefleet.trial c
+                 WHERE c.run_id = r.id AND c.purpose = 'confirm'
+                   AND c.state IN ('done', 'invalid', 'failed', 'timed_out')) AS confirmed,
+               (SELECT count(*) FROM tunefleet.trial c
+                 WHERE c.run_id = r.id AND c.purpose = 'confirm'
+                   AND c.state IN ('pending', 'running')) AS confirming
+          FROM tunefleet.run r
+          LEFT JOIN tunefleet.trial t ON t.run_id = r.id AND t.purpose = 'search'
+         GROUP BY r.id) a
+  LEFT JOIN tunefleet.best_per_run b ON b.run_id = a.run_id
 """,
 }
 
-# The same views as 0012_measurement_trust defined them (for the downgrade).
+# The same views as 0012_measurement_trust (confirmations, best_per_run) and
+# 0008_confirmations (run_progress) defined them (for the downgrade).
 PREVIOUS_VIEWS = {
     "confirmations": """
 SELECT c.run_id,
@@ -373,6 +462,40 @@ SELECT DISTINCT ON (t.run_id)
           coalesce(c.confirmed_median_s, m.median_s),
           t.id
 """,
+    "run_progress": """
+SELECT r.id AS run_id,
+       r.name,
+       r.problem,
+       r.device_class,
+       r.state AS run_state,
+       r.stop_reason,
+       count(t.id) AS trials,
+       count(t.id) FILTER (WHERE t.state = 'pending') AS pending,
+       count(t.id) FILTER (WHERE t.state = 'running') AS running,
+       count(t.id) FILTER (WHERE t.state = 'done') AS done,
+       count(t.id) FILTER (WHERE t.state = 'invalid') AS invalid,
+       count(t.id) FILTER (WHERE t.state = 'failed') AS failed,
+       count(t.id) FILTER (WHERE t.state = 'timed_out') AS timed_out,
+       count(t.id) FILTER (WHERE t.state = 'cancelled') AS cancelled,
+       count(t.id) FILTER (WHERE t.source = 'cache') AS cached,
+       max(m.gflops) AS best_gflops,
+       min(m.median_s) AS best_median_s,
+       r.created_at,
+       coalesce(r.finished_at, now()) - r.created_at AS elapsed,
+       count(t.id) FILTER (WHERE t.state IN ('done', 'invalid', 'failed', 'timed_out'))
+         / greatest(extract(epoch FROM coalesce(r.finished_at, now()) - r.created_at) / 60.0,
+                    1e-9) AS evaluations_per_minute,
+       (SELECT count(*) FROM tunefleet.trial c
+         WHERE c.run_id = r.id AND c.purpose = 'confirm'
+           AND c.state IN ('done', 'invalid', 'failed', 'timed_out')) AS confirmed,
+       (SELECT count(*) FROM tunefleet.trial c
+         WHERE c.run_id = r.id AND c.purpose = 'confirm'
+           AND c.state IN ('pending', 'running')) AS confirming
+  FROM tunefleet.run r
+  LEFT JOIN tunefleet.trial t ON t.run_id = r.id AND t.purpose = 'search'
+  LEFT JOIN tunefleet.measurement m ON m.trial_id = t.id
+ GROUP BY r.id
+""",
 }
 
 
@@ -384,7 +507,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     # Appended columns cannot be dropped by CREATE OR REPLACE: drop and recreate, dependents
-    # first.
+    # first (run_progress depends on best_per_run, which depends on confirmations).
     for name in reversed(list(PREVIOUS_VIEWS)):
         op.execute(f"DROP VIEW IF EXISTS {SCHEMA}.{name}")
     for name, body in PREVIOUS_VIEWS.items():

@@ -167,17 +167,27 @@ def compare(
 
 
 def verdict_text(
-    spread: float, noise: float | None, disagrees: bool | None, p_value: float | None
+    spread: float,
+    noise: float | None,
+    disagrees: bool | None,
+    p_value: float | None,
+    same_source: bool | None = None,
 ) -> str:
-    """How a stored verdict reads in ``tune``'s last line and ``tunefleet best``."""
-    text = f"spread {100 * spread:.2f} %"
-    if noise is not None:
-        text += f", sample noise {100 * noise:.2f} % IQR/median"
-    if disagrees is None:
-        return text + ", not judged yet"
-    if spread <= FLOOR:
-        return text + f": agrees (under the {100 * FLOOR:g} % floor)"
+    """How a stored verdict reads in ``tune``'s last line and ``tunefleet best``: how far
+    apart the medians are and what was decided, then the samples' own noise."""
+    apart = f"medians {100 * spread:.2f} % apart"
     p = "?" if p_value is None else f"{p_value:.2g}"
-    if disagrees:
-        return text + f": DISAGREES (rank test p = {p} < {ALPHA:g})"
-    return text + f": agrees (rank test p = {p}, not under {ALPHA:g})"
+    if same_source is False:
+        verdict = "DISAGREES: the cold re-measurement generated other code than the search timed"
+    elif disagrees is None:
+        verdict = "not judged yet"
+    elif spread <= FLOOR and not disagrees:
+        verdict = f"agrees (a difference under the {100 * FLOOR:g} % floor)"
+    elif disagrees:
+        verdict = f"DISAGREES (rank test p = {p} < {ALPHA:g})"
+    else:
+        verdict = f"agrees (rank test p = {p}, not under {ALPHA:g})"
+    text = f"{apart}: {verdict}"
+    if noise is not None:
+        text += f"; the samples' noise {100 * noise:.2f} % (IQR/median)"
+    return text

@@ -127,3 +127,27 @@ class MeasurementSource(StrEnum):
     #: A row the upgrade to ``0003_worker_functions`` could not prove a lease holder wrote
     #: (or a cache copy of one): kept readable, never served by the cache.
     UNVERIFIED = "unverified"
+
+
+class BestStatus(StrEnum):
+    """What a run's best figure is (``run_progress.best_status``), shown beside it
+    everywhere: the progress line, ``runs``, ``status``, ``best``, the API, the dashboard."""
+
+    #: Re-measured in a cold build (a fresh process sharing no cache with the search) and in
+    #: agreement: the figures shown are the re-measurement's.
+    CONFIRMED = "confirmed"
+    #: The re-measurement disagreed, generated other code, or failed: the figures shown are the
+    #: re-measurement's where there is one, and the best is not to be trusted to them.
+    NOT_REPRODUCED = "not reproduced"
+    #: Measured once so far (no re-measurement has finished yet).
+    UNCONFIRMED = "unconfirmed"
+
+
+def best_status(confirm_state: str | None, disagrees: bool | None) -> BestStatus:
+    """The status of a best from its confirmation's trial state and verdict, as the
+    ``run_progress`` view decides it (a failed re-measurement counts as a disagreement)."""
+    if disagrees or confirm_state in FAULT_TRIAL_STATES:
+        return BestStatus.NOT_REPRODUCED
+    if confirm_state == TrialState.DONE and disagrees is False:
+        return BestStatus.CONFIRMED
+    return BestStatus.UNCONFIRMED

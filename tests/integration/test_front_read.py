@@ -248,7 +248,7 @@ def test_plot_writes_a_real_png_of_the_run(ro_url, ro, capsys, tmp_path):
     cpu_png, gpu_png = tmp_path / "cpu.png", tmp_path / "gpu.png"
     code, out, _ = run_cli(capsys, "plot", str(ro.cpu_run), "-o", str(cpu_png), "--db", ro_url)
     assert code == 0
-    assert f"{ro.finished} evaluations, best 12.5 GFLOP/s, 2 workers" in out
+    assert f"{ro.finished} evaluations, best 12.5 GFLOP/s (unconfirmed), 2 workers" in out
     pixels = _png_pixels(cpu_png)
     assert pixels.shape == (1000, 900, 3)
     assert pixels.var() > 100, "the image is blank"
@@ -256,7 +256,7 @@ def test_plot_writes_a_real_png_of_the_run(ro_url, ro, capsys, tmp_path):
     assert _has_colour(pixels, (0x1C, 0x7E, 0xD6)) and _has_colour(pixels, (0x2B, 0x8A, 0x3E))
 
     code, out, _ = run_cli(capsys, "plot", str(ro.gpu_run), "-o", str(gpu_png), "--db", ro_url)
-    assert "3 evaluations, best 410 GFLOP/s, 1 worker" in out
+    assert "3 evaluations, best 410 GFLOP/s (unconfirmed), 1 worker" in out
     assert not np.array_equal(_png_pixels(gpu_png), pixels)  # another run, another picture
 
 

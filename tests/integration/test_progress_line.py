@@ -69,9 +69,76 @@ def test_the_progress_line_counts_what_the_database_holds(db_url, db):
         reader.close()
     assert line == (
         f"run {run}: 3/20 done, 1 running, 1 pending, 1 invalid, 1 failed, 1 timed out"
-        " | best 4.00 GFLOP/s | 3.0 eval/min | 2 workers | 2m00s | 1 standing aside"
-        " | nobody can serve it: test"
+        " | best 4.00 GFLOP/s (unconfirmed) | 3.0 eval/min | 2 workers | 2m00s"
+        " | 1 standing aside | nobody can serve it: test"
     )
+
+
+def _confirm(db: psycopg.Connection[Any], trial_id: int, median_s: float, disagrees: bool) -> int:
+    """A done confirmation of ``trial_id`` measured at ``median_s``, judged ``disagrees``."""
+    row = db.execute(
+        """
+        INSERT INTO tunefleet.trial (run_id, config, config_hash, device_class, purpose,
+               confirms_trial_id, state, disagrees, agreement_p, finished_at)
+        SELECT run_id, config, config_hash, device_class, 'confirm', id, 'done', %s, 0.5, now()
+          FROM tunefleet.trial WHERE id = %s
+        RETURNING id
+        """,
+        (disagrees, trial_id),
+    ).fetchone()
+    assert row is not None
+    _finish(db, row["id"], "done", median_s)
+    return int(row["id"])
+
+
+def test_the_best_everywhere_is_the_confirmed_one_and_says_what_it_is(db_url, db):
+    """The progress line, ``runs`` and ``status`` read the run's best from one place
+    (``best_per_run``): the search's fastest while unconfirmed; its re-measured figure once
+    confirmed; and once a re-measurement disagrees, the re-measured figure marked NOT
+    reproduced (or the next best, if that is faster now)."""
+    from tunefleet.cli.render import runs_table, status_text
+    from tunefleet.queries import report
+
+    run = insert_run(db)
+    fast, slow = insert_trials(db, run, synthetic_configs(2))
+    _finish(db, fast, "done", 0.25)  # 4 GFLOP/s in the search
+    _finish(db, slow, "done", 0.5)  # 2 GFLOP/s
+
+    def best() -> tuple[str, str, str]:
+        reader = ProgressReader(DatabaseSettings(url=db_url), db_url, run)
+        try:
+            line = reader.line()
+        finally:
+            reader.close()
+        assert line is not None
+        table = runs_table(report.list_runs(db))
+        return line.split(" | ")[1], table.splitlines()[-1], status_text(db, run)
+
+    line, row, status = best()
+    assert line == "best 4.00 GFLOP/s (unconfirmed)"
+    assert "4.00" in row and "unconfirmed" in row
+    assert f"4.00 GFLOP/s (median 250 ms), trial {fast}, unconfirmed" in status
+
+    agrees = _confirm(db, fast, 0.3125, disagrees=False)  # 3.2 GFLOP/s, re-measured
+    line, row, status = best()
+    assert line == "best 3.20 GFLOP/s"  # the confirmed figure, not the search's 4
+    assert "3.20" in row and "confirmed" in row
+    assert f"3.20 GFLOP/s (median 312 ms), trial {fast}, confirmed" in status
+
+    db.execute("UPDATE tunefleet.trial SET disagrees = true WHERE id = %s", (agrees,))
+    line, row, status = best()
+    assert line == "best 3.20 GFLOP/s (NOT reproduced)"
+    assert "not reproduced" in row
+    assert f"trial {fast}: NOT reproduced" in status
+
+    # re-measured far slower: the other configuration (2 GFLOP/s, unconfirmed) ranks first
+    db.execute(
+        "UPDATE tunefleet.measurement SET median_s = 1.0, gflops = 1.0 WHERE trial_id = %s",
+        (agrees,),
+    )
+    line, row, status = best()
+    assert line == "best 2.00 GFLOP/s (unconfirmed)"
+    assert f"trial {slow}, unconfirmed" in status
 
 
 def test_a_progress_line_is_skipped_while_the_database_is_away(db_url, db):

@@ -79,10 +79,13 @@ def test_tune_synthetic_then_every_read_command(home, tmp_path):
     # the best was re-measured before it was reported, and the last line says so
     assert "\nconfirmed: median " in out, out
     assert re.fullmatch(
-        r"run 1: best trial \d+ confirmed by re-measurement \(.*, spread \d+\.\d\d %, "
-        r"sample noise \d+\.\d\d % IQR/median: agrees \(.*\)\)",
+        r"run 1: best trial \d+ confirmed by a cold re-measurement \(.*, medians \d+\.\d\d % "
+        r"apart: agrees \(.*\); the samples' noise \d+\.\d\d % \(IQR/median\)\)",
         out.splitlines()[-1],
     ), out
+    # one best everywhere: the headline is the re-measured figure, and says so
+    assert re.search(r"\nbest: trial \d+, .* GFLOP/s, median .*: confirmed by a cold", out), out
+    assert "\nsearch: " in out and "cold build, same code" not in out  # synthetic: no code
 
     with embedded_conn(home) as conn:
         counts = conn.execute(

@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from tunefleet.errors import TunefleetError, UsageError
-from tunefleet.vocabulary import TrialState
+from tunefleet.vocabulary import BestStatus, TrialState, best_status
 
 T = TypeVar("T")
 
@@ -65,6 +65,9 @@ class RunSummary:
     timed_out: int
     cancelled: int
     cached: int
+    #: The run's best as every report shows it: its confirmed figures once a cold
+    #: re-measurement agreed, else the search's; ``best_status`` says which
+    #: (:class:`~tunefleet.vocabulary.BestStatus`: confirmed, not reproduced, unconfirmed).
     best_gflops: float | None
     best_median_s: float | None
     evaluations_per_minute: float
@@ -74,6 +77,8 @@ class RunSummary:
     max_trials: int | None
     max_seconds: float | None
     target_gflops: float | None
+    best_status: str | None = None
+    best_trial_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -129,12 +134,32 @@ class BestTrial:
     agreement_p: float | None = None
     measured_noise: float | None = None
     noisy: bool | None = None
+    #: The re-measurement generated the very code the search measured, and was a cold build
+    #: (a fresh process sharing no cache with the search).
+    same_source: bool | None = None
+    cold_build: bool | None = None
 
     @property
     def confirmed(self) -> bool:
         """A re-measurement finished and agrees by the confirmation criterion
-        (:mod:`tunefleet.agreement`)."""
-        return self.confirm_state == TrialState.DONE and not self.disagrees
+        (:mod:`tunefleet.agreement`) and built the same code."""
+        return self.status == BestStatus.CONFIRMED
+
+    @property
+    def status(self) -> BestStatus:
+        """confirmed, not reproduced or unconfirmed (:class:`~tunefleet.vocabulary.BestStatus`)."""
+        return best_status(self.confirm_state, self.disagrees)
+
+    @property
+    def headline_gflops(self) -> float | None:
+        """The figure to quote: the re-measurement's where one finished, else the search's."""
+        return self.confirmed_gflops if self.confirm_state == TrialState.DONE else self.gflops
+
+    @property
+    def headline_median_s(self) -> float:
+        if self.confirm_state == TrialState.DONE and self.confirmed_median_s is not None:
+            return self.confirmed_median_s
+        return self.median_s
 
 
 def best_trial(row: Mapping[str, Any]) -> BestTrial:

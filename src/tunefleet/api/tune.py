@@ -74,7 +74,11 @@ class TuneProgress:
     in_flight: int = 0
     live_workers: int = 0
     elapsed_s: float = 0.0
+    #: While the search runs: its fastest measurement so far (unconfirmed). At ``end``: the
+    #: run's best as every report quotes it, and ``best_status`` says what it is
+    #: (:class:`~tunefleet.vocabulary.BestStatus`).
     best_gflops: float | None = None
+    best_status: str | None = None
 
 
 @dataclass(frozen=True)
@@ -305,7 +309,7 @@ def _drive(
     """Say ``start``, start the workers, drive the search, stop everything: (result, why every
     local worker exited, what the progress callback raised, how many stop signals came). What
     the callback raises stops the run as Ctrl-C does: the run ends ``stopped``, resumable."""
-    from tunefleet.cli.progress import ProgressReader
+    from tunefleet.cli.progress import ProgressReader, progress_line
     from tunefleet.db.engine import connect
 
     workers = LocalWorkers(url, home_dir() / "logs" / f"run-{run_id}")
@@ -369,11 +373,20 @@ def _drive(
             timed_out = result is not None and result.cut is not None
             workers.stop(BUDGET_STOP_S if timed_out else 30.0)
             cancel_leftovers(url, engine_db, run_id)
-    line = reader.line()
+    row = reader.row()
+    line = None if row is None else progress_line(row)
     reader.close()
     if line is not None:
         try:
-            show(TuneProgress(run_id, "end", line))
+            show(
+                TuneProgress(
+                    run_id,
+                    "end",
+                    line,
+                    best_gflops=row["best_gflops"] if row else None,
+                    best_status=row["best_status"] if row else None,
+                )
+            )
         except BaseException as exc:
             raised.append(exc)
     if raised and isinstance(raised[0], KeyboardInterrupt):
@@ -436,11 +449,15 @@ def final_line(result: RunResult, confirm: int) -> str:
             why = "its re-measurement did not finish"
         return f"run {run_id}: best trial {result.best_trial_id} is NOT confirmed: {why}"
     verdict = agreement.verdict_text(
-        result.spread or 0.0, result.noise, result.disagrees, result.agreement_p
+        result.spread or 0.0,
+        result.noise,
+        result.disagrees,
+        result.agreement_p,
+        result.same_source,
     )
     noisy = "; its samples stayed noisy (see `tunefleet best`)" if result.noisy else ""
-    how = {None: "re-measured", False: "confirmed by re-measurement"}.get(
-        result.disagrees, "NOT confirmed by its re-measurement"
+    how = {None: "re-measured", False: "confirmed by a cold re-measurement"}.get(
+        result.disagrees, "NOT reproduced by its cold re-measurement"
     )
     return (
         f"run {run_id}: best trial {result.best_trial_id} {how} "

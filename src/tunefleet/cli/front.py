@@ -32,6 +32,7 @@ from tunefleet.cli.flags import run_id_arg
 from tunefleet.cli.output import (
     Column,
     args_text,
+    best_mark,
     compact_json,
     gflops,
     jsonable,
@@ -143,6 +144,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--json",
         action="store_true",
         help="print the measurement as one JSON object (times, samples, source hash)",
+    )
+    p.add_argument(
+        "--cold",
+        action="store_true",
+        help="build with caches of its own, as a run's confirmation does (slower)",
     )
     p.set_defaults(func=cmd_measure)
 
@@ -349,13 +355,15 @@ def cmd_plot(args: argparse.Namespace) -> int:
         run = require_run(conn, args.run)
         series = report.progress_series(conn, args.run)
         intervals = report.worker_intervals(conn, args.run)
+        progress = report.run_progress(conn, args.run)
+    assert progress is not None  # the run exists
     title = f"run {run['id']}: {run['problem']} {args_text(run['problem_args'])} on "
     title += run["device_class"]
-    render(path, title=title, series=series, intervals=intervals)
-    best = max((r["gflops"] for r in series if r["gflops"] is not None), default=None)
+    render(path, title=title, series=series, intervals=intervals, run_best=progress)
     n_workers = len({str(i["worker_id"]) for i in intervals})
     _out(
-        f"wrote {args.output}: {len(series)} evaluations, best {gflops(best)} GFLOP/s, "
+        f"wrote {args.output}: {len(series)} evaluations, best "
+        f"{gflops(progress['best_gflops'])} GFLOP/s{best_mark(progress['best_status'])}, "
         f"{n_workers} worker{'' if n_workers == 1 else 's'}"
     )
     if args.importance:
@@ -508,6 +516,50 @@ def _measurement_json(
     }
 
 
+#: How long ``tunefleet measure`` lets one evaluation (code generation, build, timing) run.
+MEASURE_TIMEOUT_S = 3600.0
+
+
+def _measure_in_child(
+    args: argparse.Namespace,
+    problem_args: dict[str, Any],
+    config: dict[str, Any],
+    device: Any,
+    protocol: Any,
+) -> Any:
+    """Generate, build and time the configuration in a child process started as a worker
+    starts its own (the code generation's hash seed, so the kernel is the one a run measured;
+    with ``--cold`` also caches of its own, as a confirmation)."""
+    import tempfile
+
+    from tunefleet.worker.supervise import Child, Measure, Open, cold_environment
+    from tunefleet.worker.vocabulary import ReplyKind
+
+    with tempfile.TemporaryDirectory(prefix="tunefleet-measure-") as scratch:
+        child = Child("measure", cold_environment(scratch) if args.cold else None)
+        try:
+            opened = child.call(Open(device), MEASURE_TIMEOUT_S)
+            if opened.kind != ReplyKind.OK:
+                raise TunefleetError(f"opening {device.name} failed: {opened.message}")
+            request = Measure(
+                args.problem,
+                problem_args,
+                config,
+                device,
+                protocol.to_json(),
+                inline_prepare=True,
+                cold=args.cold,
+            )
+            reply = child.call(request, MEASURE_TIMEOUT_S)
+        finally:
+            child.close()
+    if reply.kind == ReplyKind.OK:
+        return reply.value
+    if reply.kind == ReplyKind.INVALID:
+        raise TunefleetError(f"configuration is invalid: {reply.message}")
+    raise TunefleetError(f"the evaluation {reply.kind}: {reply.message}")
+
+
 def cmd_measure(args: argparse.Namespace) -> int:
     from tunefleet.errors import InvalidConfiguration
     from tunefleet.problems.base import Protocol
@@ -530,16 +582,11 @@ def cmd_measure(args: argparse.Namespace) -> int:
         raise UsageError("--protocol must be a JSON object, e.g. '{\"min_launches\": 10}'")
     protocol = Protocol.from_json({**Protocol().to_json(), **overrides})
 
-    from tunefleet.worker.device import open_session, select_device
+    from tunefleet.worker.device import select_device
 
     pattern = args.device if problem.needs_opencl else (args.device or "host")
     device = select_device(pattern)
-    session = open_session(device)
-    try:
-        prepared = problem.prepare(problem_args, config, device)
-        outcome = problem.measure(prepared, session, protocol)
-    except InvalidConfiguration as exc:
-        raise TunefleetError(f"configuration is invalid: {exc}") from None
+    outcome = _measure_in_child(args, problem_args, config, device, protocol)
     if args.json:
         _out(json.dumps(_measurement_json(args.problem, problem_args, config, device, outcome)))
         return 0 if outcome.state == TrialState.DONE else 1

@@ -243,7 +243,11 @@ def text(data: Row) -> str:
         )
     top = data["top"]
     if top["lines"]:
-        out += ["", f"the {top['n']} fastest configurations:"]
+        out += [
+            "",
+            f"the {top['n']} fastest configurations as the search measured them (the run's "
+            "best, re-measured: `tunefleet best`):",
+        ]
         names = top["order"]
         values = {p["name"]: p["values"] for p in data["parameters"]}
         out.append(

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from tunefleet import jsonvalues
+from tunefleet.vocabulary import BestStatus
 
 
 @dataclass(frozen=True)
@@ -110,3 +111,11 @@ def _scalar(value: Any) -> str:
 #: Rows from the database as JSON values (``tunefleet.jsonvalues.readable``); the commands
 #: and the dashboard take it from here.
 jsonable = jsonvalues.readable
+
+
+def best_mark(status: str | None) -> str:
+    """What a run's best figure is, written after it: nothing once confirmed (re-measured
+    cold and in agreement), else `` (unconfirmed)`` or `` (NOT reproduced)``."""
+    if status in (None, BestStatus.CONFIRMED):
+        return ""
+    return " (NOT reproduced)" if status == BestStatus.NOT_REPRODUCED else f" ({status})"

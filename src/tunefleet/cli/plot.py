@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tunefleet.errors import UsageError
-from tunefleet.vocabulary import TrialState
+from tunefleet.vocabulary import BestStatus, TrialState
 
 _STATE_COLOURS = {
     "done": "#2b8a3e",
@@ -60,9 +60,12 @@ def render(
     title: str,
     series: Sequence[Mapping[str, Any]],
     intervals: Sequence[Mapping[str, Any]],
+    run_best: Mapping[str, Any] | None = None,
 ) -> None:
     """Write the PNG. ``series`` rows come from ``report.progress_series``, ``intervals`` from
-    ``report.worker_intervals``."""
+    ``report.worker_intervals``; ``run_best`` (a ``report.run_progress`` row) marks the run's best
+    as every report quotes it (its confirmed figure once re-measured) at the end of the
+    curves."""
     try:
         import matplotlib
     except ImportError:
@@ -101,6 +104,17 @@ def render(
                 linewidth=2,
                 label="best so far",
                 zorder=3,
+            )
+        if run_best is not None and run_best.get("best_gflops") is not None and series:
+            status = run_best.get("best_status") or BestStatus.UNCONFIRMED
+            ax.scatter(
+                [max(r[key] for r in series)],
+                [run_best["best_gflops"]],
+                marker="*",
+                s=160,
+                color="#2b8a3e" if status == BestStatus.CONFIRMED else "#c92a2a",
+                label=f"the run's best ({status})",
+                zorder=4,
             )
         failed = [r for r in series if r["state"] != TrialState.DONE]
         if failed:

@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 
-from tunefleet.cli.output import gflops, seconds
+from tunefleet.cli.output import best_mark, gflops, seconds
 from tunefleet.db.engine import connect
 from tunefleet.errors import DatabaseUnavailable
 from tunefleet.queries import report
@@ -34,7 +34,7 @@ def progress_line(p: Mapping[str, Any], unserved: str | None = None) -> str:
         + (f", {p['timed_out']} timed out" if p.get("timed_out") else "")
         + (f", {p['cached']} cached" if p.get("cached") else "")
         + (f", confirming {p['confirming']}" if p.get("confirming") else "")
-        + f" | best {gflops(p['best_gflops'])} GFLOP/s"
+        + f" | best {gflops(p['best_gflops'])} GFLOP/s{best_mark(p.get('best_status'))}"
         + f" | {float(p['evaluations_per_minute']):.1f} eval/min"
         + f" | {workers} worker{'s' if workers != 1 else ''}"
         + f" | {seconds(p['elapsed_s'])}"
@@ -56,14 +56,19 @@ class ProgressReader:
 
     def line(self, unserved: str | None = None) -> str | None:
         """The line now, or None when the run or the database cannot be read."""
+        p = self.row()
+        return None if p is None else progress_line(p, unserved)
+
+    def row(self) -> dict[str, Any] | None:
+        """The run's ``run_progress`` row now (its best among it), or None when the run or the
+        database cannot be read."""
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = connect(self.url, self.settings)
-            p = report.run_progress(self._conn, self.run_id)
+            return report.run_progress(self._conn, self.run_id)
         except (psycopg.Error, DatabaseUnavailable):
             self.close()
             return None
-        return None if p is None else progress_line(p, unserved)
 
     def close(self) -> None:
         if self._conn is not None:

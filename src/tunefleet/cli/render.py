@@ -31,9 +31,11 @@ from tunefleet.queries import report
 from tunefleet.vocabulary import (
     ANY_DEVICE_CLASS,
     FAULT_TRIAL_STATES,
+    BestStatus,
     RunState,
     TrialState,
     WorkerState,
+    best_status,
 )
 
 Row = dict[str, Any]
@@ -62,6 +64,7 @@ _RUN_COLUMNS = (
     Column("INVALID", "invalid", right=True),
     Column("FAILED", "failed_all", right=True),
     Column("BEST GFLOP/s", "best_gflops", gflops, right=True),
+    Column("BEST IS", "best_status", lambda v: v or "-"),
     Column("EVAL/MIN", "evaluations_per_minute", lambda v: f"{float(v):.1f}", right=True),
     Column("ELAPSED", "elapsed_s", seconds, right=True),
 )
@@ -216,11 +219,25 @@ def _progress_block(p: Row) -> str:
             f"{p['invalid']} invalid, {p['failed']} failed, {p['timed_out']} timed out, "
             f"{p['cancelled']} cancelled ({p['cached']} from cache)",
             f"  best      {gflops(p['best_gflops'])} GFLOP/s "
-            f"(median {seconds(p['best_median_s'])})",
+            f"(median {seconds(p['best_median_s'])}){_best_status(p)}",
             f"  rate      {float(p['evaluations_per_minute']):.1f} evaluations/min",
             *_driver_line(p),
         ]
     )
+
+
+def _best_status(p: Row) -> str:
+    status = p.get("best_status")
+    if status is None:
+        return ""
+    if status == BestStatus.CONFIRMED:
+        return f", trial {p['best_trial_id']}, confirmed by a cold re-measurement"
+    if status == BestStatus.NOT_REPRODUCED:
+        return (
+            f", trial {p['best_trial_id']}: NOT reproduced (its cold re-measurement disagreed; "
+            f"`tunefleet best {p['run_id']}`)"
+        )
+    return f", trial {p['best_trial_id']}, unconfirmed (measured once so far)"
 
 
 def _driver_line(p: Row) -> list[str]:
@@ -277,9 +294,7 @@ def best_text(found: BestOfRun) -> str:
         f"on {run['device_class']} ({run['state']}"
         + (f": {run['stop_reason']}" if run.get("stop_reason") else "")
         + f"; {progress['done']} done of {progress['trials']} trials)",
-        f"best: trial {top['trial_id']}, {gflops(top['gflops'])} GFLOP/s, "
-        f"median {seconds(top['median_s'])} (min {seconds(top['min_s'])})"
-        + (f", {gflops(top['gbps'])} GB/s" if top.get("gbps") is not None else ""),
+        *headline(top),
         confirmation_text(top),
         *filter(None, [noise_text(top)]),
         f"device: {top['device_name'] or '-'} (driver {top['driver_version'] or '-'})",
@@ -296,20 +311,61 @@ def best_text(found: BestOfRun) -> str:
         lines.append(
             table(
                 [
-                    {**b, "config_text": compact_json(b["config"]), "spread_text": _spread(b)}
+                    {
+                        **b,
+                        **_figures(b),
+                        "config_text": compact_json(b["config"]),
+                        "spread_text": _spread(b),
+                    }
                     for b in best
                 ],
                 (
                     Column("TRIAL", "trial_id", right=True),
-                    Column("GFLOP/s", "gflops", gflops, right=True),
-                    Column("MEDIAN", "median_s", seconds, right=True),
-                    Column("CONFIRMED", "confirmed_median_s", seconds, right=True),
+                    Column("GFLOP/s", "headline_gflops", gflops, right=True),
+                    Column("MEDIAN", "headline_median_s", seconds, right=True),
+                    Column("STATUS", "status"),
+                    Column("SEARCH", "median_s", seconds, right=True),
                     Column("SPREAD", "spread_text", right=True),
                     Column("CONFIG", "config_text"),
                 ),
             )
         )
     return "\n".join(lines)
+
+
+def _figures(b: Row) -> Row:
+    """A best's figures to quote: the re-measurement's where one finished, else the search's,
+    and its :class:`~tunefleet.vocabulary.BestStatus`."""
+    done = b.get("confirm_state") == TrialState.DONE
+    return {
+        "headline_gflops": b.get("confirmed_gflops") if done else b.get("gflops"),
+        "headline_median_s": b.get("confirmed_median_s") if done else b.get("median_s"),
+        "status": str(best_status(b.get("confirm_state"), b.get("disagrees"))),
+    }
+
+
+def headline(top: Row) -> list[str]:
+    """The ``best:`` line (the figure every report quotes, and what it is) and, once a
+    re-measurement gave that figure, the search's own figures beside it."""
+    f = _figures(top)
+    status = f["status"]
+    what = {
+        BestStatus.CONFIRMED: "confirmed by a cold re-measurement",
+        BestStatus.NOT_REPRODUCED: "NOT reproduced by its re-measurement (see below)",
+        BestStatus.UNCONFIRMED: "unconfirmed (measured once)",
+    }[BestStatus(status)]
+    gbps = f", {gflops(top['gbps'])} GB/s" if top.get("gbps") is not None else ""
+    search = (
+        f"{gflops(top['gflops'])} GFLOP/s, median {seconds(top['median_s'])} "
+        f"(min {seconds(top['min_s'])})"
+    )
+    if top.get("confirm_state") != TrialState.DONE:
+        return [f"best: trial {top['trial_id']}, {search}{gbps}: {what}"]
+    return [
+        f"best: trial {top['trial_id']}, {gflops(f['headline_gflops'])} GFLOP/s, median "
+        f"{seconds(f['headline_median_s'])}: {what}",
+        f"search: {search}{gbps} (its first measurement)",
+    ]
 
 
 def reproduce_command(run: Row, best: Row) -> str:
@@ -359,14 +415,22 @@ def confirmation_text(best: Row) -> str:
         )
     where = best.get("confirm_worker_host") or "?"
     same = best.get("confirm_worker_id") == best.get("worker_id")
+    how = ["the same worker" if same else "another worker"]
+    if best.get("cold_build"):
+        how.append("cold build")
+    if best.get("same_source") is not None:
+        how.append("same code" if best["same_source"] else "OTHER code")
     text = (
         f"confirmed: median {seconds(best['confirmed_median_s'])}, "
         f"{gflops(best['confirmed_gflops'])} GFLOP/s (trial {best['confirm_trial_id']} on "
-        f"{where}{', the same worker' if same else ', another worker'}, input seed "
-        f"{best['confirm_input_seed']}); "
+        f"{where}, {', '.join(how)}, input seed {best['confirm_input_seed']}); "
     )
     text += agreement.verdict_text(
-        best["spread"], best.get("noise"), best.get("disagrees"), best.get("agreement_p")
+        best["spread"],
+        best.get("noise"),
+        best.get("disagrees"),
+        best.get("agreement_p"),
+        best.get("same_source"),
     )
     if best.get("disagrees"):
         text += "; the figures are not reproducible to that precision"

@@ -440,7 +440,8 @@ SELECT t.run_id,
     # verdict (tunefleet.agreement's rank test behind a 3 % floor, or a cold rebuild whose
     # code differs; NULL until judged), or true when the re-measurement failed. ``same_source``:
     # the re-measurement generated the very code the search measured; ``cold_build``: it was
-    # built and timed in a fresh process sharing no cache with the search.
+    # built and timed in a fresh process sharing no cache with the search (NULL where
+    # neither stored code: problems without generated code).
     "confirmations": """
 SELECT c.run_id,
        c.confirms_trial_id AS trial_id,
@@ -464,7 +465,8 @@ SELECT c.run_id,
        c.agreement_p,
        no.noise AS original_noise,
        nc.noise AS confirmed_noise,
-       mo.code IS NOT DISTINCT FROM mc.code AS same_source,
+       CASE WHEN mo.code IS NULL AND mc.code IS NULL THEN NULL
+            ELSE mo.code IS NOT DISTINCT FROM mc.code END AS same_source,
        coalesce((mc.protocol ->> 'cold_build')::boolean, false) AS cold_build
   FROM tunefleet.trial c
   JOIN tunefleet.trial o ON o.id = c.confirms_trial_id
@@ -484,46 +486,71 @@ SELECT c.run_id,
     # measured one (else by its search measurement); a configuration whose re-measurement
     # failed ranks after every other. ``measured_noise`` / ``noisy``: the search
     # measurement's samples (IQR over median) and whether that exceeds its protocol's
-    # ``noise_limit`` (the worker took all the samples the protocol allows and it stayed so).
+    # ``noise_limit`` (the worker took all the samples the protocol allows and it stayed so),
+    # computed for the best alone. ``same_source`` / ``cold_build``: its confirmation's
+    # (``confirmations``).
     "best_per_run": """
-SELECT DISTINCT ON (t.run_id)
-       t.run_id,
-       r.problem,
-       r.problem_args,
-       r.device_class,
-       t.id AS trial_id,
-       t.config,
-       m.median_s,
-       m.min_s,
-       m.gflops,
-       m.gbps,
-       d.name AS device_name,
-       c.state = 'done' AS confirmed,
-       c.confirm_trial_id,
-       c.confirmed_median_s,
-       c.confirmed_gflops,
-       c.spread,
-       c.noise,
-       c.disagrees,
-       c.agreement_p,
+SELECT b.run_id,
+       b.problem,
+       b.problem_args,
+       b.device_class,
+       b.trial_id,
+       b.config,
+       b.median_s,
+       b.min_s,
+       b.gflops,
+       b.gbps,
+       b.device_name,
+       b.confirmed,
+       b.confirm_trial_id,
+       b.confirmed_median_s,
+       b.confirmed_gflops,
+       b.spread,
+       b.noise,
+       b.disagrees,
+       b.agreement_p,
        n.noise AS measured_noise,
-       n.noise > (m.protocol ->> 'noise_limit')::double precision AS noisy,
-       c.same_source,
-       c.cold_build
-  FROM tunefleet.trial t
-  JOIN tunefleet.run r ON r.id = t.run_id
-  JOIN tunefleet.measurement m ON m.trial_id = t.id
-  LEFT JOIN tunefleet.device d ON d.id = m.device_id
-  LEFT JOIN tunefleet.confirmations c ON c.trial_id = t.id
-  CROSS JOIN LATERAL (SELECT (percentile_cont(0.75) WITHIN GROUP (ORDER BY x)
-                              - percentile_cont(0.25) WITHIN GROUP (ORDER BY x))
-                             / percentile_cont(0.5) WITHIN GROUP (ORDER BY x) AS noise
-                        FROM unnest(m.samples_s) AS x) n
- WHERE t.state = 'done' AND t.purpose = 'search'
- ORDER BY t.run_id,
-          coalesce(c.state IN ('invalid', 'failed', 'timed_out'), false),
-          coalesce(c.confirmed_median_s, m.median_s),
-          t.id
+       n.noise > (b.protocol ->> 'noise_limit')::double precision AS noisy,
+       b.same_source,
+       b.cold_build
+  FROM (SELECT DISTINCT ON (t.run_id)
+               t.run_id,
+               r.problem,
+               r.problem_args,
+               r.device_class,
+               t.id AS trial_id,
+               t.config,
+               m.median_s,
+               m.min_s,
+               m.gflops,
+               m.gbps,
+               d.name AS device_name,
+               c.state = 'done' AS confirmed,
+               c.confirm_trial_id,
+               c.confirmed_median_s,
+               c.confirmed_gflops,
+               c.spread,
+               c.noise,
+               c.disagrees,
+               c.agreement_p,
+               c.same_source,
+               c.cold_build,
+               m.samples_s,
+               m.protocol
+          FROM tunefleet.trial t
+          JOIN tunefleet.run r ON r.id = t.run_id
+          JOIN tunefleet.measurement m ON m.trial_id = t.id
+          LEFT JOIN tunefleet.device d ON d.id = m.device_id
+          LEFT JOIN tunefleet.confirmations c ON c.trial_id = t.id
+         WHERE t.state = 'done' AND t.purpose = 'search'
+         ORDER BY t.run_id,
+                  coalesce(c.state IN ('invalid', 'failed', 'timed_out'), false),
+                  coalesce(c.confirmed_median_s, m.median_s),
+                  t.id) b
+ CROSS JOIN LATERAL (SELECT (percentile_cont(0.75) WITHIN GROUP (ORDER BY x)
+                             - percentile_cont(0.25) WITHIN GROUP (ORDER BY x))
+                            / percentile_cont(0.5) WITHIN GROUP (ORDER BY x) AS noise
+                       FROM unnest(b.samples_s) AS x) n
 """,
     # The fastest configuration ever measured per problem, arguments and device class,
     # across runs and imported archives (never an unverified row).
@@ -546,40 +573,71 @@ SELECT DISTINCT ON (m.problem, m.problem_args, d.device_class)
  WHERE m.source <> 'unverified'
  ORDER BY m.problem, m.problem_args, d.device_class, m.median_s, m.id
 """,
-    # Progress of each run: counts per state, best so far, throughput.
+    # Progress of each run: counts per state, its best, throughput. The best is the one
+    # every report shows (``best_per_run``'s): ``best_gflops`` / ``best_median_s`` are its
+    # confirmed figures once a confirmation measured it, else the search's, and
+    # ``best_status`` says which: ``confirmed`` (re-measured and in agreement),
+    # ``not reproduced`` (its re-measurement disagreed, built other code or failed: the
+    # figures are the re-measurement's where there is one), ``unconfirmed`` (measured once
+    # so far); NULL before a successful trial.
     "run_progress": """
-SELECT r.id AS run_id,
-       r.name,
-       r.problem,
-       r.device_class,
-       r.state AS run_state,
-       r.stop_reason,
-       count(t.id) AS trials,
-       count(t.id) FILTER (WHERE t.state = 'pending') AS pending,
-       count(t.id) FILTER (WHERE t.state = 'running') AS running,
-       count(t.id) FILTER (WHERE t.state = 'done') AS done,
-       count(t.id) FILTER (WHERE t.state = 'invalid') AS invalid,
-       count(t.id) FILTER (WHERE t.state = 'failed') AS failed,
-       count(t.id) FILTER (WHERE t.state = 'timed_out') AS timed_out,
-       count(t.id) FILTER (WHERE t.state = 'cancelled') AS cancelled,
-       count(t.id) FILTER (WHERE t.source = 'cache') AS cached,
-       max(m.gflops) AS best_gflops,
-       min(m.median_s) AS best_median_s,
-       r.created_at,
-       coalesce(r.finished_at, now()) - r.created_at AS elapsed,
-       count(t.id) FILTER (WHERE t.state IN ('done', 'invalid', 'failed', 'timed_out'))
-         / greatest(extract(epoch FROM coalesce(r.finished_at, now()) - r.created_at) / 60.0,
-                    1e-9) AS evaluations_per_minute,
-       (SELECT count(*) FROM tunefleet.trial c
-         WHERE c.run_id = r.id AND c.purpose = 'confirm'
-           AND c.state IN ('done', 'invalid', 'failed', 'timed_out')) AS confirmed,
-       (SELECT count(*) FROM tunefleet.trial c
-         WHERE c.run_id = r.id AND c.purpose = 'confirm'
-           AND c.state IN ('pending', 'running')) AS confirming
-  FROM tunefleet.run r
-  LEFT JOIN tunefleet.trial t ON t.run_id = r.id AND t.purpose = 'search'
-  LEFT JOIN tunefleet.measurement m ON m.trial_id = t.id
- GROUP BY r.id
+SELECT a.run_id,
+       a.name,
+       a.problem,
+       a.device_class,
+       a.run_state,
+       a.stop_reason,
+       a.trials,
+       a.pending,
+       a.running,
+       a.done,
+       a.invalid,
+       a.failed,
+       a.timed_out,
+       a.cancelled,
+       a.cached,
+       CASE WHEN b.confirmed THEN b.confirmed_gflops ELSE b.gflops END AS best_gflops,
+       CASE WHEN b.confirmed THEN b.confirmed_median_s ELSE b.median_s END AS best_median_s,
+       a.created_at,
+       a.elapsed,
+       a.evaluations_per_minute,
+       a.confirmed,
+       a.confirming,
+       CASE WHEN b.trial_id IS NULL THEN NULL
+            WHEN b.confirmed AND b.disagrees = false THEN 'confirmed'
+            WHEN b.disagrees THEN 'not reproduced'
+            ELSE 'unconfirmed' END AS best_status,
+       b.trial_id AS best_trial_id
+  FROM (SELECT r.id AS run_id,
+               r.name,
+               r.problem,
+               r.device_class,
+               r.state AS run_state,
+               r.stop_reason,
+               count(t.id) AS trials,
+               count(t.id) FILTER (WHERE t.state = 'pending') AS pending,
+               count(t.id) FILTER (WHERE t.state = 'running') AS running,
+               count(t.id) FILTER (WHERE t.state = 'done') AS done,
+               count(t.id) FILTER (WHERE t.state = 'invalid') AS invalid,
+               count(t.id) FILTER (WHERE t.state = 'failed') AS failed,
+               count(t.id) FILTER (WHERE t.state = 'timed_out') AS timed_out,
+               count(t.id) FILTER (WHERE t.state = 'cancelled') AS cancelled,
+               count(t.id) FILTER (WHERE t.source = 'cache') AS cached,
+               r.created_at,
+               coalesce(r.finished_at, now()) - r.created_at AS elapsed,
+               count(t.id) FILTER (WHERE t.state IN ('done', 'invalid', 'failed', 'timed_out'))
+                 / greatest(extract(epoch FROM coalesce(r.finished_at, now()) - r.created_at)
+                            / 60.0, 1e-9) AS evaluations_per_minute,
+               (SELECT count(*) FROM tunefleet.trial c
+                 WHERE c.run_id = r.id AND c.purpose = 'confirm'
+                   AND c.state IN ('done', 'invalid', 'failed', 'timed_out')) AS confirmed,
+               (SELECT count(*) FROM tunefleet.trial c
+                 WHERE c.run_id = r.id AND c.purpose = 'confirm'
+                   AND c.state IN ('pending', 'running')) AS confirming
+          FROM tunefleet.run r
+          LEFT JOIN tunefleet.trial t ON t.run_id = r.id AND t.purpose = 'search'
+         GROUP BY r.id) a
+  LEFT JOIN tunefleet.best_per_run b ON b.run_id = a.run_id
 """,
     # Workers standing aside from a run: who, where, why (their environment cannot run it).
     "standing_aside": """

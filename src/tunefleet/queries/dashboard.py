@@ -73,7 +73,7 @@ def _runs(conn: Conn, *, run_id: int | None, limit: int) -> list[Row]:
                p.cancelled, p.cached, p.best_gflops, p.best_median_s, p.created_at,
                extract(epoch FROM p.elapsed)::float8 AS elapsed_s,
                p.evaluations_per_minute::float8 AS evaluations_per_minute,
-               p.confirmed, p.confirming,
+               p.confirmed, p.confirming, p.best_status, p.best_trial_id,
                s.problem_args, s.protocol, s.search, s.max_trials, s.max_seconds,
                s.target_gflops, s.patience, s.finished_at,
                extract(epoch FROM now() - s.coordinator_heartbeat_at)::float8

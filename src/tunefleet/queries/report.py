@@ -140,7 +140,8 @@ def best_trials(conn: Conn, run_id: int, *, limit: int = 1) -> list[Row]:
 
     ``confirm_state`` is the confirmation's trial state (NULL: never confirmed);
     ``confirmed_median_s``, ``confirmed_gflops``, ``confirm_worker_host``, ``spread``,
-    ``noise``, ``disagrees`` and ``agreement_p`` come from the ``confirmations`` view;
+    ``noise``, ``disagrees``, ``agreement_p``, ``same_source`` and ``cold_build`` come from
+    the ``confirmations`` view;
     ``measured_noise`` and ``noisy`` (the search measurement's samples) from ``results``.
 
     Read-only, no locks."""
@@ -155,7 +156,7 @@ def best_trials(conn: Conn, run_id: int, *, limit: int = 1) -> list[Row]:
                c.confirm_trial_id, c.state AS confirm_state, c.confirmed_median_s,
                c.confirmed_gflops, c.input_seed AS confirm_input_seed,
                c.confirm_worker_id, cw.host AS confirm_worker_host,
-               c.spread, c.noise, c.disagrees, c.agreement_p,
+               c.spread, c.noise, c.disagrees, c.agreement_p, c.same_source, c.cold_build,
                r.noise AS measured_noise, r.noisy
           FROM tunefleet.trial t
           JOIN tunefleet.measurement m ON m.trial_id = t.id

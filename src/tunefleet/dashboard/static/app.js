@@ -45,6 +45,12 @@ function gflops(v) {
   return a >= 100 ? v.toFixed(0) : a >= 10 ? v.toFixed(1) : v.toFixed(2);
 }
 
+// What a run's best figure is, after it (as the CLI writes it): nothing once confirmed.
+function bestMark(status) {
+  if (!status || status === "confirmed") return "";
+  return status === "not reproduced" ? " (NOT reproduced)" : ` (${status})`;
+}
+
 function secs(v) {
   if (v === null || v === undefined) return "-";
   if (v < 1e-3) return (v * 1e6).toFixed(1) + " µs";
@@ -380,7 +386,7 @@ function runsPage() {
         { title: "Running", num: true, value: (r) => r.running },
         { title: "Pending", num: true, value: (r) => r.pending },
         { title: "Failed", num: true, value: failedAll },
-        { title: "Best GFLOP/s", num: true, value: (r) => gflops(r.best_gflops) },
+        { title: "Best GFLOP/s", num: true, value: (r) => gflops(r.best_gflops) + bestMark(r.best_status) },
         { title: "Eval/min", num: true, value: (r) => (r.evaluations_per_minute || 0).toFixed(1) },
         { title: "Live workers", num: true, value: (r) => r.live_workers },
         { title: "Elapsed", num: true, value: (r) => duration(r.elapsed_s) },
@@ -571,7 +577,7 @@ function runPage(runId) {
       card("finished", "finished", finished(s)), card("done", "done", s.done), card("running", "running", s.running),
       card("pending", "pending", s.pending), card("invalid", "invalid", s.invalid), card("failed", "failed", s.failed),
       card("timed_out", "timed out", s.timed_out), card("cached", "from cache", s.cached),
-      card("best", "best GFLOP/s", gflops(s.best_gflops)), card("rate", "eval / min", (s.evaluations_per_minute || 0).toFixed(1)),
+      card("best", "best GFLOP/s" + bestMark(s.best_status), gflops(s.best_gflops)), card("rate", "eval / min", (s.evaluations_per_minute || 0).toFixed(1)),
       card("workers", "live workers", s.live_workers), card("elapsed", "elapsed", duration(s.elapsed_s)));
     states.replaceChildren(el("h2", { text: `Trials by state (${s.trials})` }), stateBar(s, true), legend());
   }
@@ -580,12 +586,18 @@ function runPage(runId) {
     if (!best) {
       bestBox.replaceChildren(el("h2", { text: "Best configuration" }), el("div", { class: "empty", text: "no successful trial yet" }));
     } else {
-      const verdict = best.disagrees ? ", DISAGREES" : best.disagrees === false ? ", agrees" : ", not judged yet";
-      const confirmed = best.confirmed ? `re-measured at ${gflops(best.confirmed_gflops)} GFLOP/s (spread ${pct(best.spread)}${verdict})` : best.confirm_trial_id ? "re-measurement did not confirm it" : "not re-measured";
+      const verdict = best.same_source === false ? ", DISAGREES: its cold build generated other code" : best.disagrees ? ", DISAGREES" : best.disagrees === false ? ", agrees" : ", not judged yet";
+      const how = best.cold_build ? "cold re-measurement" : "re-measurement";
+      const confirmed = best.confirmed ? `${how} at ${gflops(best.confirmed_gflops)} GFLOP/s (spread ${pct(best.spread)}${verdict})` : best.confirm_trial_id ? "re-measurement did not confirm it" : "not re-measured";
+      // The figure every report quotes: the re-measurement's once it finished, else the search's.
+      const status = best.disagrees ? "not reproduced" : best.confirmed && best.disagrees === false ? "confirmed" : "unconfirmed";
+      const headline = best.confirmed ? best.confirmed_gflops : best.gflops;
+      const headlineMedian = best.confirmed ? best.confirmed_median_s : best.median_s;
       const noise = best.measured_noise == null ? "-" : `${pct(best.measured_noise)} IQR/median${best.noisy ? ": NOISY (every launch the protocol allows)" : ""}`;
       bestBox.replaceChildren(el("h2", {}, "Best configuration: ", el("a", { href: `?trial=${best.trial_id}`, id: "best-trial", text: `trial ${best.trial_id}`, onclick: (e) => { e.preventDefault(); showTrial(best.trial_id); } })),
-        el("dl", { class: "kv" }, el("dt", { text: "GFLOP/s" }), el("dd", { id: "best-gflops", text: gflops(best.gflops) }),
-          el("dt", { text: "Median" }), el("dd", { text: `${secs(best.median_s)} (min ${secs(best.min_s)})` }),
+        el("dl", { class: "kv" }, el("dt", { text: "GFLOP/s" }), el("dd", { id: "best-gflops", text: gflops(headline) + bestMark(status) }),
+          el("dt", { text: "Median" }), el("dd", { text: secs(headlineMedian) }),
+          el("dt", { text: "Search" }), el("dd", { id: "best-search", text: `${gflops(best.gflops)} GFLOP/s, median ${secs(best.median_s)} (min ${secs(best.min_s)}), its first measurement` }),
           el("dt", { text: "Device" }), el("dd", { text: best.device_name || "-" }),
           el("dt", { text: "Confirmation" }), el("dd", { text: confirmed }),
           el("dt", { text: "Noise" }), el("dd", { id: "best-noise", class: best.noisy ? "noisy" : "", text: noise }),
