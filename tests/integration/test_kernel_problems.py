@@ -480,3 +480,50 @@ def test_a_configuration_builds_to_one_kernel_in_every_worker_process(tmp_path):
         assert "hashes strings with a random seed" in proc.stderr  # said where it happens
     assert results[0]["here"] != results[1]["here"]  # the hazard
     assert results[0]["child"] == results[1]["child"]  # gone in the worker's processes
+
+
+NEST_SCRIPT = r"""
+import loopy as lp
+from loopy.schedule import EnterLoop, RunInstruction
+from tunefleet.problems._loopy import linearize
+from tunefleet.problems.registry import get_problem
+from tunefleet.worker.device import list_devices
+
+problem = get_problem("gemm")
+args = problem.normalise_args({"n": 4096, "m": 4096, "k": 4096})
+config = problem.default_config(args)
+with lp.CacheMode(False):
+    knl = linearize(lp.preprocess_kernel(problem.build(args, config, list_devices()[0])))
+nest = []  # the loops entered since the k loop of one tile, around its update
+for item in knl.default_entrypoint.linearization:
+    if isinstance(item, EnterLoop):
+        nest = [] if item.iname == "kt" else [*nest, item.iname]
+    if isinstance(item, RunInstruction) and item.insn_id == "insn_kb_kt_update":
+        break
+print("NEST " + ">".join(nest))
+"""
+
+
+def test_the_code_generation_seed_nests_the_gemm_register_tile_as_measured_fastest():
+    """Loopy nests ILP loops in the order it iterates a set of their names, so the code
+    generation's hash seed decides GEMM's register tile order. On an H200 seed 0's order (b's
+    vector components outermost) ran 1.27-1.40x slower than the orders with them innermost;
+    CODEGEN_HASH_SEED is one of those. A change of Python or loopy that moves it fails here."""
+    import os
+    import subprocess
+    import sys
+
+    from tunefleet.problems.base import codegen_environment
+
+    env = {**os.environ, **codegen_environment()}
+    proc = subprocess.run(
+        [sys.executable, "-c", NEST_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    nest = [ln for ln in proc.stdout.splitlines() if ln.startswith("NEST ")]
+    assert nest, proc.stdout + proc.stderr
+    assert nest[-1] == "NEST ti_reg>tj_reg>ti_vec>tj_vec"

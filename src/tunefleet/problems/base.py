@@ -34,17 +34,22 @@ STATISTICS = ("median", "min", "feinsum-wall-mean")
 
 
 #: Loopy generates code whose details follow Python's string hashing, which is randomised per
-#: process: the order of the unrolled statements of ILP loops and the numbering of privatised
-#: accumulators come from iterating sets of names. One configuration then builds to different
-#: kernels in different processes, and they run at different speeds (a GEMM configuration
-#: generated under three seeds: three sources). Every process that generates code for tunefleet
-#: (a worker's code-generation, device and cold-build processes, ``tunefleet measure``) runs
-#: with this fixed seed, so a configuration has one kernel everywhere.
-CODEGEN_HASH_SEED = "0"
+#: process: its scheduler nests ILP loops in the order it iterates a set of their names (loop
+#: priorities do not apply to them), and privatised accumulators are numbered likewise. One
+#: configuration then builds to different kernels in different processes, at different speeds:
+#: three GEMM configurations on an H200 under seeds 0-3 gave 3-4 sources each, the slowest
+#: 1.27-1.40x the fastest (benchmarks/published/codegen_variants_h200.json). Every process
+#: that generates code for tunefleet (a worker's code-generation, device and cold-build
+#: processes, ``tunefleet measure``) runs with this fixed seed, so a configuration has one
+#: kernel everywhere. Its value is the first that nests GEMM's register tile rows, columns,
+#: then vector components (b's innermost, each loaded vector feeding its FMAs back to back):
+#: seed 0 nested b's components outermost and was the slowest variant of all three
+#: (tests/integration/test_kernel_problems.py holds the nest).
+CODEGEN_HASH_SEED = "3"
 #: ... and with loopy's and pyopencl's persistent caches in a directory of their own (under the
 #: cache home) that only such processes fill: an entry written under another seed would
 #: answer with its own variant of the kernel.
-CODEGEN_CACHE = "tunefleet-codegen-1"
+CODEGEN_CACHE = f"tunefleet-codegen-seed{CODEGEN_HASH_SEED}"
 
 
 def codegen_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
