@@ -22,6 +22,7 @@ import itertools
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -152,6 +153,12 @@ def cluster_site(directory: Path, nodes: Sequence[str] = SITE_NODES) -> Iterator
             with open(server.data_dir / "postgresql.conf", "a") as conf:
                 # Who connected, as which role, with or without TLS: what a site audits.
                 conf.write("log_connections = on\n")
+                # Sessions of clients cut off for good go within seconds, not the embedded
+                # server's two minutes: a test waits for them.
+                conf.write(
+                    "tcp_keepalives_idle = 2\ntcp_keepalives_interval = 1\n"
+                    "tcp_keepalives_count = 3\n"
+                )
             enable_tls(server, crt, key)
             admin = server.admin_url()
             with psycopg.connect(admin, autocommit=True) as conn:
@@ -211,3 +218,128 @@ def coordinator_on(
     argv = [sys.executable, "-m", "tunefleet", "-v", "coordinator", *args, "--db"]
     argv.append(db.url("coordinator"))
     return start_on(node, argv, log_path, db.env("coordinator", env))
+
+
+# --- a run on the site ----------------------------------------------------------------------
+
+
+@dataclass
+class SiteRun:
+    """One tuning run on a site: the coordinator and workers it starts on nodes (all killed on
+    :meth:`close`), the database seen from the database host, and the logs for a report."""
+
+    site: Site
+    db: SiteDatabase
+    workdir: Path
+    #: Extra environment of every process (polling, timeouts).
+    env: dict[str, str] = field(default_factory=dict)
+    coordinator: WorkerProcess | None = None
+    workers: list[tuple[str, WorkerProcess]] = field(default_factory=list)
+    run_id: int | None = None
+
+    def start_coordinator(self, node: str, *args: str) -> WorkerProcess:
+        self.coordinator = coordinator_on(
+            self.site.node(node),
+            self.db,
+            self.workdir / "coordinator.log",
+            *args,
+            env={**self.db.env("coordinator"), **self.env},
+        )
+        coordinator = self.coordinator
+
+        def created() -> int | None:
+            if coordinator.poll() is not None:
+                raise AssertionError(f"the coordinator exited:\n{coordinator.log()}")
+            return self.query("SELECT max(id) AS id FROM tunefleet.run")[0]["id"]  # type: ignore[no-any-return]
+
+        self.run_id = int(self.wait_for(created, 90, "the coordinator's run"))
+        return coordinator
+
+    def start_worker(self, node: str, **options: object) -> WorkerProcess:
+        n = len(self.workers)
+        opts: dict[str, object] = {"device": "host", "drain": False, **options}
+        w = worker_on(
+            self.site.node(node),
+            self.db,
+            self.workdir / f"worker-{n}-{node}.log",
+            env={**self.db.env("worker"), **self.env},
+            **opts,
+        )
+        self.workers.append((node, w))
+        return w
+
+    def wait_registered(self, timeout: float = 90) -> None:
+        pids = [w.pid for _, w in self.workers]
+        self.wait_for(
+            lambda: (
+                self.query(
+                    "SELECT count(*) AS n FROM tunefleet.worker WHERE pid = ANY(%s)", (pids,)
+                )[0]["n"]
+                == len(pids)
+            ),
+            timeout,
+            f"{len(pids)} workers to register",
+        )
+
+    def worker_on(self, node: str) -> WorkerProcess:
+        return next(w for name, w in self.workers if name == node)
+
+    def query(self, sql: str, params: object = None) -> list[dict[str, object]]:
+        with psycopg.connect(self.db.admin_url, autocommit=True) as conn:
+            cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+            return cur.execute(sql, params).fetchall()  # type: ignore[arg-type]
+
+    def finished_trials(self) -> int:
+        [row] = self.query(
+            "SELECT count(*) AS n FROM tunefleet.trial WHERE run_id = %s AND purpose = 'search'"
+            " AND state IN ('done', 'invalid', 'failed', 'timed_out')",
+            (self.run_id,),
+        )
+        return int(row["n"])  # type: ignore[call-overload]
+
+    def wait_for(self, predicate: object, timeout: float, what: str) -> object:
+        """Poll ``predicate`` until it returns something truthy; fail with the logs."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()  # type: ignore[operator]
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"timed out after {timeout:g} s waiting for {what}\n{self.report()}"
+                )
+            time.sleep(0.05)
+
+    def report(self, tail: int = 40) -> str:
+        out = []
+        for path in sorted(self.workdir.glob("*.log")):
+            lines = path.read_text(errors="replace").splitlines()
+            out.append(f"--- {path.name} (last {tail} lines)\n" + "\n".join(lines[-tail:]))
+        return "\n".join(out)
+
+    def stop_workers(self, timeout: float = 60) -> list[int]:
+        """SIGTERM every live worker; their exit codes."""
+        live = [w for _, w in self.workers if w.alive]
+        for w in live:
+            w.stop()
+        deadline = time.monotonic() + timeout
+        return [w.wait(max(deadline - time.monotonic(), 0.1)) for w in live]
+
+    def close(self) -> None:
+        for _, w in self.workers:
+            w.kill()
+        if self.coordinator is not None:
+            self.coordinator.kill()
+
+
+def exit_summary(log: str) -> dict[str, int]:
+    """The counts of a worker's last words (``worker ... exiting: done 12, dropped 1``)."""
+    lines = [line for line in log.splitlines() if " exiting: " in line]
+    if not lines:
+        return {}
+    counts: dict[str, int] = {}
+    for part in lines[-1].split(" exiting: ", 1)[1].split(", "):
+        name, _, value = part.rpartition(" ")
+        if value.isdigit():
+            counts[name] = int(value)
+    return counts

@@ -1,25 +1,28 @@
 """Cluster nodes on their own network, on this one machine: a Linux bridge in the root network
-namespace plays the switch (and holds the database host's address), and each node is a network
-namespace wired to it by a veth pair, with an address of a private test subnet.
+namespace is the core switch (and holds the database host's address); each node is a network
+namespace with an address of a private test subnet, behind an access switch of its own (a
+bridge in another namespace) whose uplink reaches the core.
 
     with node_network(["node1", "node2"]) as net:
         proc = net.nodes["node1"].popen(["tunefleet", "worker", ...])
-        net.nodes["node1"].cut()     # the switch port goes down: packets vanish, no error
+        net.nodes["node1"].cut()     # the access switch's uplink goes down
         net.nodes["node1"].heal()
 
 A process runs "on" a node when it is started through :meth:`Node.argv`: it enters the node's
 network namespace only (``nsenter --net``, so ``/sys`` and its cgroups stay as they are) and a
 UTS namespace of its own whose host name is the node's, as on a real cluster node.
 
-A cut sets the node's port on the bridge (the veth end in the root namespace) down: the node's
-own interface stays up with its address and routes, so its traffic is dropped silently, as when
-a switch or cable fails, rather than refused at once. Healing sets the port up again.
+A cut sets the access switch's uplink down. The node's own link keeps its carrier, address and
+routes, so nothing on the node learns of the cut: its packets vanish one hop away, as when a
+switch or a cable beyond the node fails, and its TCP backs off as it would there. (Setting the
+node's own port down instead would drop the carrier: Linux then retries locally every half
+second and no backoff builds up, the easy case.) Healing sets the uplink up again.
 
 Needs root and ``ip`` (iproute2) with network namespaces, veth and bridges; :func:`unavailable`
 says why not where they are missing (tests skip with that reason). Parallel test sessions each
-take a network of their own: an index chosen under a lock names the bridge, the namespaces and
-the subnet, and a network whose owner process died is removed by the next session that meets
-it.
+take a network of their own: an index chosen under a lock names the bridges, the namespaces
+and the subnet, and a network whose owner process died is removed by the next session that
+meets it.
 """
 
 from __future__ import annotations
@@ -31,7 +34,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,12 +80,13 @@ def unavailable() -> str | None:
 
 @dataclass
 class Node:
-    """One node: a network namespace, its address, and its port on the switch."""
+    """One node: a network namespace, its address, and its access switch."""
 
     name: str
     netns: str
     address: str
-    port: str  # the veth end on the bridge, in the root namespace
+    switch: str  # the access switch's namespace
+    uplink: str  # the access switch's port towards the core, in ``switch``
 
     def argv(self, argv: Sequence[str]) -> list[str]:
         """``argv`` run on this node (its network, its host name)."""
@@ -103,16 +106,16 @@ class Node:
         return subprocess.Popen(self.argv(argv), **kwargs)  # type: ignore[call-overload,no-any-return]
 
     def cut(self) -> None:
-        """The node's link goes down: its packets are dropped, nothing tells it so."""
-        _ip("link", "set", self.port, "down")
+        """The node's uplink goes down: its packets are dropped, nothing tells it so."""
+        _ip("-n", self.switch, "link", "set", self.uplink, "down")
 
     def heal(self) -> None:
-        _ip("link", "set", self.port, "up")
+        _ip("-n", self.switch, "link", "set", self.uplink, "up")
 
     @property
     def link_up(self) -> bool:
-        flags = _ip("-o", "link", "show", self.port).stdout.split("<", 1)[1].split(">", 1)[0]
-        return "UP" in flags.split(",")
+        shown = _ip("-n", self.switch, "-o", "link", "show", self.uplink).stdout
+        return "UP" in shown.split("<", 1)[1].split(">", 1)[0].split(",")
 
     def pids(self) -> list[int]:
         """Processes in the node's network namespace."""
@@ -129,7 +132,7 @@ class NodeNetwork:
     nodes: dict[str, Node] = field(default_factory=dict)
 
     def close(self) -> None:
-        _teardown(self.index, [n.netns for n in self.nodes.values()])
+        _teardown(self.index)  # by name: a network half built goes too
 
     def heal_all(self) -> None:
         for node in self.nodes.values():
@@ -155,15 +158,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _teardown(index: int, namespaces: Sequence[str] | None = None) -> None:
-    """Remove network ``index``: the processes in its namespaces (they belong to the session
-    that made them), the namespaces, the ports and the bridge."""
+def _teardown(index: int) -> None:
+    """Remove network ``index``, found by its names: the processes in its namespaces (they
+    belong to the session that made them), the namespaces, the core ports and the bridge."""
     bridge, prefix = _names(index)
-    if namespaces is None:
-        listed = _ip("netns", "list", check=False).stdout.split("\n")
-        namespaces = [
-            line.split()[0] for line in listed if line.startswith(f"{prefix}n") and line.split()
-        ]
+    listed = [line.split() for line in _ip("netns", "list", check=False).stdout.splitlines()]
+    namespaces = [
+        words[0] for words in listed if words and words[0].startswith((f"{prefix}n", f"{prefix}s"))
+    ]
     for ns in namespaces:
         pids = [int(p) for p in _ip("netns", "pids", ns, check=False).stdout.split()]
         for pid in pids:
@@ -172,7 +174,7 @@ def _teardown(index: int, namespaces: Sequence[str] | None = None) -> None:
         _ip("netns", "del", ns, check=False)
     for line in _ip("-o", "link", "show", check=False).stdout.splitlines():
         name = line.split(":", 2)[1].strip().split("@", 1)[0] if ":" in line else ""
-        if name.startswith(f"{prefix}p") or name == bridge:
+        if name.startswith(f"{prefix}c") or name == bridge:
             _ip("link", "del", name, check=False)
     with contextlib.suppress(FileNotFoundError):
         _owner_file(index).unlink()
@@ -212,12 +214,10 @@ def _claim_index() -> int:
     raise NetworkError(f"no free test network among {MAX_NETWORKS}; see {STATE_DIR}")
 
 
-def _wait_for_port(node: Node, up: bool, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while node.link_up != up:
-        if time.monotonic() > deadline:
-            raise NetworkError(f"{node.port} did not go {'up' if up else 'down'}")
-        time.sleep(0.05)
+def _bridge(name: str, *where: str) -> None:
+    """A bridge without spanning tree: a port that comes back up forwards at once."""
+    _ip(*where, "link", "add", name, "type", "bridge")
+    _ip(*where, "link", "set", name, "type", "bridge", "forward_delay", "0", "stp_state", "0")
 
 
 @contextlib.contextmanager
@@ -228,9 +228,7 @@ def node_network(names: Sequence[str]) -> Iterator[NodeNetwork]:
     bridge, prefix = _names(index)
     net = NodeNetwork(index, bridge, f"{SUBNET_PREFIX}.{index}.1")
     try:
-        _ip("link", "add", bridge, "type", "bridge")
-        # No spanning tree: a port that comes back up forwards at once.
-        _ip("link", "set", bridge, "type", "bridge", "forward_delay", "0", "stp_state", "0")
+        _bridge(bridge)
         _ip("addr", "add", f"{net.gateway}/24", "dev", bridge)
         _ip("link", "set", bridge, "up")
         for i, name in enumerate(names):
@@ -238,21 +236,33 @@ def node_network(names: Sequence[str]) -> Iterator[NodeNetwork]:
                 name=name,
                 netns=f"{prefix}n{i}",
                 address=f"{SUBNET_PREFIX}.{index}.{10 + i}",
-                port=f"{prefix}p{i}",
+                switch=f"{prefix}s{i}",
+                uplink="uplink",
             )
-            inner = f"{prefix}i{i}"
+            core_port, nic, access_port = f"{prefix}c{i}", f"{prefix}i{i}", f"{prefix}a{i}"
             _ip("netns", "add", node.netns)
-            _ip("link", "add", node.port, "type", "veth", "peer", "name", inner)
-            _ip("link", "set", node.port, "master", bridge)
-            _ip("link", "set", inner, "netns", node.netns)
-            _ip("-n", node.netns, "link", "set", inner, "name", "eth0")
+            _ip("netns", "add", node.switch)
+            on_switch = ("-n", node.switch)
+            _bridge("br0", *on_switch)
+            # The uplink: core bridge <-> access switch.
+            _ip("link", "add", core_port, "type", "veth", "peer", "name", f"{prefix}u{i}")
+            _ip("link", "set", core_port, "master", bridge)
+            _ip("link", "set", f"{prefix}u{i}", "netns", node.switch)
+            _ip(*on_switch, "link", "set", f"{prefix}u{i}", "name", node.uplink)
+            # The node's own link: access switch <-> the node's eth0.
+            _ip("link", "add", access_port, "type", "veth", "peer", "name", nic)
+            _ip("link", "set", access_port, "netns", node.switch)
+            _ip("link", "set", nic, "netns", node.netns)
+            for port in (node.uplink, access_port):
+                _ip(*on_switch, "link", "set", port, "master", "br0")
+                _ip(*on_switch, "link", "set", port, "up")
+            _ip(*on_switch, "link", "set", "br0", "up")
+            _ip("-n", node.netns, "link", "set", nic, "name", "eth0")
             _ip("-n", node.netns, "addr", "add", f"{node.address}/24", "dev", "eth0")
             _ip("-n", node.netns, "link", "set", "lo", "up")
             _ip("-n", node.netns, "link", "set", "eth0", "up")
-            _ip("link", "set", node.port, "up")
+            _ip("link", "set", core_port, "up")
             net.nodes[name] = node
-        for node in net.nodes.values():
-            _wait_for_port(node, up=True)
         yield net
     finally:
         net.close()
