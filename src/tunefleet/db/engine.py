@@ -89,6 +89,17 @@ def _describe(url: str) -> str:
 
 # What the user can do about each way a connection fails, by a piece of libpq's message.
 _HINTS: tuple[tuple[str, str], ...] = (
+    (
+        "no encryption",
+        "the server takes only TLS connections from here: add "
+        "sslmode=verify-full&sslrootcert=CA_FILE to the URL (CA_FILE: the certificate of the "
+        "authority that signed the server's)",
+    ),
+    (
+        "pg_hba.conf",
+        "the server's pg_hba.conf lets no such connection in: ask its administrator for a "
+        "hostssl line for this network, user and database",
+    ),
     ("password authentication failed", "check the password in PGPASSWORD or the pgpass file"),
     (
         "no password supplied",
