@@ -23,9 +23,10 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 import psycopg
@@ -37,6 +38,7 @@ from tests.helpers.launch import WorkerProcess, worker_argv
 from tests.helpers.ports import free_port
 from tests.helpers.tls import enable_tls, make_ca, make_server_cert, ssl_capable_bin_dir
 from tunefleet.db.embedded import EmbeddedServer
+from tunefleet.db.engine import connect
 from tunefleet.db.migrate import upgrade
 from tunefleet.db.roles import ROLE_NAMES, RolesSettings, setup_roles, write_pgpass
 
@@ -45,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SITE_NODES = ("login1", "node1", "node2", "node3", "node4")
 TEMPLATE = "tf_cluster_template"
 _counter = itertools.count()
+T = TypeVar("T")
 
 
 def unavailable() -> str | None:
@@ -250,9 +253,10 @@ class SiteRun:
         def created() -> int | None:
             if coordinator.poll() is not None:
                 raise AssertionError(f"the coordinator exited:\n{coordinator.log()}")
-            return self.query("SELECT max(id) AS id FROM tunefleet.run")[0]["id"]  # type: ignore[no-any-return]
+            found: int | None = self.query("SELECT max(id) AS id FROM tunefleet.run")[0]["id"]
+            return found
 
-        self.run_id = int(self.wait_for(created, 90, "the coordinator's run"))
+        self.run_id = self.wait_for(created, 90, "the coordinator's run")
         return coordinator
 
     def start_worker(self, node: str, **options: object) -> WorkerProcess:
@@ -284,10 +288,9 @@ class SiteRun:
     def worker_on(self, node: str) -> WorkerProcess:
         return next(w for name, w in self.workers if name == node)
 
-    def query(self, sql: str, params: object = None) -> list[dict[str, object]]:
-        with psycopg.connect(self.db.admin_url, autocommit=True) as conn:
-            cur = conn.cursor(row_factory=psycopg.rows.dict_row)
-            return cur.execute(sql, params).fetchall()  # type: ignore[arg-type]
+    def query(self, sql: str, params: Any = None) -> list[dict[str, Any]]:
+        with connect(self.db.admin_url) as conn:
+            return conn.execute(sql, params).fetchall()
 
     def finished_trials(self) -> int:
         [row] = self.query(
@@ -295,13 +298,13 @@ class SiteRun:
             " AND state IN ('done', 'invalid', 'failed', 'timed_out')",
             (self.run_id,),
         )
-        return int(row["n"])  # type: ignore[call-overload]
+        return int(row["n"])
 
-    def wait_for(self, predicate: object, timeout: float, what: str) -> object:
+    def wait_for(self, predicate: Callable[[], T | None], timeout: float, what: str) -> T:
         """Poll ``predicate`` until it returns something truthy; fail with the logs."""
         deadline = time.monotonic() + timeout
         while True:
-            value = predicate()  # type: ignore[operator]
+            value = predicate()
             if value:
                 return value
             if time.monotonic() > deadline:
