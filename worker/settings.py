@@ -167,14 +167,19 @@ class WorkerSettings:
         pause_codegen: bool | None = None,
         stand_aside_after: int | None = None,
     ) -> WorkerSettings:
+        lease = resolve(lease_s, "WORKER_LEASE", DEFAULT_LEASE_S, positive_float)
         return cls(
             db=DatabaseSettings.build(
-                db, wait_s=wait_for_db_s, application_name="tunefleet-worker", behind_pooler=True
+                db,
+                wait_s=wait_for_db_s,
+                application_name="tunefleet-worker",
+                behind_pooler=True,
+                dead_link_s=lease,
             ),
             device=resolve(device, "WORKER_DEVICE", None, str),
             drain=resolve(drain, "WORKER_DRAIN", False, parse_bool),
             max_trials=resolve(max_trials, "WORKER_MAX_TRIALS", None, positive_int),
-            lease_s=resolve(lease_s, "WORKER_LEASE", DEFAULT_LEASE_S, positive_float),
+            lease_s=lease,
             timeout_s=resolve(timeout_s, "WORKER_TIMEOUT", DEFAULT_TIMEOUT_S, positive_float),
             prefetch=resolve(
                 prefetch, "WORKER_PREFETCH", None, bounded(non_negative_int, MAX_PREFETCH)

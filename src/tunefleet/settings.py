@@ -141,6 +141,11 @@ class DatabaseSettings:
     #: startup ``options`` that carry the timeouts, connect without them (the role's own
     #: settings apply) instead of failing. A coordinator keeps the one-line error.
     behind_pooler: bool = False
+    #: Seconds after which a TCP connection whose peer acknowledges nothing (a switch that
+    #: died, a crashed host) is given up, so the process reconnects instead of waiting on the
+    #: kernel's retransmissions (minutes, backing off) or keepalive (hours); ``None``: the
+    #: system's. A worker gives its lease: after that long its claims are gone anyway.
+    dead_link_s: float | None = None
 
     @classmethod
     def build(
@@ -153,6 +158,7 @@ class DatabaseSettings:
         wait_s: float | None = None,
         application_name: str = "tunefleet",
         behind_pooler: bool = False,
+        dead_link_s: float | None = None,
     ) -> DatabaseSettings:
         return cls(
             url=resolve(url, "DATABASE_URL", None, str),
@@ -166,4 +172,5 @@ class DatabaseSettings:
             wait_s=resolve(wait_s, "WAIT_FOR_DB_S", 0.0, non_negative_float),
             application_name=application_name,
             behind_pooler=behind_pooler,
+            dead_link_s=dead_link_s,
         )

@@ -533,3 +533,39 @@ def _state(pid: int) -> str | None:
     except (FileNotFoundError, ProcessLookupError):
         return None
     return stat.rsplit(")", 1)[1].split()[0]
+
+
+def accounting(db: psycopg.Connection[Any], run_id: int) -> dict[str, int]:
+    """The books of a run once it ended, as numbers for a report (``violations`` says which
+    promise broke; this counts): ``finished`` search trials, ``confirmations``, ``lost``
+    (trials that never finished: left pending, or done without their measurement),
+    ``duplicated`` (extra measurements of a configuration by the
+    search, extra ``done`` claims of a trial), ``stuck`` (trials still leased as running,
+    claims never closed), and the attempts taken back (``lease_expired``, ``released``)."""
+    [row] = db.execute(
+        """
+        WITH t AS (SELECT * FROM tunefleet.trial WHERE run_id = %(run)s),
+             a AS (SELECT a.* FROM tunefleet.attempt a JOIN t ON t.id = a.trial_id),
+             dup AS (SELECT count(*) - 1 AS extra FROM tunefleet.measurement m
+                       JOIN t ON t.id = m.trial_id
+                      WHERE t.purpose = 'search'
+                      GROUP BY m.config_hash HAVING count(*) > 1),
+             dup_done AS (SELECT count(*) - 1 AS extra FROM a WHERE outcome = 'done'
+                           GROUP BY trial_id HAVING count(*) > 1)
+        SELECT
+          (SELECT count(*) FROM t WHERE purpose = 'search'
+              AND state IN ('done', 'invalid', 'failed', 'timed_out')) AS finished,
+          (SELECT count(*) FROM t WHERE purpose = 'confirm') AS confirmations,
+          (SELECT count(*) FROM t WHERE state = 'pending')
+          + (SELECT count(*) FROM t WHERE state = 'done' AND NOT EXISTS
+               (SELECT 1 FROM tunefleet.measurement m WHERE m.trial_id = t.id)) AS lost,
+          (SELECT coalesce(sum(extra), 0) FROM dup)
+          + (SELECT coalesce(sum(extra), 0) FROM dup_done) AS duplicated,
+          (SELECT count(*) FROM t WHERE state = 'running')
+          + (SELECT count(*) FROM a WHERE outcome IS NULL) AS stuck,
+          (SELECT count(*) FROM a WHERE outcome = 'lease_expired') AS lease_expired,
+          (SELECT count(*) FROM a WHERE outcome = 'released') AS released
+        """,
+        {"run": run_id},
+    ).fetchall()
+    return {k: int(v) for k, v in row.items()}

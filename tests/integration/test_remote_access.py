@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from tests.helpers.ports import free_port
+from tests.helpers.tls import enable_tls, make_ca, make_server_cert, ssl_capable_bin_dir
 from tunefleet.db.embedded import EmbeddedServer
 from tunefleet.db.engine import connect
 from tunefleet.db.migrate import upgrade
@@ -26,36 +27,6 @@ from tunefleet.errors import DatabaseUnavailable
 from tunefleet.queries import roles as q
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI")
-
-
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
-
-
-def make_ca(directory: Path, name: str) -> Path:
-    """A self-signed CA certificate and key; returns the certificate path."""
-    _openssl(
-        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-keyout", f"{name}.key", "-out", f"{name}.crt", "-days", "2", "-subj", f"/CN={name}",
-        cwd=directory,
-    )  # fmt: skip
-    return directory / f"{name}.crt"
-
-
-def make_server_cert(directory: Path, ca: str) -> tuple[Path, Path]:
-    """A server certificate for 127.0.0.1/localhost signed by ``ca``."""
-    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    _openssl(
-        "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost",
-        cwd=directory,
-    )  # fmt: skip
-    _openssl(
-        "x509", "-req", "-in", "server.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key",
-        "-CAcreateserial", "-out", "server.crt", "-days", "2", "-extfile", "san.ext",
-        cwd=directory,
-    )  # fmt: skip
-    return directory / "server.crt", directory / "server.key"
 
 
 @dataclass
@@ -77,28 +48,6 @@ class TlsServer:
         )
 
 
-def ssl_capable_bin_dir() -> Path | None:
-    """A PostgreSQL binary directory whose server links OpenSSL (the pgserver wheel's build
-    does not; distribution packages do)."""
-    import glob
-
-    from tunefleet.db.embedded import find_bin_dir
-
-    candidates = [Path(p) for p in sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)]
-    try:
-        candidates.append(find_bin_dir())
-    except Exception:
-        pass
-    for directory in candidates:
-        postgres = directory / "postgres"
-        if not postgres.exists() or shutil.which("ldd") is None:
-            continue
-        libs = subprocess.run(["ldd", str(postgres)], capture_output=True, text=True).stdout
-        if "libssl" in libs:
-            return directory
-    return None
-
-
 @pytest.fixture(scope="module")
 def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsServer]:
     base = tmp_path_factory.mktemp("tls")
@@ -115,21 +64,8 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsServer]:
     server = EmbeddedServer(base / "pg" / "data", bin_dir=bin_dir)
     server.start(listen="127.0.0.1", port=port)
     try:
-        # The server's key must belong to the server's user and be private to it.
-        for src, dest in ((crt, "server.crt"), (key, "server.key")):
-            target = server.data_dir / dest
-            shutil.copy(src, target)
-            target.chmod(0o600)
-            if server.run_as is not None:
-                import pwd
-
-                entry = pwd.getpwnam(server.run_as)
-                os.chown(target, entry.pw_uid, entry.pw_gid)
+        enable_tls(server, crt, key)
         admin = server.admin_url("tunefleet")
-        with open(server.data_dir / "postgresql.conf", "a") as conf:
-            conf.write("ssl = on\n")
-        with psycopg.connect(server.admin_url(), autocommit=True) as conn:
-            conn.execute("SELECT pg_reload_conf()")
         upgrade(server.local_url())
         yield TlsServer(server, port, ca, wrong_ca, admin)
     finally:

@@ -125,6 +125,23 @@ def test_slurm_script_starts_one_worker_per_gpu_by_local_rank(fakes):
     assert DSN not in srun  # the DSN travels in the environment
 
 
+def test_slurm_script_serves_the_named_device_on_cpu_nodes(fakes):
+    """TUNEFLEET_WORKER_DEVICE replaces the local rank: every task serves that device."""
+    env = {
+        "PATH": f"{fakes['bin']}:{os.environ['PATH']}",
+        "HOME": str(fakes["tmp"]),
+        "FAKE_RECORD_DIR": str(fakes["record"]),
+        "TUNEFLEET_DATABASE_URL": DSN,
+        "PGPASSFILE": str(fakes["pgpass"]),
+        "SLURM_NTASKS_PER_NODE": "2",
+        "TUNEFLEET_WORKER_DEVICE": "host",
+    }
+    out = subprocess.run(["bash", str(SLURM)], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    records = _records(fakes["record"])
+    assert [r.split("argv: worker --device ")[1].split()[0] for r in records] == ["host"] * 2
+
+
 @pytest.mark.parametrize(
     ("env_update", "message"),
     [

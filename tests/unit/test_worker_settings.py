@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tunefleet.db.engine import dead_link_options
 from tunefleet.errors import UsageError
 from tunefleet.settings import WORKER_ALIVE_S
 from tunefleet.worker.settings import (
@@ -28,6 +29,22 @@ def test_defaults(monkeypatch):
     assert s.prebuild is True
     # Polls, never LISTENs (worker.wake); works behind any pooler.
     assert s.poll_s == 5.0 and s.listen is False and s.db.behind_pooler is True
+
+
+def test_a_dead_link_is_given_up_after_one_lease(monkeypatch):
+    """The worker's connections give up a peer that acknowledges nothing for a lease (its
+    claims are gone by then anyway), through libpq's TCP settings; a URL's own win."""
+    monkeypatch.delenv("TUNEFLEET_WORKER_LEASE", raising=False)
+    s = WorkerSettings.build(db="postgresql://u@h/db", lease_s=30)
+    assert s.db.dead_link_s == 30
+    assert dead_link_options("postgresql://u@h/db", s.db.dead_link_s) == {
+        "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 10,
+        "keepalives_count": 3, "tcp_user_timeout": 30_000,
+    }  # fmt: skip
+    chosen = dead_link_options("postgresql://u@h/db?tcp_user_timeout=5000&keepalives=0", 3.0)
+    assert chosen == {"keepalives_idle": 1, "keepalives_interval": 1, "keepalives_count": 3}
+    # Every other process keeps the system's TCP behaviour.
+    assert dead_link_options("postgresql://u@h/db", None) == {}
 
 
 @pytest.mark.parametrize(

@@ -89,6 +89,17 @@ def _describe(url: str) -> str:
 
 # What the user can do about each way a connection fails, by a piece of libpq's message.
 _HINTS: tuple[tuple[str, str], ...] = (
+    (
+        "no encryption",
+        "the server takes only TLS connections from here: add "
+        "sslmode=verify-full&sslrootcert=CA_FILE to the URL (CA_FILE: the certificate of the "
+        "authority that signed the server's)",
+    ),
+    (
+        "pg_hba.conf",
+        "the server's pg_hba.conf lets no such connection in: ask its administrator for a "
+        "hostssl line for this network, user and database",
+    ),
     ("password authentication failed", "check the password in PGPASSWORD or the pgpass file"),
     (
         "no password supplied",
@@ -149,6 +160,26 @@ def session_options(settings: DatabaseSettings) -> str:
     )
 
 
+def dead_link_options(url: str, dead_link_s: float | None) -> dict[str, int]:
+    """libpq's TCP settings that give a connection up once its peer has acknowledged nothing
+    for about ``dead_link_s`` seconds: sent data unacknowledged (``tcp_user_timeout``), or no
+    answer to keepalive probes while a reply is awaited. Settings the URL names itself win;
+    libpq ignores them on a Unix socket, and ``tcp_user_timeout`` where the system lacks it.
+    """
+    if dead_link_s is None:
+        return {}
+    given = psycopg.conninfo.conninfo_to_dict(normalise_url(url))
+    probe_s = max(1, round(dead_link_s / 3))
+    wanted = {
+        "keepalives": 1,
+        "keepalives_idle": probe_s,
+        "keepalives_interval": probe_s,
+        "keepalives_count": 3,
+        "tcp_user_timeout": max(1000, round(dead_link_s * 1000)),
+    }
+    return {k: v for k, v in wanted.items() if k not in given}
+
+
 def connect(
     url: str,
     settings: DatabaseSettings | None = None,
@@ -189,6 +220,7 @@ def _connect(
 ) -> psycopg.Connection[Any]:
     extra: dict[str, Any] = {"options": session_options(settings)} if send_options else {}
     try:
+        extra.update(dead_link_options(url, settings.dead_link_s))
         return psycopg.connect(
             normalise_url(url),
             autocommit=autocommit,

@@ -276,6 +276,12 @@ class DataDirectory:
                 "max_connections = 300\n"
                 "shared_buffers = 128MB\n"
                 "unix_socket_permissions = 0700\n"
+                # A remote client that vanished mid-conversation (its node cut off, its host
+                # gone) keeps a session and a connection slot until the server probes it:
+                # about two minutes with these, not the system's two hours.
+                "tcp_keepalives_idle = 60\n"
+                "tcp_keepalives_interval = 10\n"
+                "tcp_keepalives_count = 6\n"
             )
         with open(data_dir / "pg_hba.conf", "a") as hba:
             # Remote workers: SCRAM passwords only, any address (TLS via the DSN's sslmode).
