@@ -247,6 +247,32 @@ def test_a_deep_prefetch_worker_keeps_the_search_going_past_its_first_batch(
     assert measured > 9, proc.stdout + proc.stderr
 
 
+def test_a_short_run_with_short_trials_and_a_deep_pipeline_ends_confirmed(
+    db_url: str, db: Any, cli_env: dict[str, str]
+) -> None:
+    """0.3 s trials, eight prefetched: planned at the search's pipelined pace, the cold
+    confirmations (a fresh process each, one at a time on the one worker) did not fit and a
+    run this short ended "NOT confirmed". The plan counts them as cold builds, the worker
+    times them before its prefetched trials, and the run ends confirmed inside its budget."""
+    started = time.monotonic()
+    proc = subprocess.run(
+        ["tunefleet", "tune", "synthetic", "--workers", "1", "--prefetch", "8",
+         "--arg", "duration=0.3", "--max-time", "20", "--db", db_url],
+        env=cli_env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=180,
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    last = proc.stdout.strip().splitlines()[-1]
+    assert "confirmed by a cold re-measurement" in last, proc.stdout + proc.stderr
+    run_id = db.execute("SELECT max(id) AS id FROM tunefleet.run").fetchone()["id"]
+    best = db.execute(
+        "SELECT best_status FROM tunefleet.run_progress WHERE run_id = %s", (run_id,)
+    ).fetchone()
+    assert best["best_status"] == "confirmed"
+    # The budget counts from the command's start; the rest is the embedded server's stop.
+    assert elapsed < 20 + 15, elapsed
+
+
 def _complete(conn: Any, worker: uuid.UUID, claim: queue.ClaimedTrial, median_s: float) -> None:
     state = queue.complete_trial(
         conn, trial_id=claim.trial_id, attempt=claim.attempt, token=claim.lease_token,
