@@ -391,3 +391,48 @@ def test_cpu_isolation_times_each_configuration_under_each_condition(tmp_path: P
     assert [r["condition"] for r in data["rows"]] == ["alone", "paused"]
     assert all(len(r["ratios"]) == len(data["configs"]) == 2 for r in data["rows"])
     assert data["rows"][0]["median_ratio"] == 1.0
+
+
+def test_reproduce_runs_tune_then_each_top_configuration_alone(tmp_path: Path) -> None:
+    """benchmarks/reproduce.py on the synthetic problem: one run as a user starts it, its two
+    best configurations by their reproduce command in two fresh processes each; in-run
+    against alone per configuration."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    out = tmp_path / "reproduce.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "reproduce.py"), "--runs", "1", "--top", "2",
+         "--alone", "2", "--export", "--out", str(out), "--",
+         "synthetic", "--arg", "duration=0.01", "--max-trials", "6"],
+        env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    (run,) = data["runs"]
+    assert run["exit"] == 0 and len(run["trials"]) >= 6
+    assert [t["rank"] for t in run["top"]] == [1, 2]
+    for t in run["top"]:
+        assert len(t["alone"]) == 2 and all(a["state"] == "done" for a in t["alone"])
+        # The synthetic problem measures its analytic time: alone equals in-run exactly.
+        assert t["alone_over_in_run"] == 1.0
+    assert "alone/in-run" in proc.stdout
+
+
+def test_codegen_variants_times_one_configuration_under_several_seeds(tmp_path: Path) -> None:
+    """benchmarks/codegen_variants.py on PoCL, a small GEMM under two hash seeds: each seed's
+    process generates and times its own variant; the table counts the distinct sources."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    out = tmp_path / "variants.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "codegen_variants.py"), "--args",
+         '{"m": 64, "n": 64, "k": 64}', "--seeds", "0", "3", "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (entry,) = json.loads(out.read_text())["configs"]
+    assert [v["seed"] for v in entry["variants"]] == ["0", "3"]
+    assert all(v["state"] == "done" and len(v["sha256"]) == 64 for v in entry["variants"])
+    assert entry["distinct_sources"] == 2  # seeds 0 and 3 nest GEMM's register tile apart
