@@ -188,8 +188,8 @@ class Confirmation:
             agrees = verdict.agrees and u.same_source is not False
             if q.record_agreement(s.conn, u.confirm_trial_id, not agrees, verdict.p_value):
                 judged += 1
-                _log.log(
-                    logging.INFO if agrees else logging.WARNING,
+                # The run's own report says it to people; this is the log's record.
+                _log.info(
                     "run %d: confirmation %d %s: %s%s",
                     s.run_id,
                     u.confirm_trial_id,
