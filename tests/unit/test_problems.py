@@ -130,7 +130,14 @@ def test_face_mass_default_is_legal_for_few_volume_nodes():
 def test_validation_sizes_are_small_and_keep_the_remainder():
     gemm = get_problem("gemm")
     args = gemm.normalise_args({"n": 4100, "m": 4096, "k": 4097})
-    config = {**gemm.default_config(args), "tile_k": 8}
+    config = {
+        **gemm.default_config(args),
+        "wg_i": 16,
+        "wg_j": 16,
+        "reg_i": 8,
+        "reg_j": 8,
+        "tile_k": 8,
+    }
     small = gemm.validation_args(args, config)
     assert small == {"n": 256 + 4100 % 128, "m": 256, "k": 16 + 1, "dtype": "float32"}
     fm = get_problem("face_mass")
