@@ -520,15 +520,7 @@ class Worker:
                 self.device_child.start()
                 self._open_device()
         self.device_child.submit(
-            Measure(
-                c.problem,
-                c.problem_args,
-                c.config,
-                self.device,
-                c.protocol,
-                prepared=held.prepared,
-                inline_prepare=inline,
-            ),
+            self._measure(c, prepared=held.prepared, inline_prepare=inline),
             self._timeout(c),
             tag=c.key,
         )
@@ -555,20 +547,17 @@ class Worker:
         self.cold_cache_dir = tempfile.mkdtemp(prefix="tunefleet-cold-")
         self.cold_child = Child("cold build", cold_environment(self.cold_cache_dir))
         self.cold_child.submit(
-            Measure(
-                c.problem,
-                c.problem_args,
-                c.config,
-                self.device,
-                c.protocol,
-                inline_prepare=True,
-                cold=True,
-            ),
+            self._measure(c, inline_prepare=True, cold=True),
             self._prepare_timeout(c) + self._timeout(c),
             tag=c.key,
         )
         held.stage, held.child = Stage.MEASURING, self.cold_child
         log.info("trial %s: a cold build in a fresh process", c.trial_id)
+
+    def _measure(self, c: ClaimedTrial, **how: Any) -> Measure:
+        """The request that times claim ``c`` on this worker's device (``how``: the prepared
+        kernel or inline preparation, a cold build)."""
+        return Measure(c.problem, c.problem_args, c.config, self.device, c.protocol, **how)
 
     def _end_cold(self) -> None:
         """Close the cold build's process and remove its caches once it has answered."""

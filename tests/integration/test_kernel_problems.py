@@ -355,6 +355,26 @@ def test_face_mass_rules_still_match_what_loopy_cannot_schedule(session, change)
         KernelProblem._build(problem, args, config, session.info)
 
 
+def _script(code: str, env: dict[str, str], tag: str = "RESULT") -> tuple[str, str]:
+    """Run ``code`` in a fresh Python with ``env`` on top of this one's; the text after its
+    last ``TAG `` line, and its standard error."""
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(f"{tag} ")]
+    assert lines, proc.stdout + proc.stderr
+    return lines[-1][len(tag) + 1 :], proc.stderr
+
+
 POISON_SCRIPT = r"""
 import json, sys
 import loopy as lp
@@ -390,25 +410,12 @@ def test_a_cache_answering_with_another_kernel_is_never_timed_in_its_name(tmp_pa
     test's own: the user's caches are never touched) is noticed when the device builds, the
     build is redone without caches, and the timed code is the configuration's own."""
     import json
-    import os
-    import subprocess
-    import sys
 
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    proc = subprocess.run(
-        [sys.executable, "-c", POISON_SCRIPT],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert lines, proc.stdout + proc.stderr
-    result = json.loads(lines[-1][len("RESULT ") :])
+    text, stderr = _script(POISON_SCRIPT, {"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    result = json.loads(text)
     assert result["state"] == "done", result["error"]
     assert result["sha"] == result["generated"]
-    assert "loopy's caches answered with other code" in proc.stderr
+    assert "loopy's caches answered with other code" in stderr
 
 
 def test_an_input_changed_on_the_device_is_caught_and_replaced(session, broken):
@@ -459,25 +466,13 @@ def test_a_configuration_builds_to_one_kernel_in_every_worker_process(tmp_path):
     kernel. (Should loopy become deterministic, the first assertion fails: the hazard is gone
     and the fixed seed could go too.)"""
     import json
-    import os
-    import subprocess
-    import sys
 
     results = []
     for seed in ("1", "2"):
-        env = {**os.environ, "PYTHONHASHSEED": seed, "XDG_CACHE_HOME": str(tmp_path / seed)}
-        proc = subprocess.run(
-            [sys.executable, "-c", SEED_SCRIPT],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        assert lines, proc.stdout + proc.stderr
-        results.append(json.loads(lines[-1][len("RESULT ") :]))
-        assert "hashes strings with a random seed" in proc.stderr  # said where it happens
+        env = {"PYTHONHASHSEED": seed, "XDG_CACHE_HOME": str(tmp_path / seed)}
+        text, stderr = _script(SEED_SCRIPT, env)
+        results.append(json.loads(text))
+        assert "hashes strings with a random seed" in stderr  # said where it happens
     assert results[0]["here"] != results[1]["here"]  # the hazard
     assert results[0]["child"] == results[1]["child"]  # gone in the worker's processes
 
@@ -509,21 +504,7 @@ def test_the_code_generation_seed_nests_the_gemm_register_tile_as_measured_faste
     generation's hash seed decides GEMM's register tile order. On an H200 seed 0's order (b's
     vector components outermost) ran 1.27-1.40x slower than the orders with them innermost;
     CODEGEN_HASH_SEED is one of those. A change of Python or loopy that moves it fails here."""
-    import os
-    import subprocess
-    import sys
-
     from tunefleet.problems.base import codegen_environment
 
-    env = {**os.environ, **codegen_environment()}
-    proc = subprocess.run(
-        [sys.executable, "-c", NEST_SCRIPT],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    nest = [ln for ln in proc.stdout.splitlines() if ln.startswith("NEST ")]
-    assert nest, proc.stdout + proc.stderr
-    assert nest[-1] == "NEST ti_reg>tj_reg>ti_vec>tj_vec"
+    nest, _ = _script(NEST_SCRIPT, codegen_environment(), tag="NEST")
+    assert nest == "ti_reg>tj_reg>ti_vec>tj_vec"
