@@ -58,10 +58,12 @@ class Gemm(KernelProblem):
         # alone in three fresh processes (benchmarks/published/reproduce_gemm_h200.json);
         # the previous default, 16 x 16 work-items, took 3.43 ms with the same code
         # generation. A k-block of 32 would overflow 48 KiB of local memory in float64, so
-        # float64 blocks by 16.
+        # float64 blocks by 16. Below 256 columns the previous default's narrower tile (that
+        # wide one wrote nothing at m = 64 on PoCL: invalid, caught by validation).
+        wide = args.get("m", 2048) >= 256
         return {
-            "wg_i": 8,
-            "wg_j": 32,
+            "wg_i": 8 if wide else 16,
+            "wg_j": 32 if wide else 16,
             "reg_i": 8,
             "reg_j": 8,
             "vec_i": 4,
