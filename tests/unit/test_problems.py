@@ -89,6 +89,14 @@ def test_rules_without_a_device_name_the_rule():
         gemm.check_config(args, base)
     with pytest.raises(InvalidConfiguration, match="vec_i=4 must divide reg_i=2"):
         gemm.check_config(gemm.normalise_args({}), {**base, "reg_i": 2})
+    # A row (column) of work-items wider than the matrix writes nothing: ruled out up front.
+    small = gemm.normalise_args({"n": 16, "m": 64})
+    wide = {**gemm.default_config(small), "wg_i": 4, "wg_j": 32, "vec_j": 4}
+    with pytest.raises(InvalidConfiguration, match=r"wg_j\*vec_j = 128 columns .* exceed m=64"):
+        gemm.check_config(small, wide)
+    with pytest.raises(InvalidConfiguration, match=r"wg_i\*vec_i = 32 rows .* exceed n=16"):
+        gemm.check_config(small, {**wide, "wg_i": 8, "wg_j": 16})
+    assert gemm.check_config(small, {**wide, "wg_j": 16})  # 64 columns: as wide as m
     fm = get_problem("face_mass")
     fargs = fm.normalise_args({})
     with pytest.raises(InvalidConfiguration, match="accumulators of float64"):
@@ -364,3 +372,13 @@ def test_problem_modules_import_without_loopy_or_pyopencl():
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("size", [8, 16, 32, 64, 128, 256, 1000, 4096])
+def test_the_gemm_default_obeys_its_own_rules_at_every_size(size):
+    gemm = get_problem("gemm")
+    args = gemm.normalise_args({"n": size, "m": size, "k": size})
+    config = gemm.default_config(args)
+    assert gemm.check_config(args, config) == config
+    wide = size >= 256
+    assert (config["wg_i"], config["wg_j"]) == ((8, 32) if wide else (min(16, size // 4),) * 2)

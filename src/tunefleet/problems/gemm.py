@@ -58,12 +58,14 @@ class Gemm(KernelProblem):
         # alone in three fresh processes (benchmarks/published/reproduce_gemm_h200.json);
         # the previous default, 16 x 16 work-items, took 3.43 ms with the same code
         # generation. A k-block of 32 would overflow 48 KiB of local memory in float64, so
-        # float64 blocks by 16. Below 256 columns the previous default's narrower tile (that
-        # wide one wrote nothing at m = 64 on PoCL: invalid, caught by validation).
-        wide = args.get("m", 2048) >= 256
+        # float64 blocks by 16. Below 256 columns the previous default's narrower tile, and
+        # on small matrices no wider a row (column) of work-items than the matrix (the rule in
+        # config_rules).
+        n, m = args.get("n", 2048), args.get("m", 2048)
+        wg_i, wg_j = (8, 32) if m >= 256 else (16, 16)
         return {
-            "wg_i": 8 if wide else 16,
-            "wg_j": 32 if wide else 16,
+            "wg_i": _at_most(wg_i, n // 4),
+            "wg_j": _at_most(wg_j, m // 4),
             "reg_i": 8,
             "reg_j": 8,
             "vec_i": 4,
@@ -93,6 +95,18 @@ class Gemm(KernelProblem):
         require(
             args["m"] % config["vec_j"] == 0,
             f"vec_j={config['vec_j']} must divide m={args['m']} (b and c are vector-typed)",
+        )
+        # A row of work-items wider than the matrix: loopy's guards then skip every store (the
+        # kernel wrote nothing at m = 64 with wg_j = 32, vec_j = 4 on PoCL).
+        require(
+            config["wg_j"] * config["vec_j"] <= args["m"],
+            f"wg_j*vec_j = {config['wg_j'] * config['vec_j']} columns per row of work-items "
+            f"exceed m={args['m']}",
+        )
+        require(
+            config["wg_i"] * config["vec_i"] <= args["n"],
+            f"wg_i*vec_i = {config['wg_i'] * config['vec_i']} rows per column of work-items "
+            f"exceed n={args['n']}",
         )
 
     def validation_args(self, args: Mapping[str, Any], config: Config) -> dict[str, Any]:
@@ -206,3 +220,10 @@ class Gemm(KernelProblem):
     def byte_count(self, args: Mapping[str, Any]) -> float:
         n, m, k = args["n"], args["m"], args["k"]
         return float(np.dtype(args["dtype"]).itemsize * (n * k + k * m + n * m))
+
+
+def _at_most(value: int, limit: int) -> int:
+    """``value``, halved until it is at most ``limit`` (a power of two, at least 1)."""
+    while value > 1 and value > limit:
+        value //= 2
+    return value
