@@ -397,8 +397,15 @@ def test_a_process_knows_whether_it_generates_the_canonical_kernels(seed, canoni
     if seed is not None:
         env["PYTHONHASHSEED"] = seed
     out = subprocess.run(
-        [sys.executable, "-c",
-         "from tunefleet.problems.base import canonical_codegen; print(canonical_codegen())"],
-        env=env, capture_output=True, text=True, check=True, timeout=60,
+        [
+            sys.executable,
+            "-c",
+            "from tunefleet.problems.base import canonical_codegen; print(canonical_codegen())",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
     ).stdout.strip()
     assert out == str(canonical)

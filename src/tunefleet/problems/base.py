@@ -66,7 +66,9 @@ def canonical_codegen() -> bool:
     """This process hashes strings with :data:`CODEGEN_HASH_SEED` (so the code it generates
     is a configuration's one kernel). The interpreter keeps no record of its seed beyond the
     variable it started with: ``sys.flags.hash_randomization`` is 0 only for seed 0."""
-    return sys.flags.hash_randomization == 1 and os.environ.get("PYTHONHASHSEED") == CODEGEN_HASH_SEED
+    return (
+        sys.flags.hash_randomization == 1 and os.environ.get("PYTHONHASHSEED") == CODEGEN_HASH_SEED
+    )
 
 
 #: A measurement's protocol records ``cold_build: true`` when it was built and timed in a fresh
