@@ -99,7 +99,10 @@ def test_status_of_one_run_shows_counts_best_and_failure_reasons(ro_url, ro, cap
     code, out, _ = run_cli(capsys, "status", str(ro.cpu_run), "--db", ro_url)
     assert code == 0
     assert f"run {ro.cpu_run}: gemm dtype=float32 n=256" in out
-    assert "6 done, 1 running, 2 pending, 2 invalid, 1 failed, 1 timed out, 1 cancelled" in out
+    assert (
+        "10/40 finished (6 done, 2 invalid, 1 failed, 1 timed out), 1 running, 2 pending, "
+        "1 cancelled" in out
+    )
     assert "best      12.5 GFLOP/s" in out
     assert "2 invalid: work-group size 512 exceeds the device limit 256" in out
     assert "1 failed: worker lost" in out

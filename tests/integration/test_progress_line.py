@@ -68,7 +68,8 @@ def test_the_progress_line_counts_what_the_database_holds(db_url, db):
     finally:
         reader.close()
     assert line == (
-        f"run {run}: 3/20 done, 1 running, 1 pending, 1 invalid, 1 failed, 1 timed out"
+        f"run {run}: 6/20 finished (3 done, 1 invalid, 1 failed, 1 timed out), 1 running,"
+        " 1 pending"
         " | best 4.00 GFLOP/s (unconfirmed) | 3.0 eval/min | 2 workers | 2m00s"
         " | 1 standing aside | nobody can serve it: test"
     )
@@ -154,7 +155,7 @@ def test_a_progress_line_is_skipped_while_the_database_is_away(db_url, db):
 
     try:
         first = counts(reader.line())
-        assert first.startswith(f"run {run}: 0 done, 0 running, 0 pending")
+        assert first.startswith(f"run {run}: 0 finished (0 done, 0 invalid, 0 failed), 0 running")
         ended = db.execute(
             "SELECT count(pg_terminate_backend(pid, 30000)) AS n FROM pg_stat_activity "
             "WHERE application_name = %s",

@@ -133,6 +133,36 @@ def test_tune_synthetic_then_every_read_command(home, tmp_path):
     assert "finished" in status.stdout and f"{states['done']} done" in status.stdout
 
 
+def test_max_trials_counts_finished_search_trials_and_re_measurements_apart(home):
+    # Every report says the budget the same way: search trials that finished (whatever their
+    # verdict) out of --max-trials, the best's re-measurements apart and labelled extra.
+    proc = tf(
+        home, "tune", "synthetic", "--arg", "duration=0.01", "--arg", "invalid_rate=0.3",
+        "--workers", "1", "--max-trials", "8", "--confirm", "2", "--progress-every", "0.5",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with embedded_conn(home) as conn:
+        row = conn.execute(
+            "SELECT count(*) FILTER (WHERE purpose = 'search' AND state IN "
+            "('done', 'invalid', 'failed', 'timed_out')) AS finished, "
+            "count(*) FILTER (WHERE purpose = 'search' AND state = 'done') AS done, "
+            "count(*) FILTER (WHERE purpose = 'confirm' AND state = 'done') AS confirmed "
+            "FROM tunefleet.trial WHERE run_id = 1"
+        ).fetchone()
+    assert row["finished"] == 8 and row["confirmed"] >= 1, row
+    counts = f"8/8 finished ({row['done']} done, {8 - row['done']} invalid, 0 failed)"
+    live = [ln for ln in proc.stdout.splitlines() if ln.startswith("run 1: ") and "eval/min" in ln]
+    assert live and live[-1].startswith(f"run 1: {counts}, 0 running, 0 pending"), live
+    assert f"; {row['confirmed']} re-measured (extra) | best" in live[-1], live[-1]
+    heading = next(ln for ln in proc.stdout.splitlines() if ln.startswith("run 1: synthetic"))
+    assert heading.endswith(f"{counts}; {row['confirmed']} re-measured (extra))"), heading
+    status = tf(home, "status", "1").stdout
+    assert f"  trials    {counts}, 0 running, 0 pending" in status, status
+    assert f"  extra     {row['confirmed']} re-measured (the best's re-" in status, status
+    runs = tf(home, "runs").stdout.splitlines()
+    assert "FINISHED" in runs[0] and " 8/8 " in runs[1], runs
+
+
 def _wait_for(predicate, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

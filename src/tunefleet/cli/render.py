@@ -21,10 +21,13 @@ from tunefleet.cli.output import (
     age,
     args_text,
     compact_json,
+    finished_count,
     gflops,
+    remeasured_text,
     seconds,
     short_id,
     table,
+    trial_counts,
 )
 from tunefleet.errors import RunError, first_line
 from tunefleet.queries import report
@@ -58,6 +61,7 @@ _RUN_COLUMNS = (
     Column("ARGS", "problem_args", args_text),
     Column("DEVICE CLASS", "device_class"),
     Column("STATE", "run_state"),
+    Column("FINISHED", "finished", right=True),
     Column("DONE", "done", right=True),
     Column("RUNNING", "running", right=True),
     Column("PENDING", "pending", right=True),
@@ -87,6 +91,8 @@ _WORKER_COLUMNS = (
 def _with_failed(row: Row) -> Row:
     row = dict(row)
     row["failed_all"] = int(row.get("failed") or 0) + int(row.get("timed_out") or 0)
+    done = finished_count(row)
+    row["finished"] = f"{done}/{row['max_trials']}" if row.get("max_trials") else str(done)
     return row
 
 
@@ -210,14 +216,19 @@ def _budget(p: Row) -> str:
 def _progress_block(p: Row) -> str:
     state = p["run_state"] + (f" ({p['stop_reason']})" if p.get("stop_reason") else "")
     name = f" {p['name']!r}" if p.get("name") else ""
+    extra = remeasured_text(p)
     return "\n".join(
         [
             f"run {p['run_id']}{name}: {p['problem']} {args_text(p['problem_args'])} "
             f"on {p['device_class']}",
             f"  state     {state}, budget {_budget(p)}, elapsed {seconds(p['elapsed_s'])}",
-            f"  trials    {p['done']} done, {p['running']} running, {p['pending']} pending, "
-            f"{p['invalid']} invalid, {p['failed']} failed, {p['timed_out']} timed out, "
+            f"  trials    {trial_counts(p)}, {p['running']} running, {p['pending']} pending, "
             f"{p['cancelled']} cancelled ({p['cached']} from cache)",
+            *(
+                [f"  extra     {extra} (the best's re-measurements, outside the budget)"]
+                if extra
+                else []
+            ),
             f"  best      {gflops(p['best_gflops'])} GFLOP/s "
             f"(median {seconds(p['best_median_s'])}){_best_status(p)}",
             f"  rate      {float(p['evaluations_per_minute']):.1f} evaluations/min",
@@ -293,7 +304,9 @@ def best_text(found: BestOfRun) -> str:
         f"run {run['id']}: {run['problem']} {args_text(run['problem_args'])} "
         f"on {run['device_class']} ({run['state']}"
         + (f": {run['stop_reason']}" if run.get("stop_reason") else "")
-        + f"; {progress['done']} done of {progress['trials']} trials)",
+        + f"; {trial_counts(progress)}"
+        + (f"; {extra} (extra)" if (extra := remeasured_text(progress)) else "")
+        + ")",
         *headline(top),
         confirmation_text(top),
         *filter(None, [noise_text(top)]),
