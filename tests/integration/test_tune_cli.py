@@ -163,6 +163,18 @@ def test_max_trials_counts_finished_search_trials_and_re_measurements_apart(home
     assert "FINISHED" in runs[0] and " 8/8 " in runs[1], runs
 
 
+def test_read_commands_leave_a_stopped_embedded_server_stopped(home):
+    assert tf(home, "runs").returncode == 0  # a fresh home: the first command starts it
+    assert tf(home, "db", "stop").returncode == 0
+    for argv in (["status", "999"], ["status"], ["runs"], ["best", "1"], ["show", "1", "1"]):
+        proc = tf(home, *argv)
+        assert_one_line_error(proc, "embedded database is stopped", "`tunefleet db start`")
+    assert re.search(r"^running\s+False$", tf(home, "db", "status").stdout, re.M)
+    # whatever starts it on purpose clears that: a read command then finds it running
+    assert tf(home, "db", "start").returncode == 0
+    assert tf(home, "runs").returncode == 0
+
+
 def _wait_for(predicate, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
