@@ -349,5 +349,5 @@ def test_a_noisy_best_is_flagged_by_the_views_best_and_the_dashboard(db, db_url,
         assert result["noisy"] is flagged
         code, out, _ = run_cli(capsys, "best", str(filled.cpu_run), "--db", db_url)
         assert code == 0
-        assert ("\nnoisy: its samples' IQR/median is" in out) is flagged, out
+        assert ("\nnoisy: the search measurement's IQR/median is" in out) is flagged, out
         assert dashboard.best(db, filled.cpu_run)["noisy"] is flagged

@@ -79,8 +79,8 @@ def test_tune_synthetic_then_every_read_command(home, tmp_path):
     # the best was re-measured before it was reported, and the last line says so
     assert "\nconfirmed: median " in out, out
     assert re.fullmatch(
-        r"run 1: best trial \d+ confirmed by a cold re-measurement \(.*, medians \d+\.\d\d % "
-        r"apart: agrees \(.*\); the samples' noise \d+\.\d\d % \(IQR/median\)\)",
+        r"run 1: best trial \d+ confirmed by a cold re-measurement \(.*, agrees: the medians "
+        r"differ by \d+\.\d\d %, .*; the noisier measurement's IQR/median is \d+\.\d\d %\)",
         out.splitlines()[-1],
     ), out
     # one best everywhere: the headline is the re-measured figure, and says so

@@ -459,6 +459,7 @@ def noise_text(best: Row) -> str | None:
     if not best.get("noisy"):
         return None
     return (
-        f"noisy: its samples' IQR/median is {100 * best['measured_noise']:.1f} % after every "
+        f"noisy: the search measurement's IQR/median is {100 * best['measured_noise']:.2f} % "
+        "after every "
         "launch the protocol allows (other load on the host? see the README on CPU timings)"
     )
