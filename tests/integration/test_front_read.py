@@ -284,10 +284,10 @@ def test_report_series_and_intervals_follow_the_rows(ro_url, ro):
     intervals = report.worker_intervals(db, ro.gpu_run)
     assert len(intervals) == 3 and {i["worker_host"] for i in intervals} == {"gpu-node"}
     assert all(i["end_s"] - i["start_s"] == pytest.approx(9.0) for i in intervals)
-    from tunefleet.cli.plot import utilisation
+    from tunefleet.busy import busy_shares
 
     # three 9 s trials over 5..34 s: 27 s busy of 29 s
-    assert utilisation(intervals) == {str(ro.workers[2]): pytest.approx(27 / 29)}
+    assert busy_shares(intervals) == {str(ro.workers[2]): pytest.approx(27 / 29)}
 
 
 def test_cache_hits_are_results_but_nobody_s_work(db, filled):

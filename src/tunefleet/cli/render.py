@@ -11,10 +11,12 @@ imports a command module, so ``tune`` prints the best as ``best`` does without i
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from tunefleet import agreement
+from tunefleet.busy import busy_shares
 from tunefleet.cli.args import command_line_args, problem_sizes, shell_join
 from tunefleet.cli.output import (
     Column,
@@ -83,6 +85,7 @@ _WORKER_COLUMNS = (
     Column("CODEGEN", "codegen"),
     Column("PREFETCH", "prefetch", right=True),
     Column("BUSY", "busy", right=True),
+    Column("TIMING", "timing", right=True),
     Column("TRIAL", "current_trial", right=True),
     Column("MEASURED", "measured", right=True),
 )
@@ -96,14 +99,18 @@ def _with_failed(row: Row) -> Row:
     return row
 
 
-def _with_liveness(row: Row) -> Row:
+def _with_liveness(row: Row, busy: Mapping[str, float] | None = None) -> Row:
     row = dict(row)
     # The worker's sizing: code-generation processes and who chose them (auto: the worker
-    # itself), and the share of the time since its first claim that its device was busy.
+    # itself); its busy share on the run shown (tunefleet.busy, as the plot and the dashboard
+    # say it; "-" in the fleet overview, which shows no one run); and the share of the time
+    # since its first claim that its device spent timing, as the worker reports it.
     pool = row.get("prepare_workers")
     row["codegen"] = "-" if pool is None else f"{pool} {row.get('sizing') or ''}".strip()
-    busy = row.get("device_busy")
-    row["busy"] = "-" if busy is None else f"{100 * float(busy):.0f}%"
+    share = None if busy is None else busy.get(str(row["worker_id"]))
+    row["busy"] = "-" if share is None else f"{100 * share:.0f}%"
+    timing = row.get("device_busy")
+    row["timing"] = "-" if timing is None else f"{100 * float(timing):.0f}%"
     if row["state"] == WorkerState.STOPPED:
         row["liveness"] = WorkerState.STOPPED
     elif row["alive"]:
@@ -155,10 +162,11 @@ def status_text(conn: Any, run_id: int | None) -> str:
             lines.append(f"  {f['trials']:>4} {f['state']}: {clipped(f['error'], 90)}")
     lines += _stand_aside_lines(p, report.stand_asides(conn, run_id))
     workers = report.fleet(conn, run_id=run_id, include_stopped=True)
+    busy = busy_shares(report.worker_intervals(conn, run_id))
     lines.append("")
     lines.append(f"workers: {sum(1 for w in workers if w['alive'])} alive")
     if workers:
-        lines.append(table([_with_liveness(w) for w in workers], _WORKER_COLUMNS))
+        lines.append(table([_with_liveness(w, busy) for w in workers], _WORKER_COLUMNS))
     return "\n".join(lines)
 
 
