@@ -111,7 +111,7 @@ class DataDirectory:
     def stopped_path(self) -> Path:
         """Present from a ``stop`` to the next ``start``: the server is down because someone
         stopped it, not because it crashed or never started."""
-        return self.base / "stopped"
+        return self.base / "stop-requested"
 
     @property
     def upgrade_dir(self) -> Path:
