@@ -320,7 +320,7 @@ def avoid_seconds(usual_s: float, live_workers: int, slack_s: float | None) -> f
 class Cut:
     """What a run's time budget cut when it ended (all zero: nothing)."""
 
-    budget_s: float
+    max_seconds: float
     #: In-flight trials handed back at the deadline (cancelled; a resume revives them).
     handed_back: int = 0
     #: Confirmations wanted, and how many were queued within the budget.
@@ -349,4 +349,5 @@ class Cut:
                 parts.append(
                     f"confirmation shortened to {self.confirm_queued} of {self.confirm_wanted}"
                 )
-        return f"stopped at the {self.budget_s:g} s budget: " + "; ".join(parts or ["nothing cut"])
+        cut = "; ".join(parts or ["nothing cut"])
+        return f"stopped at the {self.max_seconds:g} s budget: {cut}"

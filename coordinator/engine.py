@@ -681,7 +681,7 @@ class _Session:
         if self.budget.max_seconds is not None and state == RunState.FINISHED:
             confirmation = self.confirmation
             cut = Cut(
-                budget_s=self.budget.max_seconds,
+                max_seconds=self.budget.max_seconds,
                 handed_back=self.handed_back,
                 confirm_wanted=confirmation.wanted if confirmation else 0,
                 confirm_queued=confirmation.enqueued if confirmation else 0,

@@ -227,7 +227,7 @@ def tune(
             )
         loaded = get_problem(run["problem"])
         problem_args = dict(run["problem_args"])
-        stored_budget_s = run.get("max_seconds")
+        stored_max_seconds = run.get("max_seconds")
         plan = resume_plan(loaded.needs_opencl, workers, pattern, run)
     else:
         # Check what the user gave before touching the database or any device.
@@ -237,7 +237,7 @@ def tune(
         loaded.space(problem_args)
         plan = plan_workers(loaded.needs_opencl, workers, pattern)
         url = database_url(settings)
-        stored_budget_s = None
+        stored_max_seconds = None
     if worker_argv and not plan.devices:
         raise UsageError(
             f"{worker_argv[0]} sets up the workers this command starts, and --workers 0 starts "
@@ -268,11 +268,11 @@ def tune(
     engine_db = coordinator_db(settings, url)
     run_id = resume or create_run(coord_settings, url, engine_db)
     coordinator = Coordinator(coord_settings, url, engine_db, clock_start=clock_start)
-    budget_s = budget.max_seconds or stored_budget_s
+    max_seconds = budget.max_seconds or stored_max_seconds
     # The local workers' registration may not outlast what is left of the time budget.
     up_s = WORKERS_UP_S
-    if budget_s is not None:
-        up_s = min(up_s, max(0.0, budget_s - (time.monotonic() - clock_start)))
+    if max_seconds is not None:
+        up_s = min(up_s, max(0.0, max_seconds - (time.monotonic() - clock_start)))
 
     where = f"{len(plan.devices)} local ({plan.description})" if plan.devices else plan.description
     from tunefleet.cli.output import args_text
