@@ -142,5 +142,7 @@ def test_best_s_confirmed_and_noisy_lines_quote_one_noise_figure() -> None:
     }
     confirmed, noisy = confirmation_text(best), noise_text(best)
     assert confirmed.endswith("the noisier measurement's IQR/median is 66.32 %"), confirmed
+    # the re-measurement's trial number is labelled as such, not read as a search trial
+    assert "(re-measured as trial 26, extra to the budget, on node," in confirmed
     assert noisy is not None
     assert noisy.startswith("noisy: the search measurement's IQR/median is 66.32 % "), noisy

@@ -447,7 +447,8 @@ def confirmation_text(best: Row) -> str:
         how.append("same code" if best["same_source"] else "OTHER code")
     text = (
         f"confirmed: median {seconds(best['confirmed_median_s'])}, "
-        f"{gflops(best['confirmed_gflops'])} GFLOP/s (trial {best['confirm_trial_id']} on "
+        f"{gflops(best['confirmed_gflops'])} GFLOP/s (re-measured as trial "
+        f"{best['confirm_trial_id']}, extra to the budget, on "
         f"{where}, {', '.join(how)}, input seed {best['confirm_input_seed']}); "
     )
     text += agreement.verdict_text(
