@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness as h
 
 from tunefleet.coordinator import tuner as tuner_module
+from tunefleet.coordinator.budget import Budget
 from tunefleet.coordinator.create import create_run
 from tunefleet.coordinator.engine import Coordinator
 from tunefleet.coordinator.settings import CoordinatorSettings
@@ -222,7 +223,10 @@ def drive(
     ``max_seconds``)."""
     # The rate of the search alone: confirmation (a few evaluations after the budget) is off.
     settings = CoordinatorSettings.build(
-        problem=PROBLEM, max_trials=trials, max_seconds=max_seconds, poll_s=poll, confirm=0
+        problem=PROBLEM,
+        budget=Budget.build(max_trials=trials, max_seconds=max_seconds),
+        poll_s=poll,
+        confirm=0,
     )
     with Timers() as timers:
         started, cpu = time.perf_counter(), time.thread_time()

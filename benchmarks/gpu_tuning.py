@@ -173,6 +173,7 @@ def tune(
 ) -> dict[str, Any]:
     """Tune ``problem`` for ``budget`` seconds with one worker per device, each run on a
     fresh embedded server. Returns the numbers, or what is known and ``error``."""
+    from tunefleet.coordinator.budget import Budget
     from tunefleet.coordinator.create import create_run
     from tunefleet.coordinator.engine import Coordinator
     from tunefleet.coordinator.settings import CoordinatorSettings
@@ -223,8 +224,7 @@ def tune(
                 problem_args=problem_args,
                 device_class=devices[0].device_class,
                 name=label,
-                max_seconds=budget,
-                max_trials=max_trials,
+                budget=Budget.build(max_seconds=budget, max_trials=max_trials),
                 depth_factor=depth,
                 seed_configs=seeds,
                 # Evaluations per minute of the search, comparable with the published runs:

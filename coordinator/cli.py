@@ -73,6 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def _coordinator(args: argparse.Namespace) -> int:
     from tunefleet.processes import started_monotonic
 
+    from .budget import Budget
     from .settings import CoordinatorSettings, parse_seed_configs
 
     # --max-time bounds this command, as for `tune`: a resumed run gets the budget again
@@ -98,10 +99,12 @@ def _coordinator(args: argparse.Namespace) -> int:
         techniques=args.technique,
         search_seed=args.search_seed,
         resume=args.resume,
-        max_trials=args.max_trials,
-        max_seconds=args.max_time,
-        target_gflops=args.target,
-        patience=args.patience,
+        budget=Budget.build(
+            max_trials=args.max_trials,
+            max_seconds=args.max_time,
+            target_gflops=args.target,
+            patience=args.patience,
+        ),
         confirm=args.confirm,
     )
 

@@ -111,10 +111,10 @@ def create_run(
                 protocol=protocol,
                 cache_key=key,
                 search=search,
-                max_trials=settings.max_trials,
-                max_seconds=settings.max_seconds,
-                target_gflops=settings.target_gflops,
-                patience=settings.patience,
+                max_trials=settings.budget.max_trials,
+                max_seconds=settings.budget.max_seconds,
+                target_gflops=settings.budget.target_gflops,
+                patience=settings.budget.patience,
             )
             enqueue(
                 conn,

@@ -69,13 +69,12 @@ from tunefleet.settings import DatabaseSettings
 from tunefleet.space import Config, Space, config_hash
 from tunefleet.vocabulary import RunState, TrialPurpose, TrialSource, TrialState
 
-from .budget import Cut, Speed, confirm_reserve, speed
+from .budget import Budget, Cut, Speed, confirm_reserve, speed
 from .confirm import Confirmation
 from .create import coordinator_db_settings, create_run, raised, require_session_pooling
 from .enqueue import NewTrial, enqueue
 from .phase import Confirmed, Phase, RuleHolds
 from .rules import (
-    Budget,
     Rate,
     RunStats,
     poll_slack,
@@ -370,10 +369,10 @@ class _Session:
             conn,
             run_id,
             owner.coordinator_id,
-            max_trials=s.max_trials,
-            max_seconds=s.max_seconds,
-            target_gflops=s.target_gflops,
-            patience=s.patience,
+            max_trials=s.budget.max_trials,
+            max_seconds=s.budget.max_seconds,
+            target_gflops=s.budget.target_gflops,
+            patience=s.budget.patience,
         )
         if run is None:
             raise RunError(f"run {run_id} disappeared while it was being taken over")
@@ -682,7 +681,7 @@ class _Session:
         if self.budget.max_seconds is not None and state == RunState.FINISHED:
             confirmation = self.confirmation
             cut = Cut(
-                budget_s=self.budget.max_seconds,
+                max_seconds=self.budget.max_seconds,
                 handed_back=self.handed_back,
                 confirm_wanted=confirmation.wanted if confirmation else 0,
                 confirm_queued=confirmation.enqueued if confirmation else 0,

@@ -48,6 +48,8 @@ from typing import Any
 
 from tunefleet.space import Config
 
+from .budget import Budget
+
 #: A configuration this many times slower than the best is cut off by its timeout.
 SLOWDOWN = 20.0
 #: Multiple of the slowest compile time allowed per evaluation.
@@ -110,14 +112,6 @@ class Rate:
             return 0.0
         span = max(now - self._events[0][0], 1.0)  # a first burst is not a rate
         return sum(n for _, n in self._events) / span
-
-
-@dataclass(frozen=True)
-class Budget:
-    max_trials: int | None = None
-    max_seconds: float | None = None
-    target_gflops: float | None = None
-    patience: int | None = None
 
 
 @dataclass

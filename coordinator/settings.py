@@ -18,16 +18,15 @@ reports its best; 0 turns confirmation off).
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tunefleet.cli.flags import MAX_BUDGET_S, MAX_COUNT
 from tunefleet.errors import UsageError
 from tunefleet.settings import (
     MAX_CONFIRM,
+    MAX_COUNT,
     WORKER_ALIVE_S,
     bounded,
     non_negative_int,
@@ -36,6 +35,8 @@ from tunefleet.settings import (
     resolve,
 )
 from tunefleet.space import Config
+
+from .budget import Budget
 
 
 def _techniques(raw: str) -> tuple[str, ...]:
@@ -74,10 +75,7 @@ class CoordinatorSettings:
     # --- which run to continue -------------------------------------------------------------
     resume: int | None = None
     # --- budget (stored with the run; on resume a given value replaces the stored one) ---
-    max_trials: int | None = None
-    max_seconds: float | None = None
-    target_gflops: float | None = None
-    patience: int | None = None
+    budget: Budget = field(default_factory=Budget)
     # --- dispatch ---------------------------------------------------------------------------
     depth_factor: float = 2.0
     min_depth: int = 1
@@ -109,10 +107,7 @@ class CoordinatorSettings:
         techniques: Sequence[str] | None = None,
         search_seed: int | None = None,
         resume: int | None = None,
-        max_trials: int | None = None,
-        max_seconds: float | None = None,
-        target_gflops: float | None = None,
-        patience: int | None = None,
+        budget: Budget | None = None,
         depth_factor: float | None = None,
         min_depth: int | None = None,
         poll_s: float | None = None,
@@ -126,10 +121,6 @@ class CoordinatorSettings:
             raise UsageError("name a PROBLEM to tune, or --resume RUN to continue a run")
         if resume is not None and resume <= 0:
             raise UsageError(f"--resume {resume} is not a run id; use a positive integer")
-        _check_positive("--max-trials", max_trials)
-        _check_positive("--max-time", max_seconds, MAX_BUDGET_S)
-        _check_positive("--target", target_gflops, 1e12)
-        _check_positive("--patience", patience)
         if confirm is not None and (isinstance(confirm, bool) or not 0 <= confirm <= MAX_CONFIRM):
             raise UsageError(
                 f"--confirm {confirm} must be between 0 (off) and {MAX_CONFIRM} configurations"
@@ -149,12 +140,8 @@ class CoordinatorSettings:
                 search_seed, "SEARCH_SEED", None, bounded(non_negative_int, MAX_COUNT)
             ),
             resume=resume,
-            max_trials=resolve(max_trials, "MAX_TRIALS", None, bounded(positive_int, MAX_COUNT)),
-            max_seconds=resolve(
-                max_seconds, "MAX_SECONDS", None, bounded(positive_float, MAX_BUDGET_S)
-            ),
-            target_gflops=resolve(target_gflops, "TARGET_GFLOPS", None, positive_float),
-            patience=resolve(patience, "PATIENCE", None, bounded(positive_int, MAX_COUNT)),
+            # Built and checked at the front door; a caller without one gets the environment's.
+            budget=Budget.build() if budget is None else budget,
             # The defaults are the fields' own (one definition each).
             depth_factor=resolve(depth_factor, "QUEUE_FACTOR", cls.depth_factor, positive_float),
             min_depth=resolve(min_depth, "QUEUE_MIN", cls.min_depth, positive_int),
@@ -191,17 +178,6 @@ def _confirm_count(raw: str) -> int:
     if not 0 <= value <= MAX_CONFIRM:
         raise ValueError(f"must be between 0 and {MAX_CONFIRM}")
     return value
-
-
-def _check_positive(flag: str, value: float | None, high: float = MAX_COUNT) -> None:
-    """What a Python caller passes gets the limits the command line has."""
-    if value is None:
-        return
-    if not (value > 0 and math.isfinite(value)):
-        raise UsageError(f"{flag} {value} must be a positive finite number")
-    if value > high:
-        limit = f"{int(high)}" if float(high).is_integer() else f"{high:g}"
-        raise UsageError(f"{flag} {value:g} is above the limit {limit}; use a smaller number")
 
 
 def parse_seed_configs(text: str) -> list[Config]:

@@ -502,7 +502,7 @@ class Worker:
             c = held.claim
             child.submit(
                 Prepare(c.problem, c.problem_args, c.config, self.device, self.settings.prebuild),
-                self._prepare_timeout(c),
+                self._evaluation_limit(c),
                 tag=c.key,
             )
             held.stage, held.child = Stage.PREPARING, child
@@ -519,11 +519,20 @@ class Worker:
             with self.liveness.blocking(DEVICE_START_TIMEOUT_S):
                 self.device_child.start()
                 self._open_device()
-        self.device_child.submit(
-            self._measure(c, prepared=held.prepared, inline_prepare=inline),
-            self._timeout(c),
-            tag=c.key,
-        )
+        if inline:
+            self.device_child.submit(self._measure(c, inline_prepare=True), self._timeout(c), c.key)
+        else:
+            # Timing gets what code generation left of the evaluation's one limit (never more
+            # than the trial's own): a slow build followed by a slow timing is one slow
+            # evaluation, cut off at the limit, not after the two limits added up.
+            limit, left = self._evaluation_limit(c), self._evaluation_limit(c) - held.spent_s
+            own = self._timeout(c)
+            self.device_child.submit(
+                self._measure(c, prepared=held.prepared, inline_prepare=False),
+                min(own, left),
+                tag=c.key,
+                limit_s=limit if left < own else own,
+            )
         held.stage, held.child, held.prepared = Stage.MEASURING, self.device_child, None
         log.debug("timing trial %s", c.trial_id)
 
@@ -548,7 +557,7 @@ class Worker:
         self.cold_child = Child("cold build", cold_environment(self.cold_cache_dir))
         self.cold_child.submit(
             self._measure(c, inline_prepare=True, cold=True),
-            self._prepare_timeout(c) + self._timeout(c),
+            self._evaluation_limit(c),
             tag=c.key,
         )
         held.stage, held.child = Stage.MEASURING, self.cold_child
@@ -795,6 +804,7 @@ class Worker:
             if aside is not None:  # stood aside meanwhile: it is not timed here
                 held.finish(Verdict.HANDBACK, aside)
             else:
+                held.spent_s = held.child.spent_s if held.child is not None else 0.0
                 held.stage, held.prepared, held.child = Stage.PREPARED, reply.value, None
             return
         ended = results.ending(held.claim, reply, preparing)
@@ -1064,8 +1074,10 @@ class Worker:
     def _timeout(self, claim: ClaimedTrial) -> float:
         return claim.timeout_s if claim.timeout_s else self.settings.timeout_s
 
-    def _prepare_timeout(self, claim: ClaimedTrial) -> float:
-        """Code generation never gets less than the worker's own timeout: the run's adaptive
+    def _evaluation_limit(self, claim: ClaimedTrial) -> float:
+        """The one limit of a whole evaluation (code generation, build, validation, timing)
+        with code-generation processes, and of a cold build. It is never less than the
+        worker's own timeout: the run's adaptive
         timeout follows its best kernel time, and loopy's code generation time varies far
         more between configurations than the slowest one seen early in a run predicts (a
         256^3 GEMM on PoCL: 6.4 s the slowest of the first results, over 19 s for two later

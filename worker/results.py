@@ -40,6 +40,8 @@ class Held:
     error: str | None = None
     measurement: MeasurementRow | None = None
     sends: int = 0
+    # Seconds its code generation spent of the evaluation's one limit (timing gets the rest)
+    spent_s: float = 0.0
 
     @property
     def key(self) -> Key:

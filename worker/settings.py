@@ -5,10 +5,12 @@ Timeouts. A trial is evaluated under ``trial.timeout_s`` when the coordinator se
 adapts it to the run's best time); otherwise under the worker default ``timeout_s``, 120 s:
 about four times the slowest evaluation we expect in practice (code generation + build +
 validation + timing of a loopy kernel is 1-30 s), so a legitimately slow configuration is not
-cut off while a hung kernel still frees the device within two minutes. The timing step gets
-the trial's limit; a separate code-generation step gets the larger of the trial's limit and
-``timeout_s`` (the trial's limit follows the run's best kernel time, not code generation);
-with ``prepare_workers = 0`` the trial's limit covers both steps at once.
+cut off while a hung kernel still frees the device within two minutes. One limit bounds a
+whole evaluation (code generation, build, validation, timing): with code-generation processes
+it is the larger of the trial's limit and ``timeout_s`` (the trial's limit follows the run's
+best kernel time, not code generation), and the timing step gets what code generation left
+of it, never more than the trial's limit; a cold build (a confirmation) gets it at once; with
+``prepare_workers = 0`` the trial's limit covers both steps at once.
 
 Sizing. ``prepare_workers`` and ``prefetch`` are ``None`` unless a flag or variable sets
 them: the worker then sizes both itself (``tunefleet.worker.sizing``) from ``cores`` (``None``:

@@ -325,6 +325,12 @@ class Child:
         self.conn: multiprocessing.connection.Connection | None = None
         self.deadline: float | None = None
         self.timeout_s: float = 0.0
+        #: The limit a timeout names: the whole evaluation's when this request has only the
+        #: rest of it (code generation ran elsewhere first), else ``timeout_s``.
+        self.limit_s: float = 0.0
+        #: Seconds the last request counted against its deadline (start-up included, time
+        #: stood still with SIGSTOP left out), set once it ended.
+        self.spent_s: float = 0.0
         self.tag: Any = None
         self.busy = False
         self.starts = 0
@@ -356,7 +362,11 @@ class Child:
         self.starts += 1
         log.debug("%s process started (pid %s)", self.name, proc.pid)
 
-    def submit(self, request: Any, timeout_s: float, tag: Any = None) -> None:
+    def submit(
+        self, request: Any, timeout_s: float, tag: Any = None, limit_s: float | None = None
+    ) -> None:
+        """Send ``request``, to be killed after ``timeout_s``; ``limit_s`` is the limit a
+        timeout message names when ``timeout_s`` is what is left of a larger one."""
         if self.busy:
             raise RuntimeError(f"{self.name} process is busy")
         if not self.alive:
@@ -366,6 +376,7 @@ class Child:
         self.conn.send(request)
         self.loads, self.loaded = isinstance(request, Prepare | Measure), False
         self.busy, self.tag, self.timeout_s = True, tag, float(timeout_s)
+        self.limit_s = float(timeout_s if limit_s is None else limit_s)
         self.deadline = time.monotonic() + float(timeout_s)
 
     def waitables(self) -> list[Any]:
@@ -390,7 +401,7 @@ class Child:
                 if reply.kind == ReplyKind.STARTED:
                     self.loaded = True
                     continue
-                self.busy, self.deadline = False, None
+                self._ended(now)
                 return reply  # type: ignore[no-any-return]
         except (EOFError, OSError):
             gone = True  # the pipe closed: the child is exiting
@@ -412,8 +423,14 @@ class Child:
             # Still a timeout while loading: a fresh process's start-up counts in the trial's
             # limit, and a slow start on a loaded node is no reason to stand aside.
             self.kill()
-            return Reply(ReplyKind.TIMEOUT, message=f"exceeded the {self.timeout_s:g} s timeout")
+            return Reply(ReplyKind.TIMEOUT, message=f"exceeded the {self.limit_s:g} s timeout")
         return None
+
+    def _ended(self, now: float) -> None:
+        """The request in flight answered: note what it spent of its limit."""
+        if self.deadline is not None:
+            self.spent_s = max(0.0, now - (self.deadline - self.timeout_s))
+        self.busy, self.deadline = False, None
 
     def call(self, request: Any, timeout_s: float) -> Reply:
         """Submit and wait for the reply (used for Describe and Open)."""

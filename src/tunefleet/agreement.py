@@ -173,21 +173,27 @@ def verdict_text(
     p_value: float | None,
     same_source: bool | None = None,
 ) -> str:
-    """How a stored verdict reads in ``tune``'s last line and ``tunefleet best``: how far
-    apart the medians are and what was decided, then the samples' own noise."""
-    apart = f"medians {100 * spread:.2f} % apart"
+    """How a stored verdict reads in ``tune``'s last line and ``tunefleet best``: the verdict
+    first, then the figure it was decided on next to the threshold it was compared with (the
+    medians' difference and the floor, the rank test's p and its level), then the noise of
+    the noisier of the two measurements, named as such: a noise figure never stands where it
+    could read as the one compared with the floor."""
+    differ = f"the medians differ by {100 * spread:.2f} %"
+    floor = f"{100 * FLOOR:g} % floor"
     p = "?" if p_value is None else f"{p_value:.2g}"
     if same_source is False:
-        verdict = "DISAGREES: the cold re-measurement generated other code than the search timed"
+        text = (
+            "DISAGREES: the cold re-measurement generated other code than the search timed "
+            f"({differ})"
+        )
     elif disagrees is None:
-        verdict = "not judged yet"
+        text = f"not judged yet: {differ}"
     elif spread <= FLOOR and not disagrees:
-        verdict = f"agrees (a difference under the {100 * FLOOR:g} % floor)"
+        text = f"agrees: {differ}, under the {floor}"
     elif disagrees:
-        verdict = f"DISAGREES (rank test p = {p} < {ALPHA:g})"
+        text = f"DISAGREES: {differ}, over the {floor}, and the rank test's p = {p} < {ALPHA:g}"
     else:
-        verdict = f"agrees (rank test p = {p}, not under {ALPHA:g})"
-    text = f"{apart}: {verdict}"
+        text = f"agrees: {differ}, over the {floor}, but the rank test's p = {p} >= {ALPHA:g}"
     if noise is not None:
-        text += f"; the samples' noise {100 * noise:.2f} % (IQR/median)"
+        text += f"; the noisier measurement's IQR/median is {100 * noise:.2f} %"
     return text

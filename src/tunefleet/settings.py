@@ -32,6 +32,10 @@ COORDINATOR_ALIVE_S = 30.0
 #: Most configurations one run confirms (``--confirm``; each costs one more evaluation at the
 #: end of the run).
 MAX_CONFIRM = 1000
+#: Largest count a run stores (PostgreSQL ``integer``).
+MAX_COUNT = 2**31 - 1
+#: Longest budget: a year (a run with a longer one is a run without --max-time).
+MAX_BUDGET_S = 366 * 24 * 3600.0
 
 
 def resolve(flag: T | None, env: str, default: T, parse: Callable[[str], T]) -> T:

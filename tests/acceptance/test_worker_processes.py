@@ -265,6 +265,36 @@ def test_code_generation_gets_at_least_the_workers_timeout_and_a_hung_one_is_kil
     assert error == "code generation exceeded the 4 s timeout and was killed"
 
 
+def test_one_limit_bounds_code_generation_and_timing_together(db_url, db, tmp_path):
+    # Code generation (2.5 s) and timing (2.5 s) each fit the worker's 4 s timeout but not
+    # together: the evaluation is killed at 4 s, not after 4 s of each. A warm-up trial with a
+    # generous limit takes both processes' start-up.
+    warm = insert_run(db, problem_args={"duration": 0.01})
+    [warm_up] = insert_trials(db, warm, synthetic_configs(1), timeout_s=120)
+    slow = insert_run(db, problem_args={"prepare_duration": 2.5, "duration": 2.5})
+    [slow_both] = insert_trials(db, slow, synthetic_configs(1), priority=1)
+    w = start_worker(
+        db_url,
+        log_path=tmp_path / "w.log",
+        lease_s=SAFE_LEASE_S,
+        timeout_s=4,
+        poll_s=0.2,
+        prepare_workers=1,
+    )
+    try:
+        assert w.wait(60) == 0, w.log()
+    finally:
+        w.kill()
+    assert trial_states(db, [warm_up, slow_both]) == {
+        warm_up: "done",
+        slow_both: "timed_out",
+    }, w.log()
+    error = db.execute("SELECT error FROM tunefleet.trial WHERE id = %s", (slow_both,)).fetchone()[
+        "error"
+    ]
+    assert error == "evaluation exceeded the 4 s timeout and was killed"
+
+
 def test_crashing_evaluations_fail_after_max_attempts_with_their_history(db_url, db, tmp_path):
     crash = insert_run(db, problem_args={"fail_rate": 1.0, "duration": 0})
     [measure_crash] = insert_trials(db, crash, synthetic_configs(1), max_attempts=2)

@@ -12,6 +12,7 @@ from typing import Any
 
 from tests.helpers.launch import WorkerProcess, start_workers, wait_all
 from tests.helpers.queue_data import wait_until
+from tunefleet.coordinator.budget import KEYWORDS, Budget
 from tunefleet.coordinator.settings import CoordinatorSettings
 from tunefleet.db.engine import connect
 from tunefleet.problems.synthetic import FLOP_COUNT, OPTIMUM_SECONDS
@@ -28,7 +29,9 @@ def settings(**kw: Any) -> CoordinatorSettings:
         "protocol": {"warmup": 0, "min_launches": 1, "min_seconds": 0.0, "max_launches": 1},
         "poll_s": 0.02,
     }
-    return CoordinatorSettings.build(**{**base, **kw})
+    # The budget's fields by name, as a test writes them, become the one Budget value.
+    budget = {f: kw.pop(f) for f in KEYWORDS if f in kw}
+    return CoordinatorSettings.build(**{**base, **kw}, budget=Budget.build(**budget))
 
 
 def register_worker(

@@ -147,13 +147,13 @@ def test_charts_are_shaped_by_the_database(server, filled):
     assert (bins[0]["low"], bins[-1]["high"]) == pytest.approx((3.5, 12.5))
     assert (bins[0]["trials"], bins[-1]["trials"]) == (1, 1)  # the slowest and the fastest
     # Worker 1 held three 20 s trials and four 5 s failures; worker 2 three 20 s trials and
-    # the running one (up to now). Busy shares add up to the held time over the run's span.
+    # the running one (up to now): the bins draw the held time over the run's span.
     t = get_json(server, f"/api/runs/{filled.cpu_run}/timeline")
     timeline = {w["worker_id"]: w for w in t["timeline"]}
     w1, w2 = (timeline[str(w)] for w in filled.workers[:2])
     assert (w1["host"], w2["host"]) == ("node-a", "node-b")
     assert w1["held_s"] == pytest.approx(80.0)
-    assert w1["busy_share"] == pytest.approx(80.0 / w1["span_s"], rel=1e-6)
+    assert sum(w1["busy"]) * w1["span_s"] / t["timeline_bins"] == pytest.approx(80.0, rel=1e-6)
     assert len(w1["busy"]) == t["timeline_bins"] and max(w1["busy"]) <= 1.0
     assert w2["held_s"] > 60.0 + 300  # the running trial counts up to now
     assert str(filled.workers[2]) not in timeline  # the GPU worker never served this run
@@ -423,3 +423,33 @@ def test_the_command_refuses_a_port_in_use_in_one_line(server, reader_url, cli, 
     err = cli.fails("dashboard", "--db", reader_url, "--port", str(server.port), code=2)
     assert f"cannot listen on 127.0.0.1 port {server.port}" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_status_the_plot_and_the_dashboard_say_one_busy_share(server, filled, dash_url):
+    """One definition of busy (tunefleet.busy) behind every report of one recorded run:
+    status's BUSY column, the plot's lane labels and the dashboard's timeline agree."""
+    from tunefleet.busy import busy_shares
+    from tunefleet.cli.plot import lane_labels
+    from tunefleet.cli.render import status_text
+    from tunefleet.queries import report
+
+    with connect(dash_url) as conn:
+        intervals = report.worker_intervals(conn, filled.cpu_run)
+        status = status_text(conn, filled.cpu_run)
+    shares = busy_shares(intervals)
+    hosts = {str(iv["worker_id"]): iv["worker_host"] for iv in intervals}
+    assert set(hosts.values()) == {"node-a", "node-b"}
+    assert 0 < min(shares.values()) and max(shares.values()) <= 1
+    labels = lane_labels(intervals)
+    timeline = get_json(server, f"/api/runs/{filled.cpu_run}/timeline")["timeline"]
+    dashboard = {w["worker_id"]: w["busy_share"] for w in timeline}
+    table = status.split("\nworkers: ", 1)[1].splitlines()[1:]
+    header = status.split("\nworkers: ", 1)[1].splitlines()[1]
+    assert "BUSY" in header and "TIMING" in header  # the device's timing share is apart
+    for worker, share in shares.items():
+        pct = f"{100 * share:.0f}%"
+        assert any(f"{hosts[worker]} pid" in lb and f"({pct} busy)" in lb for lb in labels)
+        row = next(ln for ln in table if ln.startswith(worker[:8]))
+        busy_cell = row[header.index("PREFETCH") + len("PREFETCH") : header.index("TIMING")]
+        assert busy_cell.strip() == pct, (header, row)
+        assert dashboard[worker] == pytest.approx(share)

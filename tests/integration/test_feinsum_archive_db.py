@@ -392,6 +392,7 @@ def transform(t_unit, n_e_per_wg_log2, nwork_items_per_e, n_i_tile, n_j_tile, in
 def test_imported_rows_warm_start_and_answer_runs_with_feinsums_timing(
     db, db_url, tmp_path, monkeypatch, protocol, expected
 ):
+    from tunefleet.coordinator.budget import Budget
     from tunefleet.coordinator.create import create_run
     from tunefleet.coordinator.settings import CoordinatorSettings
 
@@ -406,7 +407,7 @@ def test_imported_rows_warm_start_and_answer_runs_with_feinsums_timing(
         device_class="nvidia-titan-v",
         protocol=protocol,
         warm_start_from="nvidia-titan-v",
-        max_trials=10,
+        budget=Budget(max_trials=10),
     )
     run_id = create_run(settings, db_url)
     rows = db.execute(

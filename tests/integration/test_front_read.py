@@ -99,7 +99,10 @@ def test_status_of_one_run_shows_counts_best_and_failure_reasons(ro_url, ro, cap
     code, out, _ = run_cli(capsys, "status", str(ro.cpu_run), "--db", ro_url)
     assert code == 0
     assert f"run {ro.cpu_run}: gemm dtype=float32 n=256" in out
-    assert "6 done, 1 running, 2 pending, 2 invalid, 1 failed, 1 timed out, 1 cancelled" in out
+    assert (
+        "10/40 finished (6 done, 2 invalid, 1 failed, 1 timed out), 1 running, 2 pending, "
+        "1 cancelled" in out
+    )
     assert "best      12.5 GFLOP/s" in out
     assert "2 invalid: work-group size 512 exceeds the device limit 256" in out
     assert "1 failed: worker lost" in out
@@ -281,10 +284,10 @@ def test_report_series_and_intervals_follow_the_rows(ro_url, ro):
     intervals = report.worker_intervals(db, ro.gpu_run)
     assert len(intervals) == 3 and {i["worker_host"] for i in intervals} == {"gpu-node"}
     assert all(i["end_s"] - i["start_s"] == pytest.approx(9.0) for i in intervals)
-    from tunefleet.cli.plot import utilisation
+    from tunefleet.busy import busy_shares
 
     # three 9 s trials over 5..34 s: 27 s busy of 29 s
-    assert utilisation(intervals) == {str(ro.workers[2]): pytest.approx(27 / 29)}
+    assert busy_shares(intervals) == {str(ro.workers[2]): pytest.approx(27 / 29)}
 
 
 def test_cache_hits_are_results_but_nobody_s_work(db, filled):
@@ -346,5 +349,5 @@ def test_a_noisy_best_is_flagged_by_the_views_best_and_the_dashboard(db, db_url,
         assert result["noisy"] is flagged
         code, out, _ = run_cli(capsys, "best", str(filled.cpu_run), "--db", db_url)
         assert code == 0
-        assert ("\nnoisy: its samples' IQR/median is" in out) is flagged, out
+        assert ("\nnoisy: the search measurement's IQR/median is" in out) is flagged, out
         assert dashboard.best(db, filled.cpu_run)["noisy"] is flagged

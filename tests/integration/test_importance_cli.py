@@ -167,9 +167,13 @@ def test_without_scikit_learn_it_says_so_and_still_ranks(url, capsys, monkeypatc
     monkeypatch.setitem(sys.modules, "sklearn", None)
     code, out, err = run_cli(capsys, "importance", "1", "--db", url)
     assert code == 0
-    note = err.strip().splitlines()
-    assert len(note) == 1 and "pip install 'tunefleet[importance]'" in note[0]
+    # said once: in the report's method line, not again as a note
     assert "method: variance (the forest method needs scikit-learn" in out
+    assert (out + err).count("the forest method needs scikit-learn") == 1, out + err
+    assert "pip install 'tunefleet[importance]'" in out
+    code, out, err = run_cli(capsys, "importance", "1", "--db", url, "--json")
+    assert code == 0 and json.loads(out)["forest"]["reason"].startswith("the forest method")
+    assert len(err.strip().splitlines()) == 1 and err.startswith("tunefleet: note: the forest")
     assert "SPEED (FOREST)" not in out
     code, out, err = run_cli(capsys, "importance", "1", "--db", url, "--method", "forest")
     assert code == 2 and out == ""

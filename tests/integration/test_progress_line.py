@@ -68,7 +68,8 @@ def test_the_progress_line_counts_what_the_database_holds(db_url, db):
     finally:
         reader.close()
     assert line == (
-        f"run {run}: 3/20 done, 1 running, 1 pending, 1 invalid, 1 failed, 1 timed out"
+        f"run {run}: 6/20 finished (3 done, 1 invalid, 1 failed, 1 timed out), 1 running,"
+        " 1 pending"
         " | best 4.00 GFLOP/s (unconfirmed) | 3.0 eval/min | 2 workers | 2m00s"
         " | 1 standing aside | nobody can serve it: test"
     )
@@ -154,7 +155,7 @@ def test_a_progress_line_is_skipped_while_the_database_is_away(db_url, db):
 
     try:
         first = counts(reader.line())
-        assert first.startswith(f"run {run}: 0 done, 0 running, 0 pending")
+        assert first.startswith(f"run {run}: 0 finished (0 done, 0 invalid, 0 failed), 0 running")
         ended = db.execute(
             "SELECT count(pg_terminate_backend(pid, 30000)) AS n FROM pg_stat_activity "
             "WHERE application_name = %s",
@@ -168,3 +169,31 @@ def test_a_progress_line_is_skipped_while_the_database_is_away(db_url, db):
     gone = ProgressReader(DatabaseSettings(url=db_url), db_url, run + 1000)
     assert gone.line() is None  # no such run
     gone.close()
+
+
+def test_best_top_prints_first_the_median_it_ranks_by(db_url, db):
+    """``best --top``: a best re-measured slower than its search figure moves down, and the
+    table's first figure is the re-measured median it was ranked by, so the column reads
+    sorted (the search's figure stands apart as SEARCH); the JSON rows carry it too."""
+    from tunefleet.cli.output import seconds
+    from tunefleet.cli.render import best_text, read_best
+
+    run = insert_run(db)
+    first, second, third = insert_trials(db, run, synthetic_configs(3))
+    _finish(db, first, "done", 0.25)  # fastest in the search ...
+    _finish(db, second, "done", 0.5)
+    _finish(db, third, "done", 0.75)
+    _confirm(db, first, 0.625, disagrees=False)  # ... re-measured between the other two
+
+    found = read_best(db, run, top=3)
+    assert [b["trial_id"] for b in found.best] == [second, first, third]
+    assert [b["ranked_median_s"] for b in found.best] == [0.5, 0.625, 0.75]
+    text = best_text(found).splitlines()
+    at = next(i for i, ln in enumerate(text) if ln.startswith("top 3, ranked by MEDIAN"))
+    header, *rows = text[at + 1 : at + 5]
+    assert header.split()[:3] == ["TRIAL", "MEDIAN", "GFLOP/s"]
+    assert [r.split()[:3] for r in rows] == [
+        [str(second), *seconds(0.5).split()],
+        [str(first), *seconds(0.625).split()],
+        [str(third), *seconds(0.75).split()],
+    ]

@@ -79,8 +79,8 @@ def test_tune_synthetic_then_every_read_command(home, tmp_path):
     # the best was re-measured before it was reported, and the last line says so
     assert "\nconfirmed: median " in out, out
     assert re.fullmatch(
-        r"run 1: best trial \d+ confirmed by a cold re-measurement \(.*, medians \d+\.\d\d % "
-        r"apart: agrees \(.*\); the samples' noise \d+\.\d\d % \(IQR/median\)\)",
+        r"run 1: best trial \d+ confirmed by a cold re-measurement \(.*, agrees: the medians "
+        r"differ by \d+\.\d\d %, .*; the noisier measurement's IQR/median is \d+\.\d\d %\)",
         out.splitlines()[-1],
     ), out
     # one best everywhere: the headline is the re-measured figure, and says so
@@ -131,6 +131,48 @@ def test_tune_synthetic_then_every_read_command(home, tmp_path):
 
     status = tf(home, "status", "1")
     assert "finished" in status.stdout and f"{states['done']} done" in status.stdout
+
+
+def test_max_trials_counts_finished_search_trials_and_re_measurements_apart(home):
+    # Every report says the budget the same way: search trials that finished (whatever their
+    # verdict) out of --max-trials, the best's re-measurements apart and labelled extra.
+    proc = tf(
+        home, "tune", "synthetic", "--arg", "duration=0.01", "--arg", "invalid_rate=0.3",
+        "--workers", "1", "--max-trials", "8", "--confirm", "2", "--progress-every", "0.5",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with embedded_conn(home) as conn:
+        row = conn.execute(
+            "SELECT count(*) FILTER (WHERE purpose = 'search' AND state IN "
+            "('done', 'invalid', 'failed', 'timed_out')) AS finished, "
+            "count(*) FILTER (WHERE purpose = 'search' AND state = 'done') AS done, "
+            "count(*) FILTER (WHERE purpose = 'confirm' AND state = 'done') AS confirmed "
+            "FROM tunefleet.trial WHERE run_id = 1"
+        ).fetchone()
+    assert row["finished"] == 8 and row["confirmed"] >= 1, row
+    counts = f"8/8 finished ({row['done']} done, {8 - row['done']} invalid, 0 failed)"
+    live = [ln for ln in proc.stdout.splitlines() if ln.startswith("run 1: ") and "eval/min" in ln]
+    assert live and live[-1].startswith(f"run 1: {counts}, 0 running, 0 pending"), live
+    assert f"; {row['confirmed']} re-measured (extra) | best" in live[-1], live[-1]
+    heading = next(ln for ln in proc.stdout.splitlines() if ln.startswith("run 1: synthetic"))
+    assert heading.endswith(f"{counts}; {row['confirmed']} re-measured (extra))"), heading
+    status = tf(home, "status", "1").stdout
+    assert f"  trials    {counts}, 0 running, 0 pending" in status, status
+    assert f"  extra     {row['confirmed']} re-measured (the best's re-" in status, status
+    runs = tf(home, "runs").stdout.splitlines()
+    assert "FINISHED" in runs[0] and " 8/8 " in runs[1], runs
+
+
+def test_read_commands_leave_a_stopped_embedded_server_stopped(home):
+    assert tf(home, "runs").returncode == 0  # a fresh home: the first command starts it
+    assert tf(home, "db", "stop").returncode == 0
+    for argv in (["status", "999"], ["status"], ["runs"], ["best", "1"], ["show", "1", "1"]):
+        proc = tf(home, *argv)
+        assert_one_line_error(proc, "embedded database is stopped", "`tunefleet db start`")
+    assert re.search(r"^running\s+False$", tf(home, "db", "status").stdout, re.M)
+    # whatever starts it on purpose clears that: a read command then finds it running
+    assert tf(home, "db", "start").returncode == 0
+    assert tf(home, "runs").returncode == 0
 
 
 def _wait_for(predicate, timeout: float, what: str) -> None:

@@ -98,3 +98,51 @@ def test_exact_and_approximate_p_values_are_close_where_both_apply() -> None:
     exact = rank_test(a, b)
     approx = rank_test([*a, a[0]], [*b, a[0]])  # one tie: the approximation
     assert exact == pytest.approx(approx, rel=0.5, abs=0.02)
+
+
+def test_the_verdict_reads_before_its_figures_and_the_noise_is_named_apart() -> None:
+    from tunefleet.agreement import verdict_text
+
+    # The newcomer's case: medians 1.2 % apart on samples with 66 % noise. The floor is
+    # compared with the medians' difference, and the text says so; the noise comes after,
+    # named as the noisier measurement's.
+    text = verdict_text(0.012, 0.6632, False, 0.4)
+    assert text == (
+        "agrees: the medians differ by 1.20 %, under the 3 % floor; "
+        "the noisier measurement's IQR/median is 66.32 %"
+    )
+    assert verdict_text(0.1, 0.02, True, 0.001).startswith(
+        "DISAGREES: the medians differ by 10.00 %, over the 3 % floor, and the rank test's "
+        "p = 0.001 < 0.01"
+    )
+    assert verdict_text(0.05, None, False, 0.2) == (
+        "agrees: the medians differ by 5.00 %, over the 3 % floor, but the rank test's "
+        "p = 0.2 >= 0.01"
+    )
+
+
+def test_best_s_confirmed_and_noisy_lines_quote_one_noise_figure() -> None:
+    from tunefleet.cli.render import confirmation_text, noise_text
+
+    best = {
+        "confirm_state": "done",
+        "confirmed_median_s": 0.5,
+        "confirmed_gflops": 2.0,
+        "confirm_trial_id": 26,
+        "confirm_worker_host": "node",
+        "confirm_worker_id": 1,
+        "worker_id": 1,
+        "confirm_input_seed": 1,
+        "spread": 0.012,
+        "noise": 0.6632,  # the noisier of the two: here the search's own
+        "measured_noise": 0.6632,
+        "disagrees": False,
+        "agreement_p": 0.4,
+        "noisy": True,
+    }
+    confirmed, noisy = confirmation_text(best), noise_text(best)
+    assert confirmed.endswith("the noisier measurement's IQR/median is 66.32 %"), confirmed
+    # the re-measurement's trial number is labelled as such, not read as a search trial
+    assert "(re-measured as trial 26, extra to the budget, on node," in confirmed
+    assert noisy is not None
+    assert noisy.startswith("noisy: the search measurement's IQR/median is 66.32 % "), noisy

@@ -6,10 +6,10 @@ import shlex
 
 import pytest
 
+from tunefleet.busy import busy_shares
 from tunefleet.cli import build_parser
 from tunefleet.cli.args import command_line_args, problem_sizes, raw_problem_args
 from tunefleet.cli.output import Column, seconds, table
-from tunefleet.cli.plot import utilisation
 from tunefleet.errors import UsageError
 
 
@@ -88,15 +88,15 @@ def test_stored_arguments_round_trip_through_the_command_line(args):
     assert raw_problem_args(parse(*words)) == args
 
 
-def test_utilisation_merges_overlaps_and_uses_the_fleet_window():
+def test_busy_merges_overlaps_and_uses_the_fleet_window():
     rows = [
         {"worker_id": "a", "start_s": 0.0, "end_s": 4.0},
         {"worker_id": "a", "start_s": 2.0, "end_s": 6.0},  # pipelined: overlaps the first
         {"worker_id": "a", "start_s": 8.0, "end_s": 10.0},
         {"worker_id": "b", "start_s": 5.0, "end_s": 10.0},  # joined late
     ]
-    assert utilisation(rows) == {"a": pytest.approx(0.8), "b": pytest.approx(0.5)}
-    assert utilisation([]) == {}
+    assert busy_shares(rows) == {"a": pytest.approx(0.8), "b": pytest.approx(0.5)}
+    assert busy_shares([]) == {}
 
 
 def test_durations_and_tables_read_well():

@@ -151,7 +151,7 @@ def test_a_confirmation_waits_for_another_worker_only_within_the_time_to_spare(l
 
 
 def test_the_cut_line_names_what_was_handed_back_and_how_to_resume():
-    cut = Cut(budget_s=30.0, handed_back=3, confirm_wanted=3, confirm_queued=1)
+    cut = Cut(max_seconds=30.0, handed_back=3, confirm_wanted=3, confirm_queued=1)
     assert cut.anything
     assert cut.sentence("`tunefleet tune --resume 7`") == (
         "stopped at the 30 s budget: 3 trials in flight handed back (resume with "
@@ -160,7 +160,7 @@ def test_the_cut_line_names_what_was_handed_back_and_how_to_resume():
 
 
 def test_the_cut_line_says_when_no_confirmation_fitted():
-    cut = Cut(budget_s=5.0, confirm_wanted=3, confirm_queued=0)
+    cut = Cut(max_seconds=5.0, confirm_wanted=3, confirm_queued=0)
     assert cut.sentence("x") == (
         "stopped at the 5 s budget: no time left to confirm the best (3 wanted); give a "
         "longer --max-time"
@@ -168,4 +168,4 @@ def test_the_cut_line_says_when_no_confirmation_fitted():
 
 
 def test_a_budget_that_cut_nothing_says_nothing():
-    assert not Cut(budget_s=30.0, confirm_wanted=3, confirm_queued=3).anything
+    assert not Cut(max_seconds=30.0, confirm_wanted=3, confirm_queued=3).anything

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tunefleet.coordinator.budget import FLAGS, KEYWORDS, Budget
 from tunefleet.coordinator.confirm import fresh_input_seed
 from tunefleet.coordinator.settings import CoordinatorSettings, parse_seed_configs
 from tunefleet.errors import UsageError
@@ -12,9 +13,14 @@ from tunefleet.errors import UsageError
 def test_flags_beat_environment_beats_defaults(monkeypatch):
     monkeypatch.setenv("TUNEFLEET_MAX_TRIALS", "50")
     monkeypatch.setenv("TUNEFLEET_QUEUE_FACTOR", "3")
-    s = CoordinatorSettings.build(problem="synthetic", max_trials=7)
-    assert (s.max_trials, s.depth_factor, s.min_depth, s.patience) == (7, 3.0, 1, None)
-    assert CoordinatorSettings.build(problem="synthetic").max_trials == 50
+    s = CoordinatorSettings.build(problem="synthetic", budget=Budget.build(max_trials=7))
+    assert (s.budget.max_trials, s.depth_factor, s.min_depth, s.budget.patience) == (
+        7,
+        3.0,
+        1,
+        None,
+    )
+    assert CoordinatorSettings.build(problem="synthetic").budget.max_trials == 50
 
 
 def test_bad_environment_values_name_the_variable(monkeypatch):
@@ -23,7 +29,10 @@ def test_bad_environment_values_name_the_variable(monkeypatch):
         CoordinatorSettings.build(problem="synthetic")
     monkeypatch.delenv("TUNEFLEET_PATIENCE")
     monkeypatch.setenv("TUNEFLEET_MAX_TRIALS", "99999999999")
-    limit = r"TUNEFLEET_MAX_TRIALS='99999999999' is not valid: must be at most 2147483647"
+    limit = (
+        r"TUNEFLEET_MAX_TRIALS='99999999999' is not valid: must be a whole number from 1 to "
+        r"2147483647"
+    )
     with pytest.raises(UsageError, match=limit):
         CoordinatorSettings.build(problem="synthetic")
 
@@ -32,13 +41,6 @@ def test_bad_environment_values_name_the_variable(monkeypatch):
     ("kw", "match"),
     [
         ({}, "name a PROBLEM to tune, or --resume RUN"),
-        ({"problem": "synthetic", "max_trials": 0}, "--max-trials 0 must be a positive"),
-        ({"problem": "synthetic", "max_seconds": -1.0}, "--max-time -1.0 must be a positive"),
-        (
-            {"problem": "synthetic", "max_trials": 99999999999},
-            r"--max-trials 1e\+11 is above the limit 2147483647",
-        ),
-        ({"problem": "synthetic", "max_seconds": float("inf")}, "--max-time inf must be a pos"),
         ({"resume": -3}, "--resume -3 is not a run id"),
         ({"problem": "synthetic", "confirm": -1}, "--confirm -1 must be between 0 .off. and"),
         ({"problem": "synthetic", "confirm": 10**6}, "--confirm 1000000 must be between"),
@@ -48,6 +50,51 @@ def test_bad_environment_values_name_the_variable(monkeypatch):
 def test_bad_settings_are_one_line_errors(kw, match):
     with pytest.raises(UsageError, match=match):
         CoordinatorSettings.build(**kw)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "flag", "keyword"),
+    [
+        ("max_trials", 0, "--max-trials 0: use at least 1", "max_trials=0: give a whole number"),
+        (
+            "max_trials",
+            99999999999,
+            "--max-trials 99999999999 is above the limit 2147483647",
+            "max_trials=99999999999: give a whole number from 1 to 2147483647",
+        ),
+        ("max_trials", 2.5, "--max-trials 2.5 is not a whole", "max_trials=2.5 is not a whole"),
+        ("max_seconds", -1.0, "--max-time -1: use a positive number", "max_time=-1.0: give a"),
+        ("max_seconds", float("inf"), "--max-time inf: use a finite", "max_time=inf: give a"),
+        ("max_seconds", True, "--max-time True is not a number", "max_time=True is not a"),
+        (
+            "target_gflops",
+            2e12,
+            "--target 2e+12 is above the limit",
+            "target_gflops=2000000000000.0: give",
+        ),
+        ("patience", 0, "--patience 0: use at least 1", "patience=0: give a whole number"),
+    ],
+)
+def test_the_budget_is_checked_in_one_place_and_spelled_as_each_door_spells_it(
+    field, value, flag, keyword
+):
+    # One check (tunefleet.coordinator.budget.checked) behind every front door: the command
+    # line's flags and tunefleet.tune()'s keywords name the same value their own way.
+    with pytest.raises(UsageError) as raised:
+        Budget.build(**{field: value}, spelling=FLAGS)
+    assert str(raised.value).startswith(flag)
+    with pytest.raises(UsageError) as raised:
+        Budget.build(**{field: value}, spelling=KEYWORDS)
+    assert str(raised.value).startswith(keyword)
+
+
+def test_a_budget_is_one_value_handed_down_whole(monkeypatch):
+    monkeypatch.setenv("TUNEFLEET_MAX_SECONDS", "90")
+    budget = Budget.build(max_trials=20)
+    assert budget == Budget(max_trials=20, max_seconds=90.0)  # the environment fills the rest
+    assert CoordinatorSettings.build(problem="synthetic", budget=budget).budget is budget
+    with pytest.raises(AttributeError):
+        budget.max_trials = 3  # type: ignore[misc]
 
 
 def test_seed_configs_come_as_json_object_list_or_file(tmp_path):

@@ -103,12 +103,17 @@ PROGRESS = {
 
 def test_progress_line_has_every_number_a_user_watches():
     assert progress_line(PROGRESS) == (
-        "run 4: 12/30 done, 2 running, 3 pending, 1 invalid, 1 failed, 1 timed out"
+        "run 4: 15/30 finished (12 done, 1 invalid, 1 failed, 1 timed out), 2 running,"
+        " 3 pending"
         " | best 14.2 GFLOP/s | 8.0 eval/min | 2 workers | 95.0 s"
     )
     # Zero timed-out trials (the usual case) keep the line short.
     quiet = progress_line({**PROGRESS, "timed_out": 0, "servable_workers": 1})
-    assert "timed out" not in quiet and "1 failed | best" in quiet and "| 1 worker |" in quiet
+    assert "timed out" not in quiet and "1 failed), 2 running" in quiet and "| 1 worker |" in quiet
+    # Re-measurements of the best are extra: labelled apart, never in the budget's count.
+    remeasuring = progress_line({**PROGRESS, "confirmed": 2, "confirming": 1})
+    assert remeasuring.startswith("run 4: 15/30 finished (12 done,")
+    assert "3 pending; 2 re-measured, 1 re-measuring (extra) | best" in remeasuring
 
 
 def test_progress_display_prints_plain_periodic_lines_without_a_terminal():

@@ -138,6 +138,8 @@ class BestTrial:
     #: (a fresh process sharing no cache with the search).
     same_source: bool | None = None
     cold_build: bool | None = None
+    #: The time it is ranked by: the re-measured median where one finished, else the search's.
+    ranked_median_s: float | None = None
 
     @property
     def confirmed(self) -> bool:

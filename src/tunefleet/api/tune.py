@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import numbers
 import operator
 import signal
 import sys
@@ -44,7 +43,7 @@ from tunefleet.api.fleet import (
 )
 from tunefleet.api.problem_ref import problem_spec
 from tunefleet.api.read import BestTrial, best_trial
-from tunefleet.cli.flags import MAX_BUDGET_S, MAX_COUNT, MAX_ID
+from tunefleet.cli.flags import MAX_COUNT, MAX_ID
 from tunefleet.errors import RunError, TunefleetError, TuneInterrupted, UsageError
 from tunefleet.settings import DatabaseSettings, home_dir
 from tunefleet.vocabulary import RunState
@@ -184,13 +183,19 @@ def tune(
     seed_list = _seed_configs(seed_configs)
     show = _callback(progress)
     worker_argv = _worker_argv(timeout, prefetch, prepare_workers, cores, prebuild)
-    max_trials = _count("max_trials", max_trials, 1, MAX_COUNT)
+    from tunefleet.coordinator.budget import KEYWORDS, Budget
+
+    # The budget's one value, checked once here, spelled as this function's keywords.
+    budget = Budget.build(
+        max_trials=max_trials,
+        max_seconds=max_time,
+        target_gflops=target_gflops,
+        patience=patience,
+        spelling=KEYWORDS,
+    )
     search_seed = _count("search_seed", search_seed, 0, MAX_COUNT)
-    patience = _count("patience", patience, 1, MAX_COUNT)
     confirm = _count("confirm", confirm, 0, 1000)
     workers = _count("workers", workers, 0, MAX_WORKERS)
-    max_time = _seconds("max_time", max_time, MAX_BUDGET_S)
-    target_gflops = _seconds("target_gflops", target_gflops, 1e12)
     pattern = None if device is None else str(device)
     if spec is None and resume is None:
         raise UsageError("name a problem to tune (see `tunefleet problems`) or resume a run")
@@ -222,7 +227,7 @@ def tune(
             )
         loaded = get_problem(run["problem"])
         problem_args = dict(run["problem_args"])
-        stored_budget_s = run.get("max_seconds")
+        stored_max_seconds = run.get("max_seconds")
         plan = resume_plan(loaded.needs_opencl, workers, pattern, run)
     else:
         # Check what the user gave before touching the database or any device.
@@ -232,7 +237,7 @@ def tune(
         loaded.space(problem_args)
         plan = plan_workers(loaded.needs_opencl, workers, pattern)
         url = database_url(settings)
-        stored_budget_s = None
+        stored_max_seconds = None
     if worker_argv and not plan.devices:
         raise UsageError(
             f"{worker_argv[0]} sets up the workers this command starts, and --workers 0 starts "
@@ -257,20 +262,17 @@ def tune(
         name=name,
         protocol=protocol,
         resume=resume,
-        max_trials=max_trials,
-        max_seconds=max_time,
-        target_gflops=target_gflops,
-        patience=patience,
+        budget=budget,
         confirm=confirm,
     )
     engine_db = coordinator_db(settings, url)
     run_id = resume or create_run(coord_settings, url, engine_db)
     coordinator = Coordinator(coord_settings, url, engine_db, clock_start=clock_start)
-    budget_s = coord_settings.max_seconds or stored_budget_s
+    max_seconds = budget.max_seconds or stored_max_seconds
     # The local workers' registration may not outlast what is left of the time budget.
     up_s = WORKERS_UP_S
-    if budget_s is not None:
-        up_s = min(up_s, max(0.0, budget_s - (time.monotonic() - clock_start)))
+    if max_seconds is not None:
+        up_s = min(up_s, max(0.0, max_seconds - (time.monotonic() - clock_start)))
 
     where = f"{len(plan.devices)} local ({plan.description})" if plan.devices else plan.description
     from tunefleet.cli.output import args_text
@@ -543,18 +545,6 @@ def _count(what: str, value: Any, low: int, high: int) -> int | None:
         raise UsageError(f"{what}={value!r} is not a whole number; give e.g. {what}=20")
     if not low <= number <= high:
         raise UsageError(f"{what}={number}: give a whole number from {low} to {high}")
-    return number
-
-
-def _seconds(what: str, value: Any, high: float) -> float | None:
-    """``value`` as a float, or None; UsageError unless positive, finite and at most ``high``."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise UsageError(f"{what}={value!r} is not a number; give e.g. {what}=60")
-    number = float(value)
-    if not (math.isfinite(number) and 0 < number <= high):
-        raise UsageError(f"{what}={value!r}: give a positive finite number, at most {high:g}")
     return number
 
 

@@ -30,12 +30,13 @@ def add_db_flag(parser: argparse.ArgumentParser) -> None:
 
 @contextmanager
 def open_db(db_flag: str | None) -> Iterator[Any]:
-    """A read connection to the database of ``--db`` (or the embedded one), at head."""
+    """A read connection to the database of ``--db`` (or the embedded one, never started
+    here once stopped on purpose), at head."""
     from tunefleet.db.engine import connect
     from tunefleet.db.resolve import database_url
 
     settings = DatabaseSettings.build(db_flag, application_name="tunefleet-cli")
-    url = database_url(settings)
+    url = database_url(settings, read_only=True)
     conn = connect(url, settings)
     try:
         yield conn

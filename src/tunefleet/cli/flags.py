@@ -22,13 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunefleet.errors import UsageError
+from tunefleet.settings import MAX_BUDGET_S, MAX_COUNT
 
-#: Largest count a run stores (PostgreSQL ``integer``).
-MAX_COUNT = 2**31 - 1
 #: Largest run id (PostgreSQL ``bigint``).
 MAX_ID = 2**63 - 1
-#: Longest budget: a year (a run with a longer one is a run without --max-time).
-MAX_BUDGET_S = 366 * 24 * 3600.0
 #: Longest evaluation timeout, lease or polling interval: a day.
 MAX_TIMEOUT_S = 24 * 3600.0
 #: Most trials one worker claims ahead / code-generation processes it runs / cores it uses.
@@ -84,6 +81,26 @@ def seconds(flag: str, high: float = MAX_BUDGET_S, low: float = 0.0) -> Callable
     return parse
 
 
+def budget_value(field: str) -> Callable[[str], Any]:
+    """The flag of budget ``field`` (``max_trials``, ``max_seconds``, ...): read as a number
+    here; its range is checked where the budget is defined, the one check every front door
+    uses (:func:`tunefleet.coordinator.budget.checked`)."""
+
+    def parse(text: str) -> Any:
+        # The command line is a front door: it may reach the coordinator's budget (imported
+        # here, when a budget flag is given, so building the command tree stays light).
+        from tunefleet.coordinator.budget import FLAGS, LIMITS, checked
+
+        value: Any = text
+        try:
+            value = int(text.strip()) if LIMITS[field][1] else float(text.strip())
+        except ValueError:
+            pass  # not a number: checked() says so, naming the flag
+        return checked(field, value, FLAGS, text)
+
+    return parse
+
+
 @dataclass(frozen=True)
 class Flag:
     """One flag: its name(s), argparse keywords and help, added the same way everywhere."""
@@ -104,26 +121,27 @@ def _flag(*names: str, help: str, **kwargs: Any) -> Flag:
 # --- the run: budget and search (coordinator, tune) ---------------------------------------------
 MAX_TRIALS = _flag(
     "--max-trials",
-    type=count("--max-trials"),
+    type=budget_value("max_trials"),
     metavar="N",
-    help="stop after N finished trials (cache answers included)",
+    help="stop after N finished search trials, whatever their verdict (cache answers "
+    "included; re-measurements of the best are extra)",
 )
 MAX_TIME = _flag(
     "--max-time",
-    type=seconds("--max-time"),
+    type=budget_value("max_seconds"),
     metavar="S",
     help="stop S seconds after this command started, the confirmation included (a resumed "
     "run gets S seconds more)",
 )
 TARGET = _flag(
     "--target",
-    type=seconds("--target", high=1e12),
+    type=budget_value("target_gflops"),
     metavar="GFLOPS",
     help="stop once a trial reaches this GFLOP/s",
 )
 PATIENCE = _flag(
     "--patience",
-    type=count("--patience"),
+    type=budget_value("patience"),
     metavar="K",
     help="stop after K finished trials without improving the best time",
 )

@@ -114,8 +114,11 @@ def cmd_importance(args: argparse.Namespace) -> int:
     if args.plot and Path(args.plot).suffix.lower() != ".png":
         raise UsageError(f"--plot {args.plot!r}: the plot is a PNG; name the file FILE.png")
     data = load(args.db, args.run, all_runs=args.all_runs, method=args.method, top=args.top)
-    if args.method == "auto" and not data["forest"]["fitted"] and data["forest"]["reason"]:
-        print(f"tunefleet: note: {data['forest']['reason']}", file=sys.stderr)
+    # The text report says why the forest did not run in its method line; JSON output
+    # carries it as data, so only there is the note said again, on stderr, for a person.
+    reason = data["forest"]["reason"] if not data["forest"]["fitted"] else None
+    if args.json and args.method == "auto" and reason:
+        print(f"tunefleet: note: {reason}", file=sys.stderr)
     if args.plot:
         from tunefleet.cli.importance_plot import render
 

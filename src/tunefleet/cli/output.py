@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from tunefleet import jsonvalues
-from tunefleet.vocabulary import BestStatus
+from tunefleet.vocabulary import FINISHED_TRIAL_STATES, BestStatus
 
 
 @dataclass(frozen=True)
@@ -119,3 +119,35 @@ def best_mark(status: str | None) -> str:
     if status in (None, BestStatus.CONFIRMED):
         return ""
     return " (NOT reproduced)" if status == BestStatus.NOT_REPRODUCED else f" ({status})"
+
+
+def finished_count(p: Mapping[str, Any]) -> int:
+    """Search trials of a ``run_progress`` row that finished, whatever their verdict: what
+    ``--max-trials`` counts."""
+    return sum(int(p.get(str(s)) or 0) for s in FINISHED_TRIAL_STATES)
+
+
+def trial_counts(p: Mapping[str, Any]) -> str:
+    """A run's search trials as every report writes them (a ``run_progress`` row):
+    ``6/20 finished (3 done, 1 invalid, 1 failed, 1 timed out)``. ``--max-trials`` counts
+    search trials that finished, whatever their verdict, so the budget reads off the first
+    figure; re-measurements of the best are extra and never counted here
+    (:func:`remeasured_text`)."""
+    finished = finished_count(p)
+    budget = f"/{p['max_trials']}" if p.get("max_trials") else ""
+    timed_out = f", {p['timed_out']} timed out" if p.get("timed_out") else ""
+    return (
+        f"{finished}{budget} finished ({p['done']} done, {p['invalid']} invalid, "
+        f"{p['failed']} failed{timed_out})"
+    )
+
+
+def remeasured_text(p: Mapping[str, Any]) -> str:
+    """The re-measurements of a run's best (extra trials, outside ``--max-trials``):
+    ``2 re-measured, 1 re-measuring``, or an empty string when there are none."""
+    parts = []
+    if p.get("confirmed"):
+        parts.append(f"{p['confirmed']} re-measured")
+    if p.get("confirming"):
+        parts.append(f"{p['confirming']} re-measuring")
+    return ", ".join(parts)

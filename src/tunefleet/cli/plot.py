@@ -2,9 +2,9 @@
 
 Three panels: best GFLOP/s so far against wall time and against the number of evaluations
 (each measured trial as a dot), and a timeline with one lane per worker showing the interval
-of every trial it evaluated, coloured by outcome, with its utilisation (busy time / time from
-its first claim to its last result). matplotlib is imported inside :func:`render` with the
-``Agg`` backend, so no display is needed and the import costs nothing elsewhere.
+of every trial it evaluated, coloured by outcome, with its busy share (:mod:`tunefleet.busy`).
+matplotlib is imported inside :func:`render` with the ``Agg`` backend, so no display is
+needed and the import costs nothing elsewhere.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tunefleet.busy import busy_shares, busy_text
 from tunefleet.errors import UsageError
 from tunefleet.vocabulary import BestStatus, TrialState
 
@@ -25,29 +26,17 @@ _STATE_COLOURS = {
 }
 
 
-def utilisation(intervals: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """Busy fraction per worker over the fleet's window (first start to last end of any
-    worker), so a worker that joined late or sat idle shows as such. Overlapping intervals of
-    a pipelining worker count once."""
-    if not intervals:
-        return {}
-    lanes: dict[str, list[tuple[float, float]]] = {}
+def lane_labels(intervals: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The timeline's lane labels, one per worker in lane order: host, pid and its busy share
+    (:mod:`tunefleet.busy`, the definition every report uses)."""
+    shares = busy_shares(intervals)
+    labels: dict[str, str] = {}
     for iv in intervals:
-        lanes.setdefault(str(iv["worker_id"]), []).append((iv["start_s"], iv["end_s"]))
-    window = max(iv["end_s"] for iv in intervals) - min(iv["start_s"] for iv in intervals)
-    out: dict[str, float] = {}
-    for worker, spans in lanes.items():
-        spans.sort()
-        busy, cur_start, cur_end = 0.0, spans[0][0], spans[0][1]
-        for start, end in spans[1:]:
-            if start > cur_end:
-                busy += cur_end - cur_start
-                cur_start, cur_end = start, end
-            else:
-                cur_end = max(cur_end, end)
-        busy += cur_end - cur_start
-        out[worker] = busy / window if window > 0 else 1.0
-    return out
+        wid = str(iv["worker_id"])
+        if wid not in labels:
+            pid = f" pid {iv['worker_pid']}" if iv.get("worker_pid") is not None else ""
+            labels[wid] = f"{iv['worker_host']}{pid} ({busy_text(shares[wid])})"
+    return list(labels.values())
 
 
 #: Characters per line of the figure's title (9 inches at the default title size).
@@ -136,14 +125,11 @@ def render(
             ax.text(0.5, 0.5, "no finished trials yet", ha="center", transform=ax.transAxes)
 
     lanes: dict[str, int] = {}
-    labels: list[str] = []
-    util = utilisation(intervals) if intervals else {}
+    labels = lane_labels(intervals)
+    util = busy_shares(intervals)
     for iv in intervals:
         wid = str(iv["worker_id"])
-        if wid not in lanes:
-            lanes[wid] = len(lanes)
-            pid = f" pid {iv['worker_pid']}" if iv.get("worker_pid") is not None else ""
-            labels.append(f"{iv['worker_host']}{pid} ({100 * util[wid]:.0f}% busy)")
+        lanes.setdefault(wid, len(lanes))
         ax_lanes.barh(
             lanes[wid],
             max(iv["end_s"] - iv["start_s"], 1e-3),
@@ -156,7 +142,7 @@ def render(
     ax_lanes.set_yticks(range(len(labels)), labels, fontsize=8)
     ax_lanes.invert_yaxis()
     ax_lanes.set_xlabel("seconds since the run started")
-    fleet = f", fleet {100 * sum(util.values()) / len(util):.0f}% busy" if util else ""
+    fleet = f", fleet {busy_text(sum(util.values()) / len(util))}" if util else ""
     ax_lanes.set_title(
         f"worker timeline (one bar per evaluation, coloured by outcome{fleet})", fontsize=9
     )

@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 
-from tunefleet.cli.output import best_mark, gflops, seconds
+from tunefleet.cli.output import best_mark, gflops, remeasured_text, seconds, trial_counts
 from tunefleet.db.engine import connect
 from tunefleet.errors import DatabaseUnavailable
 from tunefleet.queries import report
@@ -23,17 +23,16 @@ from tunefleet.settings import DatabaseSettings
 
 def progress_line(p: Mapping[str, Any], unserved: str | None = None) -> str:
     """One line of progress from a :func:`~tunefleet.queries.report.run_progress` row:
-    counts by state, best so far, rate, live workers able to serve it, elapsed; then, when
+    search trials finished (of ``--max-trials``) by verdict and in flight, re-measurements
+    of the best apart, best so far, rate, live workers able to serve it, elapsed; then, when
     workers stand aside from the run, how many, and why nobody can serve it (the
     coordinator's ``unserved``) when that is so."""
-    budget = f"/{p['max_trials']}" if p.get("max_trials") else ""
     workers = int(p.get("servable_workers") or 0)
+    extra = remeasured_text(p)
     return (
-        f"run {p['run_id']}: {p['done']}{budget} done, {p['running']} running, "
-        f"{p['pending']} pending, {p['invalid']} invalid, {p['failed']} failed"
-        + (f", {p['timed_out']} timed out" if p.get("timed_out") else "")
+        f"run {p['run_id']}: {trial_counts(p)}, {p['running']} running, {p['pending']} pending"
         + (f", {p['cached']} cached" if p.get("cached") else "")
-        + (f", confirming {p['confirming']}" if p.get("confirming") else "")
+        + (f"; {extra} (extra)" if extra else "")
         + f" | best {gflops(p['best_gflops'])} GFLOP/s{best_mark(p.get('best_status'))}"
         + f" | {float(p['evaluations_per_minute']):.1f} eval/min"
         + f" | {workers} worker{'s' if workers != 1 else ''}"

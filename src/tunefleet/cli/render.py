@@ -11,20 +11,25 @@ imports a command module, so ``tune`` prints the best as ``best`` does without i
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from tunefleet import agreement
+from tunefleet.busy import busy_shares
 from tunefleet.cli.args import command_line_args, problem_sizes, shell_join
 from tunefleet.cli.output import (
     Column,
     age,
     args_text,
     compact_json,
+    finished_count,
     gflops,
+    remeasured_text,
     seconds,
     short_id,
     table,
+    trial_counts,
 )
 from tunefleet.errors import RunError, first_line
 from tunefleet.queries import report
@@ -58,6 +63,7 @@ _RUN_COLUMNS = (
     Column("ARGS", "problem_args", args_text),
     Column("DEVICE CLASS", "device_class"),
     Column("STATE", "run_state"),
+    Column("FINISHED", "finished", right=True),
     Column("DONE", "done", right=True),
     Column("RUNNING", "running", right=True),
     Column("PENDING", "pending", right=True),
@@ -79,6 +85,7 @@ _WORKER_COLUMNS = (
     Column("CODEGEN", "codegen"),
     Column("PREFETCH", "prefetch", right=True),
     Column("BUSY", "busy", right=True),
+    Column("TIMING", "timing", right=True),
     Column("TRIAL", "current_trial", right=True),
     Column("MEASURED", "measured", right=True),
 )
@@ -87,17 +94,23 @@ _WORKER_COLUMNS = (
 def _with_failed(row: Row) -> Row:
     row = dict(row)
     row["failed_all"] = int(row.get("failed") or 0) + int(row.get("timed_out") or 0)
+    done = finished_count(row)
+    row["finished"] = f"{done}/{row['max_trials']}" if row.get("max_trials") else str(done)
     return row
 
 
-def _with_liveness(row: Row) -> Row:
+def _with_liveness(row: Row, busy: Mapping[str, float] | None = None) -> Row:
     row = dict(row)
     # The worker's sizing: code-generation processes and who chose them (auto: the worker
-    # itself), and the share of the time since its first claim that its device was busy.
+    # itself); its busy share on the run shown (tunefleet.busy, as the plot and the dashboard
+    # say it; "-" in the fleet overview, which shows no one run); and the share of the time
+    # since its first claim that its device spent timing, as the worker reports it.
     pool = row.get("prepare_workers")
     row["codegen"] = "-" if pool is None else f"{pool} {row.get('sizing') or ''}".strip()
-    busy = row.get("device_busy")
-    row["busy"] = "-" if busy is None else f"{100 * float(busy):.0f}%"
+    share = None if busy is None else busy.get(str(row["worker_id"]))
+    row["busy"] = "-" if share is None else f"{100 * share:.0f}%"
+    timing = row.get("device_busy")
+    row["timing"] = "-" if timing is None else f"{100 * float(timing):.0f}%"
     if row["state"] == WorkerState.STOPPED:
         row["liveness"] = WorkerState.STOPPED
     elif row["alive"]:
@@ -149,10 +162,11 @@ def status_text(conn: Any, run_id: int | None) -> str:
             lines.append(f"  {f['trials']:>4} {f['state']}: {clipped(f['error'], 90)}")
     lines += _stand_aside_lines(p, report.stand_asides(conn, run_id))
     workers = report.fleet(conn, run_id=run_id, include_stopped=True)
+    busy = busy_shares(report.worker_intervals(conn, run_id))
     lines.append("")
     lines.append(f"workers: {sum(1 for w in workers if w['alive'])} alive")
     if workers:
-        lines.append(table([_with_liveness(w) for w in workers], _WORKER_COLUMNS))
+        lines.append(table([_with_liveness(w, busy) for w in workers], _WORKER_COLUMNS))
     return "\n".join(lines)
 
 
@@ -210,14 +224,19 @@ def _budget(p: Row) -> str:
 def _progress_block(p: Row) -> str:
     state = p["run_state"] + (f" ({p['stop_reason']})" if p.get("stop_reason") else "")
     name = f" {p['name']!r}" if p.get("name") else ""
+    extra = remeasured_text(p)
     return "\n".join(
         [
             f"run {p['run_id']}{name}: {p['problem']} {args_text(p['problem_args'])} "
             f"on {p['device_class']}",
             f"  state     {state}, budget {_budget(p)}, elapsed {seconds(p['elapsed_s'])}",
-            f"  trials    {p['done']} done, {p['running']} running, {p['pending']} pending, "
-            f"{p['invalid']} invalid, {p['failed']} failed, {p['timed_out']} timed out, "
+            f"  trials    {trial_counts(p)}, {p['running']} running, {p['pending']} pending, "
             f"{p['cancelled']} cancelled ({p['cached']} from cache)",
+            *(
+                [f"  extra     {extra} (the best's re-measurements, outside the budget)"]
+                if extra
+                else []
+            ),
             f"  best      {gflops(p['best_gflops'])} GFLOP/s "
             f"(median {seconds(p['best_median_s'])}){_best_status(p)}",
             f"  rate      {float(p['evaluations_per_minute']):.1f} evaluations/min",
@@ -293,7 +312,9 @@ def best_text(found: BestOfRun) -> str:
         f"run {run['id']}: {run['problem']} {args_text(run['problem_args'])} "
         f"on {run['device_class']} ({run['state']}"
         + (f": {run['stop_reason']}" if run.get("stop_reason") else "")
-        + f"; {progress['done']} done of {progress['trials']} trials)",
+        + f"; {trial_counts(progress)}"
+        + (f"; {extra} (extra)" if (extra := remeasured_text(progress)) else "")
+        + ")",
         *headline(top),
         confirmation_text(top),
         *filter(None, [noise_text(top)]),
@@ -307,7 +328,11 @@ def best_text(found: BestOfRun) -> str:
     if top["has_code"]:
         lines.append(f"generated code: tunefleet show {run['id']} {top['trial_id']} --code")
     if len(best) > 1:
-        lines += ["", f"top {len(best)}:"]
+        lines += [
+            "",
+            f"top {len(best)}, ranked by MEDIAN (the re-measured median where a re-measurement "
+            "finished, else the search's; a failed re-measurement ranks last):",
+        ]
         lines.append(
             table(
                 [
@@ -321,8 +346,8 @@ def best_text(found: BestOfRun) -> str:
                 ],
                 (
                     Column("TRIAL", "trial_id", right=True),
+                    Column("MEDIAN", "ranked_median_s", seconds, right=True),
                     Column("GFLOP/s", "headline_gflops", gflops, right=True),
-                    Column("MEDIAN", "headline_median_s", seconds, right=True),
                     Column("STATUS", "status"),
                     Column("SEARCH", "median_s", seconds, right=True),
                     Column("SPREAD", "spread_text", right=True),
@@ -422,7 +447,8 @@ def confirmation_text(best: Row) -> str:
         how.append("same code" if best["same_source"] else "OTHER code")
     text = (
         f"confirmed: median {seconds(best['confirmed_median_s'])}, "
-        f"{gflops(best['confirmed_gflops'])} GFLOP/s (trial {best['confirm_trial_id']} on "
+        f"{gflops(best['confirmed_gflops'])} GFLOP/s (re-measured as trial "
+        f"{best['confirm_trial_id']}, extra to the budget, on "
         f"{where}, {', '.join(how)}, input seed {best['confirm_input_seed']}); "
     )
     text += agreement.verdict_text(
@@ -442,6 +468,7 @@ def noise_text(best: Row) -> str | None:
     if not best.get("noisy"):
         return None
     return (
-        f"noisy: its samples' IQR/median is {100 * best['measured_noise']:.1f} % after every "
+        f"noisy: the search measurement's IQR/median is {100 * best['measured_noise']:.2f} % "
+        "after every "
         "launch the protocol allows (other load on the host? see the README on CPU timings)"
     )

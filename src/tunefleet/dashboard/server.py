@@ -51,6 +51,7 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 import psycopg
 
+from tunefleet.busy import busy_shares
 from tunefleet.cli.output import jsonable
 from tunefleet.dashboard.settings import DashboardSettings, is_loopback
 from tunefleet.errors import DatabaseUnavailable, first_line
@@ -238,7 +239,10 @@ class Dashboard:
                 }
             if part == "/timeline":
                 return {
-                    "timeline": _timeline(q.worker_timeline(conn, run_id, bins=TIMELINE_BINS)),
+                    "timeline": _timeline(
+                        q.worker_timeline(conn, run_id, bins=TIMELINE_BINS),
+                        busy_shares(q.worker_intervals(conn, run_id)),
+                    ),
                     "timeline_bins": TIMELINE_BINS,
                 }
             if part == "/importance":
@@ -278,8 +282,10 @@ class Dashboard:
         }
 
 
-def _timeline(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows of (worker, bin, busy) as one entry per worker with its list of busy bins."""
+def _timeline(rows: list[dict[str, Any]], shares: dict[str, float]) -> list[dict[str, Any]]:
+    """Rows of (worker, bin, busy) as one entry per worker with its list of busy bins and its
+    ``busy_share`` (``shares``: :mod:`tunefleet.busy`, the figure ``status`` and the plot
+    quote; the bins only draw when it was busy)."""
     out: dict[Any, dict[str, Any]] = {}
     for r in rows:
         w = out.setdefault(
@@ -297,7 +303,7 @@ def _timeline(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for w in out.values():
         bins = w.pop("bins")
         w["busy"] = [bins.get(i, 0.0) for i in range(TIMELINE_BINS)]
-        w["busy_share"] = sum(w["busy"]) / TIMELINE_BINS
+        w["busy_share"] = shares.get(str(w["worker_id"]), 0.0)
         result.append(w)
     return result
 

@@ -75,27 +75,36 @@ def check_at_head(conn: psycopg.Connection[Any], url_hint: str = "") -> str:
     )
 
 
-def database_url(settings: DatabaseSettings) -> str:
+def database_url(settings: DatabaseSettings, *, read_only: bool = False) -> str:
     """The URL to use: the explicit one (checked to be at head), else the embedded server
-    (started or reused, and upgraded to head).
+    (started or reused, and upgraded to head). A ``read_only`` command (one that only reads
+    results) never starts an embedded server someone stopped: EmbeddedServerError says how to
+    start it. A crashed or never started one is still started: nobody asked it to stay down.
 
     With ``settings.wait_s`` an unreachable server or a schema not yet at head is retried,
     with backoff, until that many seconds have passed; errors that waiting cannot fix (a
     wrong password, database or host name) are raised at once.
     """
     if settings.url is None:
-        return embedded_url()
+        return embedded_url(read_only=read_only)
     url = settings.url
     wait_for_database(url, settings, lambda conn: check_at_head(conn, url_hint=redact(url)))
     return url
 
 
-def embedded_url() -> str:
-    """Start (or reuse) the embedded server, upgrade it to head, return its local URL."""
+def embedded_url(*, read_only: bool = False) -> str:
+    """Start (or reuse) the embedded server, upgrade it to head, return its local URL; with
+    ``read_only``, refuse to start one that was stopped on purpose."""
     from tunefleet.db.embedded import default_server
     from tunefleet.db.migrate import upgrade
+    from tunefleet.errors import EmbeddedServerError
 
     server = default_server()
+    if read_only and server.stopped_on_purpose():
+        raise EmbeddedServerError(
+            "the embedded database is stopped (`tunefleet db stop`); start it with "
+            "`tunefleet db start`, or pass --db URL to read another database"
+        )
     server.start()
     url = server.local_url()
     upgrade(url)

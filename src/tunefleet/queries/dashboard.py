@@ -198,6 +198,31 @@ def speed_charts(conn: Conn, run_id: int, *, bins: int = 30) -> Row:
     return row
 
 
+def worker_intervals(conn: Conn, run_id: int) -> list[Row]:
+    """The rows of :func:`tunefleet.queries.report.worker_intervals` (``worker_id``,
+    ``start_s``, ``end_s``: one per finished trial a worker evaluated, cache answers
+    excluded) read through the dashboard's views, for the busy share (:mod:`tunefleet.busy`)
+    that ``status`` and the plot quote too.
+
+    Read-only, no locks."""
+    return _all(
+        conn,
+        """
+        SELECT d.worker_id::text AS worker_id,
+               extract(epoch FROM d.started_at - s.created_at)::float8 AS start_s,
+               extract(epoch FROM d.finished_at - s.created_at)::float8 AS end_s
+          FROM tunefleet.trial_details d
+          JOIN tunefleet.run_settings s ON s.run_id = d.run_id
+         WHERE d.run_id = %(run_id)s
+           AND d.state IN ('done', 'invalid', 'failed', 'timed_out')
+           AND d.started_at IS NOT NULL AND d.finished_at IS NOT NULL
+           AND d.source <> 'cache'
+           AND d.worker_id IS NOT NULL
+        """,
+        {"run_id": run_id},
+    )
+
+
 def worker_timeline(conn: Conn, run_id: int, *, bins: int = 60) -> list[Row]:
     """How busy each worker was on the run, in ``bins`` equal time bins from the run's
     creation to its end (now while it runs): one row per worker and bin it worked in with

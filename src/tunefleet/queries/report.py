@@ -142,7 +142,8 @@ def best_trials(conn: Conn, run_id: int, *, limit: int = 1) -> list[Row]:
     ``confirmed_median_s``, ``confirmed_gflops``, ``confirm_worker_host``, ``spread``,
     ``noise``, ``disagrees``, ``agreement_p``, ``same_source`` and ``cold_build`` come from
     the ``confirmations`` view;
-    ``measured_noise`` and ``noisy`` (the search measurement's samples) from ``results``.
+    ``measured_noise`` and ``noisy`` (the search measurement's samples) from ``results``;
+    ``ranked_median_s`` is the time it is ranked by (re-measured, else the search's).
 
     Read-only, no locks."""
     return _all(
@@ -157,7 +158,8 @@ def best_trials(conn: Conn, run_id: int, *, limit: int = 1) -> list[Row]:
                c.confirmed_gflops, c.input_seed AS confirm_input_seed,
                c.confirm_worker_id, cw.host AS confirm_worker_host,
                c.spread, c.noise, c.disagrees, c.agreement_p, c.same_source, c.cold_build,
-               r.noise AS measured_noise, r.noisy
+               r.noise AS measured_noise, r.noisy,
+               coalesce(c.confirmed_median_s, m.median_s) AS ranked_median_s
           FROM tunefleet.trial t
           JOIN tunefleet.measurement m ON m.trial_id = t.id
           JOIN tunefleet.results r ON r.trial_id = t.id
@@ -167,7 +169,7 @@ def best_trials(conn: Conn, run_id: int, *, limit: int = 1) -> list[Row]:
           LEFT JOIN tunefleet.worker cw ON cw.id = c.confirm_worker_id
          WHERE t.run_id = %(run_id)s AND t.state = 'done' AND t.purpose = 'search'
          ORDER BY coalesce(c.state IN ('invalid', 'failed', 'timed_out'), false),
-                  coalesce(c.confirmed_median_s, m.median_s), t.id
+                  ranked_median_s, t.id
          LIMIT %(limit)s
         """,
         {"run_id": run_id, "limit": limit},

@@ -643,7 +643,7 @@ function fleetPage() {
       { title: "Heartbeat", num: true, value: (w) => `${duration(w.heartbeat_age_s)} ago` },
       { title: "Codegen", num: true, value: (w) => w.prepare_workers === null ? "-" : `${w.prepare_workers} ${w.sizing || ""}` },
       { title: "Prefetch", num: true, value: (w) => num(w.prefetch) },
-      { title: "Device busy", num: true, value: (w) => pct(w.device_busy) },
+      { title: "Device timing", num: true, value: (w) => pct(w.device_busy) },
       { title: "Holding", num: true, value: (w) => w.holding ? `${w.holding} (trial ${w.current_trial})` : "0" },
       { title: "Working on", value: (w) => el("span", {}, runLinks(w.holding_runs)) },
       { title: "Serves", value: (w) => el("span", {}, runLinks(w.serves)) },

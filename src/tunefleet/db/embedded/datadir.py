@@ -108,6 +108,12 @@ class DataDirectory:
         return self.base / "address.json"
 
     @property
+    def stopped_path(self) -> Path:
+        """Present from a ``stop`` to the next ``start``: the server is down because someone
+        stopped it, not because it crashed or never started."""
+        return self.base / "stop-requested"
+
+    @property
     def upgrade_dir(self) -> Path:
         """Scratch space of a carry-forward: the new data directory until it is verified."""
         return self.base / "upgrade"

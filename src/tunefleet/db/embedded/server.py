@@ -104,6 +104,7 @@ class EmbeddedServer(DataDirectory):
                 self._initdb(self.data_dir)
             upgrade.check_version(self)
             served = self._start_server(listen, port)
+            self.stopped_path.unlink(missing_ok=True)
             status = self.status()
             self._ensure_database(status)
             if served:
@@ -239,14 +240,22 @@ class EmbeddedServer(DataDirectory):
         self.pgpass_path.chmod(0o600)
 
     def stop(self) -> bool:
-        """Stop the server if it runs; return whether it was running."""
+        """Stop the server if it runs; return whether it was running. Either way it stays
+        stopped for read-only commands until something starts it (:meth:`stopped_on_purpose`)."""
         with self._locked():
+            if self.is_initialised():
+                self.stopped_path.touch()
             if not self.status().running:
                 self._remove_socket_dir()
                 return False
             self._run("pg_ctl", "stop", "-w", "-t", "60", "-m", "fast", "-D", str(self.data_dir))
             self._remove_socket_dir()
             return True
+
+    def stopped_on_purpose(self) -> bool:
+        """The server is down because it was stopped (not crashed, not yet initialised):
+        read-only commands report that rather than start it behind the user's back."""
+        return self.stopped_path.exists() and not self.status().running
 
     def _remove_socket_dir(self) -> None:
         # Empty once the server is down; a non-empty one belongs to a server we do not know.
