@@ -16,10 +16,10 @@ from types import FrameType
 from typing import Any
 
 from tunefleet import agreement
-from tunefleet.cli import flags
-from tunefleet.cli.args import add_problem_flags, raw_problem_args
 from tunefleet.cli.db import add_db_flag, add_wait_flag, wait_for_db_s
 from tunefleet.errors import UsageError
+from tunefleet.options import flags
+from tunefleet.options.args import add_problem_flags, raw_problem_args
 
 #: Flags that describe a new run, refused together with --resume.
 _NEW_RUN_FLAGS = {
@@ -105,9 +105,9 @@ def _coordinator(args: argparse.Namespace) -> int:
         confirm=args.confirm,
     )
 
-    from tunefleet.cli.progress import ProgressReader
     from tunefleet.db.resolve import database_url
     from tunefleet.settings import DatabaseSettings
+    from tunefleet.text.progress import ProgressReader
 
     db = DatabaseSettings.build(
         args.db, wait_s=wait_for_db_s(args), application_name="tunefleet-coordinator"

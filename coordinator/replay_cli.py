@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from tunefleet.cli.db import add_db_flag
-from tunefleet.cli.flags import count
 from tunefleet.errors import UsageError
+from tunefleet.options.flags import count
 
 DESCRIPTION = """\
 Replay the coordinator's search against a recorded space: a recording file

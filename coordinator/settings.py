@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tunefleet.cli.flags import MAX_BUDGET_S, MAX_COUNT
 from tunefleet.errors import UsageError
+from tunefleet.options.flags import MAX_BUDGET_S, MAX_COUNT
 from tunefleet.settings import (
     MAX_CONFIRM,
     WORKER_ALIVE_S,

@@ -9,8 +9,8 @@ import psycopg
 
 from tests.helpers.coordinator import register_worker
 from tests.helpers.queue_data import insert_run, insert_trials, synthetic_configs
-from tunefleet.cli.progress import ProgressReader
 from tunefleet.settings import DatabaseSettings
+from tunefleet.text.progress import ProgressReader
 
 
 def _finish(db: psycopg.Connection[Any], trial_id: int, state: str, median_s: float = 0) -> None:
@@ -96,8 +96,8 @@ def test_the_best_everywhere_is_the_confirmed_one_and_says_what_it_is(db_url, db
     (``best_per_run``): the search's fastest while unconfirmed; its re-measured figure once
     confirmed; and once a re-measurement disagrees, the re-measured figure marked NOT
     reproduced (or the next best, if that is faster now)."""
-    from tunefleet.cli.render import runs_table, status_text
     from tunefleet.queries import report
+    from tunefleet.text.render import runs_table, status_text
 
     run = insert_run(db)
     fast, slow = insert_trials(db, run, synthetic_configs(2))

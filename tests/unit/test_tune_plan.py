@@ -8,9 +8,9 @@ import pytest
 
 from tunefleet.api.display import ProgressDisplay
 from tunefleet.api.fleet import plan_workers
-from tunefleet.cli.progress import progress_line
 from tunefleet.devices import HOST_DEVICE, DeviceInfo
 from tunefleet.errors import DeviceError, UsageError
+from tunefleet.text.progress import progress_line
 from tunefleet.worker import device as worker_device
 
 

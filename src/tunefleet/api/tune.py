@@ -44,8 +44,8 @@ from tunefleet.api.fleet import (
 )
 from tunefleet.api.problem_ref import problem_spec
 from tunefleet.api.read import BestTrial, best_trial
-from tunefleet.cli.flags import MAX_BUDGET_S, MAX_COUNT, MAX_ID
 from tunefleet.errors import RunError, TunefleetError, TuneInterrupted, UsageError
+from tunefleet.options.flags import MAX_BUDGET_S, MAX_COUNT, MAX_ID
 from tunefleet.settings import DatabaseSettings, home_dir
 from tunefleet.vocabulary import RunState
 
@@ -273,7 +273,7 @@ def tune(
         up_s = min(up_s, max(0.0, budget_s - (time.monotonic() - clock_start)))
 
     where = f"{len(plan.devices)} local ({plan.description})" if plan.devices else plan.description
-    from tunefleet.cli.output import args_text
+    from tunefleet.text.output import args_text
 
     start = TuneProgress(
         run_id,
@@ -309,8 +309,8 @@ def _drive(
     """Say ``start``, start the workers, drive the search, stop everything: (result, why every
     local worker exited, what the progress callback raised, how many stop signals came). What
     the callback raises stops the run as Ctrl-C does: the run ends ``stopped``, resumable."""
-    from tunefleet.cli.progress import ProgressReader, progress_line
     from tunefleet.db.engine import connect
+    from tunefleet.text.progress import ProgressReader, progress_line
 
     workers = LocalWorkers(url, home_dir() / "logs" / f"run-{run_id}")
     failure: list[str] = []
@@ -408,8 +408,8 @@ def _progress(run_id: int, phase: str, line: str, p: Any) -> TuneProgress:
 
 
 def _result(result: RunResult, url: str, settings: DatabaseSettings, confirm: int) -> TuneResult:
-    from tunefleet.cli.render import best_text, read_best
     from tunefleet.db.engine import connect
+    from tunefleet.text.render import best_text, read_best
 
     with connect(url, settings) as conn:
         found = read_best(conn, result.run_id)
@@ -436,7 +436,7 @@ def _result(result: RunResult, url: str, settings: DatabaseSettings, confirm: in
 
 def final_line(result: RunResult, confirm: int) -> str:
     """The last line of a tune: the best, and whether a re-measurement confirmed it."""
-    from tunefleet.cli.output import seconds
+    from tunefleet.text.output import seconds
 
     run_id = result.run_id
     if not result.confirmed:
@@ -494,7 +494,7 @@ def _raw_args(
     sizes: Mapping[str, int] | None, dtype: str | None, args: Mapping[str, Any] | None
 ) -> dict[str, Any]:
     """The raw problem arguments, checked as ``--size``/``--dtype``/``--arg`` are."""
-    from tunefleet.cli.args import MAX_JSON_INT, MAX_SIZE
+    from tunefleet.options.args import MAX_JSON_INT, MAX_SIZE
 
     for what, given in (("sizes", sizes), ("args", args)):
         if given is not None and not isinstance(given, Mapping):
@@ -587,7 +587,7 @@ def _worker_argv(
 ) -> list[str]:
     """The worker options as ``tunefleet worker`` flags, each checked by the flag's own
     parser (one definition of every limit)."""
-    from tunefleet.cli import flags
+    from tunefleet.options import flags
 
     given = {"timeout": timeout, "prefetch": prefetch, "prepare_workers": prepare_workers}
     given |= {"cores": cores}

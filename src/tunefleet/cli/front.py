@@ -2,7 +2,7 @@
 
 ``status``, ``runs``, ``best``, ``show``, ``export`` and ``plot`` read a database (every
 statement in ``tunefleet.queries.report``; the text that ``status``, ``runs`` and ``best``
-share with ``tune`` is :mod:`tunefleet.cli.render`'s); ``problems`` lists the registry;
+share with ``tune`` is :mod:`tunefleet.text.render`'s); ``problems`` lists the registry;
 ``devices`` the OpenCL devices of this machine; ``measure`` times one configuration locally
 (the reproduce command that ``best`` prints); ``tune`` (registered here, in
 ``tunefleet.cli.tune``) runs a whole tuning campaign. Worker and coordinator code is imported
@@ -22,14 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from tunefleet.cli import tune
-from tunefleet.cli.args import (
+from tunefleet.cli.db import add_db_flag, open_db
+from tunefleet.errors import RunError, TunefleetError, UsageError
+from tunefleet.options.args import (
     add_problem_flags,
     command_line_args,
     raw_problem_args,
 )
-from tunefleet.cli.db import add_db_flag, open_db
-from tunefleet.cli.flags import run_id_arg
-from tunefleet.cli.output import (
+from tunefleet.options.flags import run_id_arg
+from tunefleet.queries import report
+from tunefleet.text.output import (
     Column,
     args_text,
     best_mark,
@@ -41,7 +43,7 @@ from tunefleet.cli.output import (
     table,
     timestamp,
 )
-from tunefleet.cli.render import (
+from tunefleet.text.render import (
     best_text,
     clipped,
     read_best,
@@ -49,8 +51,6 @@ from tunefleet.cli.render import (
     runs_table,
     status_text,
 )
-from tunefleet.errors import RunError, TunefleetError, UsageError
-from tunefleet.queries import report
 from tunefleet.vocabulary import (
     TrialPurpose,
     TrialState,

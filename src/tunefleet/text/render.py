@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunefleet import agreement
-from tunefleet.cli.args import command_line_args, problem_sizes, shell_join
-from tunefleet.cli.output import (
+from tunefleet.errors import RunError, first_line
+from tunefleet.options.args import command_line_args, problem_sizes, shell_join
+from tunefleet.queries import report
+from tunefleet.text.output import (
     Column,
     age,
     args_text,
@@ -26,8 +28,6 @@ from tunefleet.cli.output import (
     short_id,
     table,
 )
-from tunefleet.errors import RunError, first_line
-from tunefleet.queries import report
 from tunefleet.vocabulary import (
     ANY_DEVICE_CLASS,
     FAULT_TRIAL_STATES,

@@ -5,7 +5,7 @@
 ``tunefleet worker`` (per-trial timeout, prefetch, code-generation processes, cores), and each
 of those flags is defined once here, so a flag has the same name, help and limits wherever it
 appears. Problem arguments (``--size``/``--dtype``/``--arg``) have their own single parser in
-:mod:`tunefleet.cli.args`.
+:mod:`tunefleet.options.args`.
 
 Values are checked while the command line is parsed: a value out of range raises
 :class:`~tunefleet.errors.UsageError` (one line, exit 2, naming the flag, the limit and what
