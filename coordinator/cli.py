@@ -16,10 +16,10 @@ from types import FrameType
 from typing import Any
 
 from tunefleet import agreement
-from tunefleet.cli.db import add_db_flag, add_wait_flag, wait_for_db_s
 from tunefleet.errors import UsageError
 from tunefleet.options import flags
 from tunefleet.options.args import add_problem_flags, raw_problem_args
+from tunefleet.options.db import add_db_flag, add_wait_flag, wait_for_db_s
 
 #: Flags that describe a new run, refused together with --resume.
 _NEW_RUN_FLAGS = {

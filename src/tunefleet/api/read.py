@@ -169,7 +169,7 @@ def best_trial(row: Mapping[str, Any]) -> BestTrial:
 
 @contextmanager
 def _open(db: str | None) -> Iterator[Any]:
-    from tunefleet.cli.db import open_db
+    from tunefleet.db.resolve import open_db
 
     with open_db(db) as conn:
         yield conn

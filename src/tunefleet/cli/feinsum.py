@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tunefleet.cli.db import add_db_flag
 from tunefleet.errors import UsageError
+from tunefleet.options.db import add_db_flag
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from tunefleet.cli import tune
-from tunefleet.cli.db import add_db_flag, open_db
+from tunefleet.db.resolve import open_db
 from tunefleet.errors import RunError, TunefleetError, UsageError
 from tunefleet.options.args import (
     add_problem_flags,
     command_line_args,
     raw_problem_args,
 )
+from tunefleet.options.db import add_db_flag
 from tunefleet.options.flags import run_id_arg
 from tunefleet.queries import report
 from tunefleet.text.output import (

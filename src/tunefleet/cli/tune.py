@@ -17,10 +17,10 @@ import sys
 from typing import Any
 
 from tunefleet.api.display import ProgressDisplay
-from tunefleet.cli.db import add_db_flag
 from tunefleet.errors import TuneInterrupted, UsageError
 from tunefleet.options import flags
 from tunefleet.options.args import add_problem_flags, raw_problem_args
+from tunefleet.options.db import add_db_flag
 from tunefleet.processes import started_monotonic
 
 

@@ -4,7 +4,8 @@
 checked to be at the migration head (waiting for it with ``wait_s``), else the embedded server,
 started or reused and upgraded to head. :func:`check_at_head` and :func:`current_revision` are
 that check on an open connection (also used by ``tunefleet db check`` and ``tunefleet db
-roles``).
+roles``). :func:`open_db` is the read connection every report (command, API, feinsum archive)
+opens from a ``--db`` value.
 
 This module sits above :mod:`~tunefleet.db.engine` (connections), :mod:`~tunefleet.db.migrate`
 (Alembic) and :mod:`~tunefleet.db.embedded` (the server), which never import it. The last two
@@ -17,11 +18,13 @@ process) or the embedded server's code.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 
-from tunefleet.db.engine import redact, wait_for_database
+from tunefleet.db.engine import connect, redact, wait_for_database
 from tunefleet.errors import SchemaOutOfDate
 from tunefleet.settings import DatabaseSettings
 
@@ -100,3 +103,15 @@ def embedded_url() -> str:
     url = server.local_url()
     upgrade(url)
     return url
+
+
+@contextmanager
+def open_db(db_flag: str | None) -> Iterator[Any]:
+    """A read connection to the database of ``--db`` (or the embedded one), at head."""
+    settings = DatabaseSettings.build(db_flag, application_name="tunefleet-cli")
+    url = database_url(settings)
+    conn = connect(url, settings)
+    try:
+        yield conn
+    finally:
+        conn.close()
