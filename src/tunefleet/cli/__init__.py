@@ -14,8 +14,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from tunefleet import __version__
 from tunefleet.errors import TunefleetError
+from tunefleet.version import __version__
 
 # Modules that add subcommands, in the order they appear in --help.
 _COMMAND_MODULES = (
