@@ -11,7 +11,7 @@ This module sits above :mod:`~tunefleet.db.engine` (connections), :mod:`~tunefle
 (Alembic) and :mod:`~tunefleet.db.embedded` (the server), which never import it. The last two
 are imported inside the functions that need them: every worker (and each of its children)
 resolves its URL at start, and a database at head is recognised by comparing with
-``tunefleet.migrations.HEAD`` alone, without loading Alembic and SQLAlchemy (0.9 s of CPU per
+``tunefleet.db.head.HEAD`` alone, without loading Alembic and SQLAlchemy (0.9 s of CPU per
 process) or the embedded server's code.
 """
 
@@ -48,7 +48,7 @@ def check_at_head(conn: psycopg.Connection[Any], url_hint: str = "") -> str:
 
     ``url_hint`` is the (redacted) URL to put into the fixing command of the message.
     """
-    from tunefleet.migrations import HEAD
+    from tunefleet.db.head import HEAD
 
     current = current_revision(conn)
     if current == HEAD:
