@@ -96,16 +96,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_show)
 
-    p = sub.add_parser(
-        "export", help="every finished trial of a run as CSV or JSON, or a feinsum archive"
-    )
+    p = sub.add_parser("export", help="every finished trial of a run as CSV or JSON")
     p.add_argument("run", type=run_id_arg, metavar="RUN")
     add_db_flag(p)
     p.add_argument(
         "--format",
         choices=("csv", "json", "feinsum-sqlite"),
         default="csv",
-        help="feinsum-sqlite: append the run's measurements to a feinsum SQLite archive (-o)",
+        help="csv or json (feinsum-sqlite is deprecated: use `tunefleet feinsum export`)",
     )
     p.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
     p.set_defaults(func=cmd_export)
@@ -311,6 +309,7 @@ _EXPORT_EMPTY_COLUMNS = ("run_id", "trial_id", "problem", "config", "state", "me
 
 def cmd_export(args: argparse.Namespace) -> int:
     if args.format == "feinsum-sqlite":
+        from tunefleet.cli.deprecated import notice
         from tunefleet.cli.feinsum import export_feinsum
 
         if not args.output:
@@ -318,6 +317,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                 "--format feinsum-sqlite writes an SQLite file: give -o PATH.sqlite "
                 "(created if missing, appended to otherwise)"
             )
+        notice("export --format feinsum-sqlite -o PATH", "tunefleet feinsum export RUN PATH")
         written, skipped = export_feinsum(args.db, args.run, Path(args.output))
         print(
             f"wrote {written} rows of run {args.run} to {args.output}"
