@@ -21,9 +21,7 @@ import argparse
 import math
 import numbers
 import operator
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -47,6 +45,7 @@ from tunefleet.api.read import BestTrial, best_trial
 from tunefleet.errors import RunError, TunefleetError, TuneInterrupted, UsageError
 from tunefleet.options.flags import MAX_BUDGET_S, MAX_COUNT, MAX_ID
 from tunefleet.settings import DatabaseSettings, home_dir
+from tunefleet.stopping import StopRule
 from tunefleet.vocabulary import RunState
 
 if TYPE_CHECKING:
@@ -315,15 +314,9 @@ def _drive(
     workers = LocalWorkers(url, home_dir() / "logs" / f"run-{run_id}")
     failure: list[str] = []
     raised: list[BaseException] = []
+    # Ctrl-C, `kill`, a batch system's TERM or a closed terminal: the one stop rule.
+    stop_rule = StopRule(coordinator.request_stop)
     interrupts = 0
-
-    def on_signal(signum: int, frame: Any) -> None:
-        # Ctrl-C, `kill`, a batch system's TERM or a closed terminal: stop cleanly, once.
-        nonlocal interrupts
-        interrupts += 1
-        if interrupts > 1:
-            raise KeyboardInterrupt  # a second one: stop waiting
-        coordinator.request_stop()
 
     reader = ProgressReader(settings, url, run_id)
     last_poll = 0.0
@@ -349,27 +342,23 @@ def _drive(
             )
             coordinator.request_stop()
 
-    # Signal handlers belong to the main thread; elsewhere the caller owns stopping.
-    main = threading.current_thread() is threading.main_thread()
-    stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if main else ()
     result = None
     with connect(url, settings) as conn:
-        previous = {sig: signal.signal(sig, on_signal) for sig in stop_signals}
         try:
-            try:
-                show(start)
-            except BaseException as exc:  # the caller's code: the run stops before it starts
-                raised.append(exc)
-                coordinator.request_stop()
-            if not raised:
-                workers.start(plan.devices, worker_argv)
-                workers.wait_registered(conn, up_s, give_up=lambda: interrupts > 0)
-            result = coordinator.run(run_id, progress_callback=on_progress)
+            with stop_rule:
+                try:
+                    show(start)
+                except BaseException as exc:  # the caller's code: the run stops before it starts
+                    raised.append(exc)
+                    coordinator.request_stop()
+                if not raised:
+                    workers.start(plan.devices, worker_argv)
+                    workers.wait_registered(conn, up_s, give_up=lambda: stop_rule.count > 0)
+                result = coordinator.run(run_id, progress_callback=on_progress)
         except KeyboardInterrupt:
-            interrupts = max(interrupts, 1)
+            interrupts = 1
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            interrupts = max(interrupts, stop_rule.count)
             timed_out = result is not None and result.cut is not None
             workers.stop(BUDGET_STOP_S if timed_out else 30.0)
             cancel_leftovers(url, engine_db, run_id)
