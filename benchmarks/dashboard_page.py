@@ -37,11 +37,11 @@ import _harness as h
 from tests.helpers.browser import CHROMIUM, Chromium
 from tests.helpers.importance_fill import insert_run, wide_trials
 from tunefleet import importance
-from tunefleet.cli.output import jsonable
 from tunefleet.dashboard.server import DashboardServer
 from tunefleet.dashboard.settings import DashboardSettings
 from tunefleet.db.engine import connect
 from tunefleet.queries import dashboard as q
+from tunefleet.text.output import jsonable
 
 #: What "loads in under a second" means, for the page drawn whole.
 BUDGET_MS = 1000.0

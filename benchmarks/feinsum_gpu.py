@@ -156,7 +156,9 @@ def main() -> int:
                 run_id = int(found.group(1))
                 entry["run"] = run_id
                 entry.update(run_stats(url, run_id))
-                exported = tunefleet(env, "export-feinsum", str(run_id), str(archive), "--db", url)
+                exported = tunefleet(
+                    env, "feinsum", "export", str(run_id), str(archive), "--db", url
+                )
                 entry["exported"] = exported.returncode == 0
             else:
                 entry["error"] = (proc.stderr.strip().splitlines() or ["?"])[-1]
@@ -164,7 +166,7 @@ def main() -> int:
         results["runs"] = runs
         if archive.exists():
             results["feinsum_query"] = feinsum_query(archive, args, int(args.device))
-            again = tunefleet(env, "import-feinsum", str(archive), "--db", url)
+            again = tunefleet(env, "feinsum", "import", str(archive), "--db", url)
             results["reimport"] = again.stdout.strip()
     finally:
         tunefleet(env, "db", "stop")

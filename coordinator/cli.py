@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 import time
-from types import FrameType
 from typing import Any
 
 from tunefleet import agreement
-from tunefleet.cli import flags
-from tunefleet.cli.args import add_problem_flags, raw_problem_args
-from tunefleet.cli.db import add_db_flag, add_wait_flag, wait_for_db_s
 from tunefleet.errors import UsageError
+from tunefleet.options import flags
+from tunefleet.options.args import add_problem_flags, raw_problem_args
+from tunefleet.options.db import add_db_flag, add_wait_flag, wait_for_db_s
+from tunefleet.stopping import StopRule
 
 #: Flags that describe a new run, refused together with --resume.
 _NEW_RUN_FLAGS = {
@@ -108,9 +107,9 @@ def _coordinator(args: argparse.Namespace) -> int:
         confirm=args.confirm,
     )
 
-    from tunefleet.cli.progress import ProgressReader
     from tunefleet.db.resolve import database_url
     from tunefleet.settings import DatabaseSettings
+    from tunefleet.text.progress import ProgressReader
 
     db = DatabaseSettings.build(
         args.db, wait_s=wait_for_db_s(args), application_name="tunefleet-coordinator"
@@ -125,14 +124,6 @@ def _coordinator(args: argparse.Namespace) -> int:
     if settings.resume is None:
         print(f"created run {run_id}", file=sys.stderr, flush=True)
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        # First signal: stop cleanly (cancel pending, mark stopped). Second: the default.
-        signal.signal(signum, signal.SIG_DFL)
-        coordinator.request_stop()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, on_signal)
-
     last = [0.0]
     reader = ProgressReader(db, url, run_id)
 
@@ -145,8 +136,11 @@ def _coordinator(args: argparse.Namespace) -> int:
         if line is not None:
             print(line, file=sys.stderr, flush=True)
 
+    # The stop rule of `tune` (tunefleet.stopping): the first signal stops the run cleanly, a
+    # second one ends a stop that hangs, exit 130 (`tunefleet: interrupted`).
     try:
-        result = coordinator.run(run_id, progress_callback=progress)
+        with StopRule(coordinator.request_stop):
+            result = coordinator.run(run_id, progress_callback=progress)
     finally:
         reader.close()
     from .rules import STOP_REASONS

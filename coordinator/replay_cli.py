@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tunefleet.cli.db import add_db_flag
-from tunefleet.cli.flags import count
 from tunefleet.errors import UsageError
+from tunefleet.options.db import add_db_flag
+from tunefleet.options.flags import count
 
 DESCRIPTION = """\
 Replay the coordinator's search against a recorded space: a recording file
@@ -92,7 +92,7 @@ def _recording(source: str, db: str | None) -> Any:
     from tunefleet import recording
 
     if source.isdigit() or re.fullmatch(r"[0-9a-f]{32}", source):
-        from tunefleet.cli.db import open_db
+        from tunefleet.db.resolve import open_db
         from tunefleet.queries.recording import recording_of
 
         with open_db(db) as conn:

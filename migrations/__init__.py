@@ -3,7 +3,8 @@
 Revision ids are readable (``0001_initial``, ``0002_...``) and there is exactly one head.
 """
 
-#: The one head, for the processes that only check a database against it (every worker and
-#: each of its children, every command): comparing with this spares them loading Alembic and
-#: SQLAlchemy. A new migration updates it; tests/integration/test_head_check.py says so if not.
-HEAD = "0013_cold_confirmation"
+# The one head lives below the migrations (tunefleet.db.head), so that the database layer
+# never imports this package; it is named here too, beside the versions it must match.
+from tunefleet.db.head import HEAD
+
+__all__ = ["HEAD"]

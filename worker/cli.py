@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import logging
 
-from tunefleet.cli import flags
-from tunefleet.cli.db import add_db_flag, add_wait_flag, wait_for_db_s
+from tunefleet.options import flags
+from tunefleet.options.db import add_db_flag, add_wait_flag, wait_for_db_s
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -65,7 +65,6 @@ from uuid import UUID, uuid4
 
 import psycopg
 
-from tunefleet import __version__
 from tunefleet.db import pooler
 from tunefleet.db.engine import connect
 from tunefleet.db.pooler import Route
@@ -80,6 +79,7 @@ from tunefleet.errors import (
 )
 from tunefleet.queries import queue
 from tunefleet.queries.queue import ClaimedTrial
+from tunefleet.version import __version__
 from tunefleet.vocabulary import ANY_DEVICE_CLASS, TrialState
 
 from . import results

@@ -13,9 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tunefleet import __version__, jsonvalues
+from tunefleet import jsonvalues
 from tunefleet.problems.base import COLD_KEY, Outcome, Protocol
 from tunefleet.queries.queue import ClaimedTrial, MeasurementRow
+from tunefleet.version import __version__
 from tunefleet.vocabulary import TrialState
 
 from .heartbeat import Key

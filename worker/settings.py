@@ -42,8 +42,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tunefleet.cli.flags import MAX_CORES, MAX_PREFETCH, MAX_PREPARE_WORKERS
 from tunefleet.errors import UsageError
+from tunefleet.options.flags import MAX_CORES, MAX_PREFETCH, MAX_PREPARE_WORKERS
 from tunefleet.settings import (
     WORKER_ALIVE_S,
     DatabaseSettings,

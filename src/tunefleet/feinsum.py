@@ -175,7 +175,7 @@ def _archive_path(db_path: str | os.PathLike[str] | None) -> Path:
 
 
 def _export(db: str | None, run_id: int, path: Path) -> None:
-    from tunefleet.cli.db import open_db
+    from tunefleet.db.resolve import open_db
     from tunefleet.feinsum_support.transfer import export_run
 
     with open_db(db) as conn:

@@ -122,7 +122,7 @@ class MeasurementSource(StrEnum):
 
     #: Written by a completion of the trial's lease holder, or a cache copy of one.
     MEASURED = "measured"
-    #: An import run by the coordinator or migrator (``tunefleet import-feinsum``).
+    #: An import run by the coordinator or migrator (``tunefleet feinsum import``).
     IMPORTED = "imported"
     #: A row the upgrade to ``0003_worker_functions`` could not prove a lease holder wrote
     #: (or a cache copy of one): kept readable, never served by the cache.

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -241,3 +242,67 @@ def test_a_resumed_run_gets_its_time_budget_again(db_url, db, cli_env, tmp_path)
     assert f"run {run_id} finished: the trial budget is spent (max_trials)" in done.stdout
     finished = sum(counts(db, run_id).get(s, 0) for s in FINISHED_TRIAL_STATES)
     assert finished == 8
+
+
+def test_a_second_signal_during_the_stop_exits_at_once_with_130(db_url, db, cli_env):
+    """The one stop rule (tunefleet.stopping): the first SIGTERM asks for a clean stop and
+    says so; while that stop cannot finish (the test holds the run's row, which marking it
+    stopped needs), a second SIGTERM ends the command at once with 130."""
+    import queue
+    import threading
+
+    import psycopg
+
+    env = env_for(cli_env)
+    proc = subprocess.Popen(
+        coordinator_argv(*FAST, "--max-time", "300", "--db", db_url),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    stderr: list[str] = []
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            stderr.append(line)
+            lines.put(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    locker = psycopg.connect(db_url)
+    try:
+        run_id = wait_until(
+            lambda: db.execute(
+                "SELECT r.id FROM tunefleet.run r WHERE r.coordinator_id IS NOT NULL AND "
+                "EXISTS (SELECT 1 FROM tunefleet.trial t WHERE t.run_id = r.id "
+                "AND t.state = 'pending')"
+            ).fetchone(),
+            what="the coordinator to drive its run and queue trials",
+        )["id"]
+        locker.execute("SELECT id FROM tunefleet.run WHERE id = %s FOR UPDATE", (run_id,))
+        proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while True:
+            left = deadline - time.monotonic()
+            assert left > 0, "no stopping notice after the first SIGTERM:\n" + "".join(stderr)
+            try:
+                if lines.get(timeout=left).startswith("tunefleet: stopping the run cleanly"):
+                    break
+            except queue.Empty:
+                continue
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)  # promptly: the held row lock no longer holds it up
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        locker.rollback()
+        locker.close()
+    reader.join(timeout=30)
+    assert proc.returncode == 130, "".join(stderr)
+    assert "tunefleet: interrupted\n" in stderr, "".join(stderr)
+    # The stop never finished: the run is not marked stopped by this coordinator.
+    row = db.execute("SELECT state FROM tunefleet.run WHERE id = %s", (run_id,)).fetchone()
+    assert row["state"] == "running"

@@ -29,8 +29,8 @@ from tests.helpers.queue_data import (
     trial_states,
     wait_until,
 )
-from tunefleet.cli.output import short_id
-from tunefleet.cli.render import status_text
+from tunefleet.text.output import short_id
+from tunefleet.text.render import status_text
 
 pytestmark = pytest.mark.acceptance
 

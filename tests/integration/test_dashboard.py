@@ -430,8 +430,8 @@ def test_status_the_plot_and_the_dashboard_say_one_busy_share(server, filled, da
     status's BUSY column, the plot's lane labels and the dashboard's timeline agree."""
     from tunefleet.busy import busy_shares
     from tunefleet.cli.plot import lane_labels
-    from tunefleet.cli.render import status_text
     from tunefleet.queries import report
+    from tunefleet.text.render import status_text
 
     with connect(dash_url) as conn:
         intervals = report.worker_intervals(conn, filled.cpu_run)

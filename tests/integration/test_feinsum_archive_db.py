@@ -214,13 +214,13 @@ def test_malformed_archives_give_one_line_and_change_nothing(db, db_url, cli_env
     make_archive(tmp_path / "good.sqlite", ROWS)
     assert (
         _run_cli(
-            cli_env, "import-feinsum", str(tmp_path / "good.sqlite"), "--db", db_url
+            cli_env, "feinsum", "import", str(tmp_path / "good.sqlite"), "--db", db_url
         ).returncode
         == 0
     )
     before = counts(db)
     for label, (path, needle) in _bad_archives(tmp_path).items():
-        proc = _run_cli(cli_env, "import-feinsum", str(path), "--db", db_url)
+        proc = _run_cli(cli_env, "feinsum", "import", str(path), "--db", db_url)
         assert proc.returncode == 1, (label, proc.stderr)
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("tunefleet: error: "), (label, proc.stderr)
@@ -230,10 +230,10 @@ def test_malformed_archives_give_one_line_and_change_nothing(db, db_url, cli_env
 
 def test_cli_import_reports_what_it_did(db_url, cli_env, tmp_path):
     path = make_archive(tmp_path / "a.sqlite", ROWS)
-    first = _run_cli(cli_env, "import-feinsum", str(path), "--db", db_url)
+    first = _run_cli(cli_env, "feinsum", "import", str(path), "--db", db_url)
     assert first.returncode == 0, first.stderr
     assert "imported 3 of 3 rows" in first.stdout and "nvidia-titan-v (3 rows)" in first.stdout
-    second = _run_cli(cli_env, "import-feinsum", str(path), "--db", db_url)
+    second = _run_cli(cli_env, "feinsum", "import", str(path), "--db", db_url)
     assert "imported 0 of 3 rows" in second.stdout and "(3 already present)" in second.stdout
     listing = _run_cli(cli_env, "feinsum", "list", str(path), "--json")
     assert listing.returncode == 0, listing.stderr
@@ -349,12 +349,12 @@ def test_export_refuses_other_problems_and_unknown_runs(db, db_url, cli_env, tmp
     assert not (tmp_path / "x.sqlite").exists()
     run_id = _feinsum_run(db)
     proc = _run_cli(
-        cli_env, "export-feinsum", str(run_id), str(tmp_path / "y.sqlite"), "--db", db_url
+        cli_env, "feinsum", "export", str(run_id), str(tmp_path / "y.sqlite"), "--db", db_url
     )
     assert proc.returncode == 0, proc.stderr
     assert f"wrote 2 rows of run {run_id}" in proc.stderr
     proc = _run_cli(
-        cli_env, "export-feinsum", str(other), str(tmp_path / "z.sqlite"), "--db", db_url
+        cli_env, "feinsum", "export", str(other), str(tmp_path / "z.sqlite"), "--db", db_url
     )
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1
 
@@ -430,9 +430,54 @@ def test_front_door_export_writes_feinsum_archives(db, db_url, cli_env, tmp_path
     proc = _run_cli(cli_env, *argv, "-o", str(target))
     assert proc.returncode == 0, proc.stderr
     assert f"wrote 2 rows of run {run_id}" in proc.stderr
+    # The old spelling of `feinsum export`: one line says so, first.
+    assert proc.stderr.splitlines()[0] == (
+        "tunefleet: note: `export --format feinsum-sqlite -o PATH` is deprecated and goes in "
+        "the next release; use `tunefleet feinsum export RUN PATH`"
+    )
     assert [f.runtime_in_sec for f in archive.read_facts(target)] == [3e-5, 2e-5]
     again = _run_cli(cli_env, *argv, "-o", str(target))
     assert "2 identical rows were already there" in again.stderr
     missing = _run_cli(cli_env, *argv)
     assert missing.returncode == 2 and "give -o PATH.sqlite" in missing.stderr
     assert missing.stderr.count("\n") == 1
+
+
+def test_old_feinsum_spellings_still_work_with_a_one_line_notice(db, db_url, cli_env, tmp_path):
+    """``import-feinsum``, ``export-feinsum`` and ``import --device``: the same effect as
+    ``feinsum import``, ``feinsum export`` and ``--archive-device``, after one notice line."""
+    path = make_archive(tmp_path / "a.sqlite", ROWS)
+    old = _run_cli(cli_env, "import-feinsum", str(path), "--db", db_url, "--device", "nobody")
+    lines = old.stderr.strip().splitlines()
+    assert lines[:2] == [
+        "tunefleet: note: `tunefleet import-feinsum` is deprecated and goes in the next "
+        "release; use `tunefleet feinsum import`",
+        "tunefleet: note: `--device NAME` is deprecated and goes in the next release; use "
+        "`--archive-device NAME`",
+    ]
+    # The old flag reached the filter: no archive row is of device "nobody".
+    assert old.returncode == 2 and "has no rows of device 'nobody'" in lines[2], old.stderr
+    assert counts(db)[0] == 0
+    old = _run_cli(
+        cli_env, "import-feinsum", str(path), "--db", db_url, "--device", "NVIDIA_TITAN_V"
+    )
+    assert old.returncode == 0 and "imported 3 of 3 rows" in old.stdout, old.stderr
+    assert counts(db)[0] == 3
+    new = _run_cli(
+        cli_env, "feinsum", "import", str(path), "--db", db_url,
+        "--archive-device", "NVIDIA_TITAN_V",
+    )  # fmt: skip
+    assert new.returncode == 0 and new.stderr == "", new.stderr
+    assert "imported 0 of 3 rows" in new.stdout
+
+    run_id = _feinsum_run(db)
+    target = tmp_path / "old.sqlite"
+    proc = _run_cli(cli_env, "export-feinsum", str(run_id), str(target), "--db", db_url)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines()[0] == (
+        "tunefleet: note: `tunefleet export-feinsum` is deprecated and goes in the next "
+        "release; use `tunefleet feinsum export`"
+    )
+    assert [f.runtime_in_sec for f in archive.read_facts(target)] == [3e-5, 2e-5]
+    help_text = _run_cli(cli_env, "--help").stdout
+    assert "import-feinsum" not in help_text and "export-feinsum" not in help_text

@@ -19,7 +19,7 @@ import pytest
 
 from tests.helpers.runfill import ARGS, CODE, Filled, fill, module_database
 from tunefleet.cli import build_parser, main
-from tunefleet.cli.args import raw_problem_args
+from tunefleet.options.args import raw_problem_args
 from tunefleet.queries import report
 
 
@@ -132,8 +132,8 @@ def test_best_prints_configuration_gflops_and_a_reproduce_command(ro_url, ro, ca
 
 
 def test_reproduce_command_carries_protocol_settings_not_what_a_measurement_recorded():
-    from tunefleet.cli.render import reproduce_command
     from tunefleet.problems.base import Protocol
+    from tunefleet.text.render import reproduce_command
 
     run = {"problem": "axpy", "problem_args": {"n": 4096}, "device_class": "cpu", "protocol": {}}
     recorded = {**Protocol(min_launches=20).to_json(), "restored_before_each_launch": ["u"]}

@@ -47,7 +47,7 @@ def test_the_head_constant_is_the_migrations_one_head() -> None:
     from tunefleet.migrations import HEAD
 
     assert HEAD == head_revision(), (
-        f"migrations/__init__.py says HEAD = {HEAD!r} but the newest migration is "
+        f"src/tunefleet/db/head.py says HEAD = {HEAD!r} but the newest migration is "
         f"{head_revision()!r}: update HEAD"
     )
 

@@ -9,8 +9,8 @@ import psycopg
 
 from tests.helpers.coordinator import register_worker
 from tests.helpers.queue_data import insert_run, insert_trials, synthetic_configs
-from tunefleet.cli.progress import ProgressReader
 from tunefleet.settings import DatabaseSettings
+from tunefleet.text.progress import ProgressReader
 
 
 def _finish(db: psycopg.Connection[Any], trial_id: int, state: str, median_s: float = 0) -> None:
@@ -97,8 +97,8 @@ def test_the_best_everywhere_is_the_confirmed_one_and_says_what_it_is(db_url, db
     (``best_per_run``): the search's fastest while unconfirmed; its re-measured figure once
     confirmed; and once a re-measurement disagrees, the re-measured figure marked NOT
     reproduced (or the next best, if that is faster now)."""
-    from tunefleet.cli.render import runs_table, status_text
     from tunefleet.queries import report
+    from tunefleet.text.render import runs_table, status_text
 
     run = insert_run(db)
     fast, slow = insert_trials(db, run, synthetic_configs(2))
@@ -175,8 +175,8 @@ def test_best_top_prints_first_the_median_it_ranks_by(db_url, db):
     """``best --top``: a best re-measured slower than its search figure moves down, and the
     table's first figure is the re-measured median it was ranked by, so the column reads
     sorted (the search's figure stands apart as SEARCH); the JSON rows carry it too."""
-    from tunefleet.cli.output import seconds
-    from tunefleet.cli.render import best_text, read_best
+    from tunefleet.text.output import seconds
+    from tunefleet.text.render import best_text, read_best
 
     run = insert_run(db)
     first, second, third = insert_trials(db, run, synthetic_configs(3))

@@ -524,3 +524,35 @@ def test_tune_on_a_node_that_cannot_run_the_problem_stops_with_the_reason_and_re
         ).fetchone()
         assert done["n"] == 8  # the whole space, each configuration once
         assert not conn.execute("SELECT 1 FROM tunefleet.trial WHERE state = 'failed'").fetchall()
+
+
+def test_the_class_of_a_search_only_run_is_device_class_and_device_its_old_spelling(
+    db_url: str, db: Any, cli_env: dict[str, str]
+) -> None:
+    """``--device`` means a device of this machine everywhere; the class a ``--workers 0``
+    run targets is ``--device-class`` (as for ``coordinator``). The old ``--device CLASS``
+    still works there, after one notice line."""
+    base = ["tune", "synthetic", "--workers", "0", "--max-time", "2", "--confirm", "0"]
+    gemm = ["tune", "gemm", "--size", "m=64,n=64,k=64", "--workers", "0", "--max-time", "2"]
+    for spelling, flag in (("new", "--device-class"), ("old", "--device")):
+        proc = tf(cli_env, *gemm, "--confirm", "0", flag, "nvidia-h200", "--db", db_url)
+        # No worker serves the class: the budget ends the run without a best.
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert "workers: remote workers of class nvidia-h200" in proc.stdout, spelling
+        notes = [line for line in proc.stderr.splitlines() if line.startswith("tunefleet: note:")]
+        if spelling == "new":
+            assert notes == []
+        else:
+            assert notes == [
+                "tunefleet: note: `tune --workers 0 --device CLASS` is deprecated and goes in "
+                "the next release; use `tune --workers 0 --device-class CLASS`"
+            ]
+    classes = db.execute(
+        "SELECT device_class FROM tunefleet.run WHERE problem = 'gemm' ORDER BY id"
+    ).fetchall()
+    assert [r["device_class"] for r in classes] == ["nvidia-h200", "nvidia-h200"]
+    # --device-class with local workers: their class is their device's.
+    wrong = tf(cli_env, *base[:2], "--device-class", "cpu", "--db", db_url)
+    assert_one_line_error(wrong, "--device-class cpu", "--workers 0")
+    runs = db.execute("SELECT count(*) AS n FROM tunefleet.run").fetchone()
+    assert runs["n"] == 2  # the refused command stored nothing

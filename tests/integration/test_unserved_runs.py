@@ -14,13 +14,13 @@ from typing import Any
 from tests.helpers.coordinator import register_worker, settings
 from tests.helpers.launch import start_worker
 from tests.helpers.queue_data import wait_until
-from tunefleet.cli.render import status_text
 from tunefleet.coordinator.create import create_run
 from tunefleet.coordinator.engine import Coordinator, Progress, RunResult
 from tunefleet.db.engine import connect
 from tunefleet.devices import DeviceInfo
 from tunefleet.queries import queue
 from tunefleet.queries import search as q
+from tunefleet.text.render import status_text
 
 PROBLEM = str(Path(__file__).resolve().parents[1] / "acceptance" / "environment_problem.py")
 

@@ -122,7 +122,7 @@ def test_the_verdict_reads_before_its_figures_and_the_noise_is_named_apart() -> 
 
 
 def test_best_s_confirmed_and_noisy_lines_quote_one_noise_figure() -> None:
-    from tunefleet.cli.render import confirmation_text, noise_text
+    from tunefleet.text.render import confirmation_text, noise_text
 
     best = {
         "confirm_state": "done",

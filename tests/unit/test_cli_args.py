@@ -8,9 +8,9 @@ import pytest
 
 from tunefleet.busy import busy_shares
 from tunefleet.cli import build_parser
-from tunefleet.cli.args import command_line_args, problem_sizes, raw_problem_args
-from tunefleet.cli.output import Column, seconds, table
 from tunefleet.errors import UsageError
+from tunefleet.options.args import command_line_args, problem_sizes, raw_problem_args
+from tunefleet.text.output import Column, seconds, table
 
 
 def parse(*argv: str):
@@ -149,7 +149,7 @@ def test_a_builtin_problem_names_its_sizes_and_a_user_problem_is_not_loaded(tmp_
 
 
 def test_the_reproduce_command_prints_an_integer_argument_as_it_was_given():
-    from tunefleet.cli.render import reproduce_command
+    from tunefleet.text.render import reproduce_command
 
     run = {
         "problem": "synthetic",

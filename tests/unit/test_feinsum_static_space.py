@@ -250,7 +250,7 @@ def test_worker_side_without_feinsum_says_how_to_install(impls):
 
 
 def test_without_einsum_and_space_the_problem_is_the_face_mass_demo(impls):
-    from tunefleet.problems.feinsum_problem import DEMO
+    from tunefleet.feinsum_support.problem import DEMO
 
     problem = get_problem("feinsum")
     demo = problem.normalise_args({})

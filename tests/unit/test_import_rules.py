@@ -10,7 +10,12 @@ modules are covered the day they are added):
   the ``tunefleet.api`` front door, which drives the coordinator and starts workers);
 - the ``tunefleet`` command itself loads without OpenCL;
 - the worker loads without SQLAlchemy;
-- no import cycle between first-party modules (:func:`import_graph`, :func:`cycles`).
+- no import cycle between first-party modules (:func:`import_graph`, :func:`cycles`);
+- layers point down: only the entry points (``__main__`` modules; the console script names
+  ``tunefleet.cli:main``) import ``tunefleet.cli``, and the packages (:func:`package_of`:
+  each subpackage, component and top-level module of ``tunefleet``) form no import cycle
+  either (:func:`package_graph`): what several packages share lives below them
+  (``tunefleet.options``, ``tunefleet.text``, ``tunefleet.db.resolve``), never in ``cli/``.
 
 Two checks each: the source (every import statement, also those inside functions) and a real
 import of every module in a fresh interpreter where the forbidden packages cannot load.
@@ -273,6 +278,49 @@ def cycles(graph: Mapping[str, Mapping[str, int]]) -> list[tuple[str, ...]]:
     return sorted(found)
 
 
+def package_of(module: str) -> str:
+    """The package a module counts for in the layer rule: ``tunefleet.coordinator.cli`` ->
+    ``tunefleet.coordinator``, ``tunefleet.db.embedded.server`` -> ``tunefleet.db``, a
+    top-level module (``tunefleet.errors``) itself, and ``tunefleet`` (the front's
+    ``__init__``) itself."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_graph(graph: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
+    """:func:`import_graph` folded onto :func:`package_of` (edges inside a package dropped,
+    ``__main__`` modules left out: nothing imports them). The line is that of one module's
+    import that makes the edge, for :func:`describe_package_cycle`."""
+    folded: dict[str, dict[str, int]] = {}
+    for module, targets in graph.items():
+        if module.rpartition(".")[2] == "__main__":
+            continue
+        source = package_of(module)
+        folded.setdefault(source, {})
+        for target, line in targets.items():
+            if package_of(target) != source:
+                folded[source].setdefault(package_of(target), line)
+    return folded
+
+
+def describe_package_cycle(
+    graph: Mapping[str, Mapping[str, int]], component: tuple[str, ...]
+) -> str:
+    """Which module of each package imports the next package round the loop."""
+    packages = package_graph(graph)
+    loop = _loop(packages, component)
+    steps = []
+    for a, b in zip(loop, [*loop[1:], loop[0]], strict=True):
+        module, line = next(
+            (m, targets[t])
+            for m, targets in sorted(graph.items())
+            if package_of(m) == a and m.rpartition(".")[2] != "__main__"
+            for t in sorted(targets)
+            if package_of(t) == b
+        )
+        steps.append(f"  {module}:{line} imports {b}")
+    return " <-> ".join(component) + "\n" + "\n".join(steps)
+
+
 def _loop(graph: Mapping[str, Mapping[str, int]], component: tuple[str, ...]) -> list[str]:
     """One import loop through a component, from its first module back to it (shortest)."""
     start = component[0]
@@ -439,4 +487,59 @@ def test_the_cycle_rule_catches_a_cycle(tmp_path: Path) -> None:
         f"  {tmp_path}/pkg/a.py:1 imports pkg.b",
         f"  {tmp_path}/pkg/b.py:2 imports pkg.c",
         f"  {tmp_path}/pkg/c.py:4 imports pkg.a",
+    ]
+
+
+def test_only_the_entry_points_import_the_command_line() -> None:
+    """``tunefleet.cli`` is the top layer: the API, the dashboard and both components take
+    what they share from the packages below it, and only the entry points (``python -m
+    tunefleet``, ``python -m tunefleet.worker``, the console script) reach it."""
+    modules = first_party_modules()
+    graph = import_graph(modules)
+    importers = sorted(
+        f"{modules[m].relative_to(ROOT)}:{targets[t]} imports {t}"
+        for m, targets in graph.items()
+        if package_of(m) != "tunefleet.cli" and m.rpartition(".")[2] != "__main__"
+        for t in targets
+        if package_of(t) == "tunefleet.cli"
+    )
+    assert importers == []
+    entry = [m for m, t in graph.items() if "tunefleet.cli" in t]
+    assert sorted(entry) == ["tunefleet.__main__", "tunefleet.worker.__main__"]
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert 'tunefleet = "tunefleet.cli:main"' in pyproject
+
+
+def test_no_import_cycle_between_packages() -> None:
+    """The packages (tunefleet's subpackages and top-level modules, the coordinator, the
+    worker and the migrations) form layers: no package reaches back into one that imports
+    it, even through a third, even inside a function."""
+    graph = import_graph(first_party_modules())
+    packages = package_graph(graph)
+    assert {"tunefleet.cli", "tunefleet.api", "tunefleet.options", "tunefleet.text"} <= set(
+        packages
+    )
+    assert {"tunefleet.coordinator", "tunefleet.worker", "tunefleet.migrations"} <= set(packages)
+    told = [describe_package_cycle(graph, c) for c in cycles(packages)]
+    assert not told, "import cycles between packages:\n" + "\n".join(told)
+
+
+def test_the_package_rule_catches_a_loop_between_packages() -> None:
+    """Modules that form no cycle can still tie two packages into one: a.x -> b.y and
+    b.z -> a.w is a loop of packages ``a`` and ``b`` (here ``top.a`` and ``top.b``)."""
+    graph = {
+        "top.a.x": {"top.b.y": 3},
+        "top.a.w": {},
+        "top.b.y": {},
+        "top.b.z": {"top.a.w": 7},
+        "top.b.__main__": {"top.c": 1},
+        "top.c": {"top.a.x": 2},
+    }
+    assert cycles(graph) == []
+    packages = package_graph(graph)
+    assert packages == {"top.a": {"top.b": 3}, "top.b": {"top.a": 7}, "top.c": {"top.a": 2}}
+    assert cycles(packages) == [("top.a", "top.b")]
+    assert describe_package_cycle(graph, ("top.a", "top.b")).splitlines()[1:] == [
+        "  top.a.x:3 imports top.b",
+        "  top.b.z:7 imports top.a",
     ]

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from tunefleet import jsonvalues
-from tunefleet.cli.output import jsonable
 from tunefleet.space import Choice, canonical_json, config_hash
+from tunefleet.text.output import jsonable
 
 UID = UUID("12345678-1234-5678-1234-567812345678")
 WHEN = datetime(2025, 3, 1, 12, 30, tzinfo=UTC)

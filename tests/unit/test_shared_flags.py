@@ -9,8 +9,9 @@ import argparse
 
 import pytest
 
-from tunefleet.cli import build_parser, flags, main
-from tunefleet.cli.args import raw_problem_args
+from tunefleet.cli import build_parser, main
+from tunefleet.options import flags
+from tunefleet.options.args import raw_problem_args
 
 
 def subcommand(name: str) -> argparse.ArgumentParser:

@@ -8,9 +8,9 @@ import pytest
 
 from tunefleet.api.display import ProgressDisplay
 from tunefleet.api.fleet import plan_workers
-from tunefleet.cli.progress import progress_line
 from tunefleet.devices import HOST_DEVICE, DeviceInfo
 from tunefleet.errors import DeviceError, UsageError
+from tunefleet.text.progress import progress_line
 from tunefleet.worker import device as worker_device
 
 
@@ -70,7 +70,7 @@ def test_search_only_targets_a_class_named_or_matched(monkeypatch, machine):
     assert plan_workers(True, 0, "h200").device_class == "nvidia-h200"
     plan = plan_workers(True, 0, "AMD MI300X")  # not on this machine: the class itself
     assert plan.device_class == "amd-mi300x" and plan.devices == ()
-    with pytest.raises(UsageError, match="--workers 0 needs --device CLASS"):
+    with pytest.raises(UsageError, match="--workers 0 needs --device-class CLASS"):
         plan_workers(True, 0, None)
 
 

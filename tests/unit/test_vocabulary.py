@@ -65,7 +65,7 @@ NOT_A_STATE = {
     ("src/tunefleet/problems/synthetic.py", 'if fault == "invalid":'),
     # A worker's liveness as status shows it (active but silent), not an attempt's outcome.
     (
-        "src/tunefleet/cli/render.py",
+        "src/tunefleet/text/render.py",
         'row["liveness"] = "lost"  # active but silent: killed without a goodbye',
     ),
     # The text of a connection error that has none, not an attempt's outcome.

@@ -69,7 +69,7 @@ def plan_workers(needs_opencl: bool, workers: int | None, pattern: str | None) -
     if workers == 0:
         if not pattern:
             raise UsageError(
-                "--workers 0 needs --device CLASS, the device class the remote workers serve "
+                "--workers 0 needs --device-class CLASS, the device class the remote workers serve "
                 "(`tunefleet devices` on a worker machine shows it, e.g. nvidia-h200)"
             )
         try:
@@ -98,7 +98,7 @@ def _matching_devices(pattern: str | None) -> list[Any]:
     from tunefleet.worker.device import matching_devices
 
     return matching_devices(
-        pattern, no_device_hint="or run the search only (--workers 0 --device CLASS)"
+        pattern, no_device_hint="or run the search only (--workers 0 --device-class CLASS)"
     )
 
 

@@ -1,7 +1,7 @@
 """``tunefleet.runs()``, ``tunefleet.results(run)`` and ``tunefleet.best(run, top=k)``: the
 numbers of ``tunefleet runs``, ``tunefleet export`` and ``tunefleet best`` as plain frozen
 dataclasses, read through the same statements (:mod:`tunefleet.queries.report`, and
-:func:`tunefleet.cli.render.read_best`, which adds the reproduce command).
+:func:`tunefleet.text.render.read_best`, which adds the reproduce command).
 
 Each returns a :class:`Records` (a tuple) whose :meth:`~Records.to_dataframe` gives a pandas
 DataFrame where pandas is installed (it is no dependency of tunefleet).
@@ -165,13 +165,13 @@ class BestTrial:
 
 
 def best_trial(row: Mapping[str, Any]) -> BestTrial:
-    """A :func:`tunefleet.cli.render.read_best` row as a :class:`BestTrial`."""
+    """A :func:`tunefleet.text.render.read_best` row as a :class:`BestTrial`."""
     return _from_row(BestTrial, row)
 
 
 @contextmanager
 def _open(db: str | None) -> Iterator[Any]:
-    from tunefleet.cli.db import open_db
+    from tunefleet.db.resolve import open_db
 
     with open_db(db) as conn:
         yield conn
@@ -198,8 +198,8 @@ def results(run_id: int, *, db: str | None = None) -> Records[TrialResult]:
 
     >>> tunefleet.results(1).to_dataframe()["gflops"].max()    # doctest: +SKIP
     """
-    from tunefleet.cli.render import require_run
     from tunefleet.queries import report
+    from tunefleet.text.render import require_run
 
     _check_id(run_id)
     with _open(db) as conn:
@@ -215,7 +215,7 @@ def best(run_id: int, *, top: int = 1, db: str | None = None) -> Records[BestTri
     >>> tunefleet.best(1)[0].config    # doctest: +SKIP
     {'tile': 16, 'unroll': 4, 'vector': True, 'order': 'ikj'}
     """
-    from tunefleet.cli.render import read_best
+    from tunefleet.text.render import read_best
 
     _check_id(run_id)
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:

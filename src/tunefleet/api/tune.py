@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import math
 import operator
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -43,9 +41,10 @@ from tunefleet.api.fleet import (
 )
 from tunefleet.api.problem_ref import problem_spec
 from tunefleet.api.read import BestTrial, best_trial
-from tunefleet.cli.flags import MAX_COUNT, MAX_ID
 from tunefleet.errors import RunError, TunefleetError, TuneInterrupted, UsageError
+from tunefleet.options.flags import MAX_COUNT, MAX_ID
 from tunefleet.settings import DatabaseSettings, home_dir
+from tunefleet.stopping import StopRule
 from tunefleet.vocabulary import RunState
 
 if TYPE_CHECKING:
@@ -275,7 +274,7 @@ def tune(
         up_s = min(up_s, max(0.0, max_seconds - (time.monotonic() - clock_start)))
 
     where = f"{len(plan.devices)} local ({plan.description})" if plan.devices else plan.description
-    from tunefleet.cli.output import args_text
+    from tunefleet.text.output import args_text
 
     start = TuneProgress(
         run_id,
@@ -311,21 +310,15 @@ def _drive(
     """Say ``start``, start the workers, drive the search, stop everything: (result, why every
     local worker exited, what the progress callback raised, how many stop signals came). What
     the callback raises stops the run as Ctrl-C does: the run ends ``stopped``, resumable."""
-    from tunefleet.cli.progress import ProgressReader, progress_line
     from tunefleet.db.engine import connect
+    from tunefleet.text.progress import ProgressReader, progress_line
 
     workers = LocalWorkers(url, home_dir() / "logs" / f"run-{run_id}")
     failure: list[str] = []
     raised: list[BaseException] = []
+    # Ctrl-C, `kill`, a batch system's TERM or a closed terminal: the one stop rule.
+    stop_rule = StopRule(coordinator.request_stop)
     interrupts = 0
-
-    def on_signal(signum: int, frame: Any) -> None:
-        # Ctrl-C, `kill`, a batch system's TERM or a closed terminal: stop cleanly, once.
-        nonlocal interrupts
-        interrupts += 1
-        if interrupts > 1:
-            raise KeyboardInterrupt  # a second one: stop waiting
-        coordinator.request_stop()
 
     reader = ProgressReader(settings, url, run_id)
     last_poll = 0.0
@@ -351,27 +344,23 @@ def _drive(
             )
             coordinator.request_stop()
 
-    # Signal handlers belong to the main thread; elsewhere the caller owns stopping.
-    main = threading.current_thread() is threading.main_thread()
-    stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if main else ()
     result = None
     with connect(url, settings) as conn:
-        previous = {sig: signal.signal(sig, on_signal) for sig in stop_signals}
         try:
-            try:
-                show(start)
-            except BaseException as exc:  # the caller's code: the run stops before it starts
-                raised.append(exc)
-                coordinator.request_stop()
-            if not raised:
-                workers.start(plan.devices, worker_argv)
-                workers.wait_registered(conn, up_s, give_up=lambda: interrupts > 0)
-            result = coordinator.run(run_id, progress_callback=on_progress)
+            with stop_rule:
+                try:
+                    show(start)
+                except BaseException as exc:  # the caller's code: the run stops before it starts
+                    raised.append(exc)
+                    coordinator.request_stop()
+                if not raised:
+                    workers.start(plan.devices, worker_argv)
+                    workers.wait_registered(conn, up_s, give_up=lambda: stop_rule.count > 0)
+                result = coordinator.run(run_id, progress_callback=on_progress)
         except KeyboardInterrupt:
-            interrupts = max(interrupts, 1)
+            interrupts = 1
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            interrupts = max(interrupts, stop_rule.count)
             timed_out = result is not None and result.cut is not None
             workers.stop(BUDGET_STOP_S if timed_out else 30.0)
             cancel_leftovers(url, engine_db, run_id)
@@ -410,8 +399,8 @@ def _progress(run_id: int, phase: str, line: str, p: Any) -> TuneProgress:
 
 
 def _result(result: RunResult, url: str, settings: DatabaseSettings, confirm: int) -> TuneResult:
-    from tunefleet.cli.render import best_text, read_best
     from tunefleet.db.engine import connect
+    from tunefleet.text.render import best_text, read_best
 
     with connect(url, settings) as conn:
         found = read_best(conn, result.run_id)
@@ -438,7 +427,7 @@ def _result(result: RunResult, url: str, settings: DatabaseSettings, confirm: in
 
 def final_line(result: RunResult, confirm: int) -> str:
     """The last line of a tune: the best, and whether a re-measurement confirmed it."""
-    from tunefleet.cli.output import seconds
+    from tunefleet.text.output import seconds
 
     run_id = result.run_id
     if not result.confirmed:
@@ -496,7 +485,7 @@ def _raw_args(
     sizes: Mapping[str, int] | None, dtype: str | None, args: Mapping[str, Any] | None
 ) -> dict[str, Any]:
     """The raw problem arguments, checked as ``--size``/``--dtype``/``--arg`` are."""
-    from tunefleet.cli.args import MAX_JSON_INT, MAX_SIZE
+    from tunefleet.options.args import MAX_JSON_INT, MAX_SIZE
 
     for what, given in (("sizes", sizes), ("args", args)):
         if given is not None and not isinstance(given, Mapping):
@@ -577,7 +566,7 @@ def _worker_argv(
 ) -> list[str]:
     """The worker options as ``tunefleet worker`` flags, each checked by the flag's own
     parser (one definition of every limit)."""
-    from tunefleet.cli import flags
+    from tunefleet.options import flags
 
     given = {"timeout": timeout, "prefetch": prefetch, "prepare_workers": prepare_workers}
     given |= {"cores": cores}

@@ -14,8 +14,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from tunefleet import __version__
 from tunefleet.errors import TunefleetError
+from tunefleet.version import __version__
 
 # Modules that add subcommands, in the order they appear in --help.
 _COMMAND_MODULES = (
@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
-        # Flag values are checked as they are parsed (tunefleet.cli.flags): a value out of
+        # Flag values are checked as they are parsed (tunefleet.options.flags): a value out of
         # range is a one-line UsageError like every other mistake.
         args = parser.parse_args(argv)
     except TunefleetError as exc:

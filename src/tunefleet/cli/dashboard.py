@@ -6,10 +6,10 @@ import argparse
 import signal
 import sys
 
-from tunefleet.cli.db import add_db_flag
-from tunefleet.cli.flags import count, seconds
 from tunefleet.dashboard.settings import DEFAULT_HOST, DEFAULT_PORT, MAX_REFRESH_S
 from tunefleet.errors import UsageError
+from tunefleet.options.db import add_db_flag
+from tunefleet.options.flags import count, seconds
 from tunefleet.settings import DatabaseSettings
 
 

@@ -5,64 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from tunefleet.db.embedded import EmbeddedServer, default_server
 from tunefleet.errors import SchemaOutOfDate, TunefleetError, UsageError
+from tunefleet.options.db import add_db_flag
 from tunefleet.settings import DatabaseSettings
-
-
-def add_db_flag(parser: argparse.ArgumentParser) -> None:
-    """The ``--db`` flag every database-using command shares."""
-    parser.add_argument(
-        "--db",
-        metavar="URL",
-        default=None,
-        help="PostgreSQL URL (default: $TUNEFLEET_DATABASE_URL, else the embedded server); "
-        "put the password in PGPASSWORD or a pgpass file, never in the URL",
-    )
-
-
-@contextmanager
-def open_db(db_flag: str | None) -> Iterator[Any]:
-    """A read connection to the database of ``--db`` (or the embedded one, never started
-    here once stopped on purpose), at head."""
-    from tunefleet.db.engine import connect
-    from tunefleet.db.resolve import database_url
-
-    settings = DatabaseSettings.build(db_flag, application_name="tunefleet-cli")
-    url = database_url(settings, read_only=True)
-    conn = connect(url, settings)
-    try:
-        yield conn
-    finally:
-        conn.close()
-
-
-def add_wait_flag(parser: argparse.ArgumentParser) -> None:
-    """``--wait-for-db``, for the long-lived processes a scheduler may start before the
-    database is up (workers, the coordinator)."""
-    parser.add_argument(
-        "--wait-for-db",
-        type=float,
-        metavar="SECONDS",
-        default=None,
-        help="at start-up, keep retrying this long while the database is unreachable or "
-        "its schema is not yet at head (default $TUNEFLEET_WAIT_FOR_DB_S, else 0: fail at once)",
-    )
-
-
-def wait_for_db_s(args: argparse.Namespace) -> float | None:
-    """The ``--wait-for-db`` value, checked (``None`` when not given)."""
-    value: float | None = args.wait_for_db
-    if value is not None and not (value >= 0 and math.isfinite(value)):
-        raise UsageError(f"--wait-for-db {value:g}: use zero or a positive number of seconds")
-    return value
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -1,11 +1,13 @@
-"""``tunefleet import-feinsum``, ``tunefleet export-feinsum`` and ``tunefleet feinsum ...``:
-feinsum archives in and out, and what this machine knows about feinsum spaces.
+"""``tunefleet feinsum import | export | list | spaces``: feinsum archives in and out, and what
+this machine knows about feinsum spaces, in one command group.
 
-``import-feinsum ARCHIVE``   archive rows become imported measurements (cache and warm start)
-``export-feinsum RUN PATH``  a feinsum run's measurements appended to an archive (the same
-                             writer serves ``tunefleet export RUN --format feinsum-sqlite``)
-``feinsum list ARCHIVE``     the einsums of an archive, as ``--arg einsum=...`` to tune them
-``feinsum spaces``           the shipped transform spaces visible here
+``feinsum import ARCHIVE``    archive rows become imported measurements (cache and warm start)
+``feinsum export RUN PATH``   a feinsum run's measurements appended to an archive
+``feinsum list ARCHIVE``      the einsums of an archive, as ``--arg einsum=...`` to tune them
+``feinsum spaces``            the shipped transform spaces visible here
+
+The old spellings ``import-feinsum``, ``export-feinsum`` and ``import --device`` still work for
+one release (:mod:`tunefleet.cli.deprecated`), unlisted in ``--help``.
 """
 
 from __future__ import annotations
@@ -17,15 +19,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tunefleet.cli.db import add_db_flag
+from tunefleet.cli.deprecated import alias, notice
 from tunefleet.errors import UsageError
+from tunefleet.options.db import add_db_flag
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "import-feinsum",
-        help="import a feinsum timing archive (SQLite) as cached measurements",
-    )
+def _import_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("archive", metavar="ARCHIVE.sqlite", help="a feinsum archive (format v6)")
     add_db_flag(p)
     p.add_argument(
@@ -35,31 +34,55 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         metavar="N",
         help="length of the long dimensions the archive was timed at (default 100000)",
     )
-    p.add_argument("--device", metavar="NAME", help="only rows of this archive device_name")
+    p.add_argument(
+        "--archive-device",
+        metavar="NAME",
+        help="only rows of this device_name of the archive",
+    )
+    # The old name of --archive-device: `--device` means a device of this machine elsewhere.
+    p.add_argument("--device", dest="old_device", metavar="NAME", help=argparse.SUPPRESS)
     p.add_argument(
         "--device-class",
         metavar="CLASS",
         help="file the rows under this device class (default: derived from device_name)",
     )
-    p.set_defaults(func=cmd_import)
 
-    p = sub.add_parser(
-        "export-feinsum",
-        help="append a feinsum run's measurements to a feinsum archive (SQLite)",
-    )
+
+def _export_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("run", type=int, metavar="RUN")
     p.add_argument("path", metavar="PATH.sqlite", help="created if missing")
     add_db_flag(p)
-    p.set_defaults(func=cmd_export)
 
-    fe = sub.add_parser("feinsum", help="feinsum archives and transform spaces")
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    fe = sub.add_parser(
+        "feinsum", help="feinsum archives: import, export, list their einsums; spaces here"
+    )
     fesub = fe.add_subparsers(dest="feinsum_command", metavar="ACTION", required=True)
+    p = fesub.add_parser(
+        "import", help="import a feinsum timing archive (SQLite) as cached measurements"
+    )
+    _import_flags(p)
+    p.set_defaults(func=cmd_import)
+    p = fesub.add_parser(
+        "export", help="append a feinsum run's measurements to a feinsum archive (SQLite)"
+    )
+    _export_flags(p)
+    p.set_defaults(func=cmd_export)
     p = fesub.add_parser("list", help="the einsums of an archive, ready to tune")
     p.add_argument("archive", metavar="ARCHIVE.sqlite")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_list)
     p = fesub.add_parser("spaces", help="feinsum's shipped transform spaces visible here")
     p.set_defaults(func=cmd_spaces)
+
+    # Old spellings, one release: no help= keeps them out of `tunefleet --help`.
+    p = sub.add_parser("import-feinsum", description="Deprecated: `tunefleet feinsum import`.")
+    _import_flags(p)
+    p.set_defaults(func=alias("tunefleet import-feinsum", "tunefleet feinsum import", cmd_import))
+    p = sub.add_parser("export-feinsum", description="Deprecated: `tunefleet feinsum export`.")
+    _export_flags(p)
+    p.set_defaults(func=alias("tunefleet export-feinsum", "tunefleet feinsum export", cmd_export))
 
 
 def _connect(db: str | None) -> Any:
@@ -80,6 +103,15 @@ def cmd_import(args: argparse.Namespace) -> int:
         long_dim = archive.DEFAULT_LONG_DIM_LENGTH
     if long_dim <= 0:
         raise UsageError(f"--long-dim-length {long_dim} is not a positive integer")
+    device_name = args.archive_device
+    if args.old_device is not None:
+        notice("--device NAME", "--archive-device NAME")
+        if device_name is not None and device_name != args.old_device:
+            raise UsageError(
+                f"--device {args.old_device} and --archive-device {device_name} disagree: "
+                "give --archive-device alone"
+            )
+        device_name = args.old_device
     path = Path(args.archive)
     conn = _connect(args.db)
     try:
@@ -88,7 +120,7 @@ def cmd_import(args: argparse.Namespace) -> int:
             path,
             long_dim_length=long_dim,
             device_class=args.device_class,
-            device_name=args.device,
+            device_name=device_name,
         )
     finally:
         conn.close()
@@ -102,7 +134,8 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def export_feinsum(db: str | None, run: int, path: Path) -> tuple[int, int]:
-    """The writer behind both export commands; returns ``(written, skipped)``."""
+    """The archive writer (``feinsum export`` and its old spellings); returns
+    ``(written, skipped)``."""
     from tunefleet.feinsum_support.transfer import export_run
 
     conn = _connect(db)

@@ -2,7 +2,7 @@
 
 ``status``, ``runs``, ``best``, ``show``, ``export`` and ``plot`` read a database (every
 statement in ``tunefleet.queries.report``; the text that ``status``, ``runs`` and ``best``
-share with ``tune`` is :mod:`tunefleet.cli.render`'s); ``problems`` lists the registry;
+share with ``tune`` is :mod:`tunefleet.text.render`'s); ``problems`` lists the registry;
 ``devices`` the OpenCL devices of this machine; ``measure`` times one configuration locally
 (the reproduce command that ``best`` prints); ``tune`` (registered here, in
 ``tunefleet.cli.tune``) runs a whole tuning campaign. Worker and coordinator code is imported
@@ -22,14 +22,17 @@ from pathlib import Path
 from typing import Any
 
 from tunefleet.cli import tune
-from tunefleet.cli.args import (
+from tunefleet.db.resolve import open_db
+from tunefleet.errors import RunError, TunefleetError, UsageError
+from tunefleet.options.args import (
     add_problem_flags,
     command_line_args,
     raw_problem_args,
 )
-from tunefleet.cli.db import add_db_flag, open_db
-from tunefleet.cli.flags import run_id_arg
-from tunefleet.cli.output import (
+from tunefleet.options.db import add_db_flag
+from tunefleet.options.flags import run_id_arg
+from tunefleet.queries import report
+from tunefleet.text.output import (
     Column,
     args_text,
     best_mark,
@@ -41,7 +44,7 @@ from tunefleet.cli.output import (
     table,
     timestamp,
 )
-from tunefleet.cli.render import (
+from tunefleet.text.render import (
     best_text,
     clipped,
     read_best,
@@ -49,8 +52,6 @@ from tunefleet.cli.render import (
     runs_table,
     status_text,
 )
-from tunefleet.errors import RunError, TunefleetError, UsageError
-from tunefleet.queries import report
 from tunefleet.vocabulary import (
     TrialPurpose,
     TrialState,
@@ -95,16 +96,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_show)
 
-    p = sub.add_parser(
-        "export", help="every finished trial of a run as CSV or JSON, or a feinsum archive"
-    )
+    p = sub.add_parser("export", help="every finished trial of a run as CSV or JSON")
     p.add_argument("run", type=run_id_arg, metavar="RUN")
     add_db_flag(p)
     p.add_argument(
         "--format",
         choices=("csv", "json", "feinsum-sqlite"),
         default="csv",
-        help="feinsum-sqlite: append the run's measurements to a feinsum SQLite archive (-o)",
+        help="csv or json (feinsum-sqlite is deprecated: use `tunefleet feinsum export`)",
     )
     p.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
     p.set_defaults(func=cmd_export)
@@ -310,6 +309,7 @@ _EXPORT_EMPTY_COLUMNS = ("run_id", "trial_id", "problem", "config", "state", "me
 
 def cmd_export(args: argparse.Namespace) -> int:
     if args.format == "feinsum-sqlite":
+        from tunefleet.cli.deprecated import notice
         from tunefleet.cli.feinsum import export_feinsum
 
         if not args.output:
@@ -317,6 +317,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                 "--format feinsum-sqlite writes an SQLite file: give -o PATH.sqlite "
                 "(created if missing, appended to otherwise)"
             )
+        notice("export --format feinsum-sqlite -o PATH", "tunefleet feinsum export RUN PATH")
         written, skipped = export_feinsum(args.db, args.run, Path(args.output))
         print(
             f"wrote {written} rows of run {args.run} to {args.output}"

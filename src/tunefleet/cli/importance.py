@@ -11,10 +11,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tunefleet.cli.db import add_db_flag, open_db
-from tunefleet.cli.flags import count, run_id_arg
-from tunefleet.cli.output import Column, args_text, gflops, jsonable, seconds, table
+from tunefleet.db.resolve import open_db
 from tunefleet.errors import RunError, UsageError
+from tunefleet.options.db import add_db_flag
+from tunefleet.options.flags import count, run_id_arg
+from tunefleet.text.output import Column, args_text, gflops, jsonable, seconds, table
 
 Row = dict[str, Any]
 

@@ -17,10 +17,11 @@ import sys
 from typing import Any
 
 from tunefleet.api.display import ProgressDisplay
-from tunefleet.cli import flags
-from tunefleet.cli.args import add_problem_flags, raw_problem_args
-from tunefleet.cli.db import add_db_flag
+from tunefleet.cli.deprecated import notice
 from tunefleet.errors import TuneInterrupted, UsageError
+from tunefleet.options import flags
+from tunefleet.options.args import add_problem_flags, raw_problem_args
+from tunefleet.options.db import add_db_flag
 from tunefleet.processes import started_monotonic
 
 
@@ -50,7 +51,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--device",
         metavar="PATTERN",
-        help="device index, part of its name, or (with --workers 0) the device class to target",
+        help="the local workers' device: its index or part of its name (as for `worker`)",
+    )
+    p.add_argument(
+        "--device-class",
+        metavar="CLASS",
+        help="with --workers 0: the device class the run targets, served by workers started "
+        "elsewhere (as for `coordinator`; `tunefleet devices` on a worker machine shows it)",
     )
     # The coordinator's and the worker's flags a one-node user needs, defined once.
     flags.add(p, (*flags.SEARCH_FLAGS, *flags.SEED_FLAGS, *flags.WORKER_FLAGS))
@@ -82,6 +89,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             raise UsageError(
                 f"--resume continues run {args.resume} as it was created; drop {given[0]}"
             )
+    device = _device(args)
     every = args.progress_every if args.progress_every is not None else 5.0
     display = ProgressDisplay(sys.stdout, every)
 
@@ -104,7 +112,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             patience=args.patience,
             confirm=args.confirm,
             workers=args.workers,
-            device=args.device,
+            device=device,
             db=args.db,
             name=args.name,
             technique=args.technique,
@@ -139,6 +147,28 @@ def cmd_tune(args: argparse.Namespace) -> int:
         return 1
     print(result.report, flush=True)
     return 0
+
+
+def _device(args: argparse.Namespace) -> str | None:
+    """What ``tune`` hands the API as ``device``: the local workers' device, or with
+    ``--workers 0`` the class the run targets (``--device-class``; ``--device CLASS`` was its
+    old spelling there)."""
+    if args.device_class is None:
+        if args.workers == 0 and args.device is not None:
+            notice("tune --workers 0 --device CLASS", "tune --workers 0 --device-class CLASS")
+        return args.device  # type: ignore[no-any-return]
+    if args.workers != 0:
+        raise UsageError(
+            f"--device-class {args.device_class}: the local workers' class is their device's; "
+            "give --device-class with --workers 0 (the search only), or --device to pick "
+            "the local device"
+        )
+    if args.device is not None:
+        raise UsageError(
+            f"--device {args.device} picks a local worker's device and --workers 0 starts "
+            "none: drop --device"
+        )
+    return args.device_class  # type: ignore[no-any-return]
 
 
 def _db_hint(db: Any) -> str:

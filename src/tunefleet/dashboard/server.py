@@ -52,10 +52,10 @@ from urllib.parse import parse_qs, quote, urlsplit
 import psycopg
 
 from tunefleet.busy import busy_shares
-from tunefleet.cli.output import jsonable
 from tunefleet.dashboard.settings import DashboardSettings, is_loopback
 from tunefleet.errors import DatabaseUnavailable, first_line
 from tunefleet.queries import dashboard as q
+from tunefleet.text.output import jsonable
 
 _log = logging.getLogger("tunefleet.dashboard")
 
@@ -309,7 +309,7 @@ def _timeline(rows: list[dict[str, Any]], shares: dict[str, float]) -> list[dict
 
 
 def _reproduce(run: dict[str, Any], trial: dict[str, Any]) -> str:
-    from tunefleet.cli.render import reproduce_command
+    from tunefleet.text.render import reproduce_command
 
     return reproduce_command(run, trial)
 

@@ -8,7 +8,7 @@ whole migration, so concurrent upgrades of one database run one after the other.
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,9 +26,11 @@ CONNECT_TIMEOUT_S = 10
 
 
 def migrations_dir() -> Path:
-    # By name: mypy cannot see package-dir mapped subpackages (pyproject.toml's [tool.mypy]).
-    migrations = importlib.import_module("tunefleet.migrations")
-    return Path(str(migrations.__file__)).resolve().parent
+    # Found, not imported: the migrations import this package, never the other way round.
+    spec = importlib.util.find_spec("tunefleet.migrations")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("the tunefleet.migrations package is not installed")
+    return Path(spec.origin).resolve().parent
 
 
 def alembic_config(url: str | None = None) -> Config:

@@ -4,24 +4,27 @@
 checked to be at the migration head (waiting for it with ``wait_s``), else the embedded server,
 started or reused and upgraded to head. :func:`check_at_head` and :func:`current_revision` are
 that check on an open connection (also used by ``tunefleet db check`` and ``tunefleet db
-roles``).
+roles``). :func:`open_db` is the read connection every report (command, API, feinsum archive)
+opens from a ``--db`` value.
 
 This module sits above :mod:`~tunefleet.db.engine` (connections), :mod:`~tunefleet.db.migrate`
 (Alembic) and :mod:`~tunefleet.db.embedded` (the server), which never import it. The last two
 are imported inside the functions that need them: every worker (and each of its children)
 resolves its URL at start, and a database at head is recognised by comparing with
-``tunefleet.migrations.HEAD`` alone, without loading Alembic and SQLAlchemy (0.9 s of CPU per
+``tunefleet.db.head.HEAD`` alone, without loading Alembic and SQLAlchemy (0.9 s of CPU per
 process) or the embedded server's code.
 """
 
 from __future__ import annotations
 
 import shlex
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 
-from tunefleet.db.engine import redact, wait_for_database
+from tunefleet.db.engine import connect, redact, wait_for_database
 from tunefleet.errors import SchemaOutOfDate
 from tunefleet.settings import DatabaseSettings
 
@@ -45,7 +48,7 @@ def check_at_head(conn: psycopg.Connection[Any], url_hint: str = "") -> str:
 
     ``url_hint`` is the (redacted) URL to put into the fixing command of the message.
     """
-    from tunefleet.migrations import HEAD
+    from tunefleet.db.head import HEAD
 
     current = current_revision(conn)
     if current == HEAD:
@@ -109,3 +112,16 @@ def embedded_url(*, read_only: bool = False) -> str:
     url = server.local_url()
     upgrade(url)
     return url
+
+
+@contextmanager
+def open_db(db_flag: str | None) -> Iterator[Any]:
+    """A read connection to the database of ``--db`` (or the embedded one, never started
+    here once stopped on purpose), at head."""
+    settings = DatabaseSettings.build(db_flag, application_name="tunefleet-cli")
+    url = database_url(settings, read_only=True)
+    conn = connect(url, settings)
+    try:
+        yield conn
+    finally:
+        conn.close()

@@ -13,6 +13,9 @@ Python tunefleet supports:
                   writing, and mapping rows to and from our measurements
 ``canonical``     feinsum's canonical form of an einsum and the archive strings feinsum renders
                   for it (needs feinsum; shared by ``archive`` and ``runtime``)
+``problem``       the ``feinsum`` problem the registry names: its space, arguments and cache
+                  keys (it lives here, beside what it uses, so ``tunefleet.problems`` never
+                  imports this package and this package may import ``tunefleet.problems``)
 ``runtime``       the worker side: builds the einsum and applies the transform with feinsum
                   itself (imported only inside functions, with a clear error when missing)
 """

@@ -1,6 +1,6 @@
 """The worker side of the feinsum problem: feinsum builds the kernel, tunefleet measures it.
 
-The :class:`~tunefleet.problems.feinsum_problem.FeinsumProblem` is a
+The :class:`~tunefleet.feinsum_support.problem.FeinsumProblem` is a
 :class:`~tunefleet.problems.kernel.KernelProblem`; these are the pieces it plugs in:
 
 - :func:`build_kernel` builds the batched einsum with feinsum, brings it to feinsum's canonical

@@ -655,11 +655,11 @@ def software_versions(session: Any) -> dict[str, Any]:
     import loopy
     import pyopencl
 
-    import tunefleet
+    from tunefleet.version import __version__
 
     info = session.info
     return {
-        "tunefleet": tunefleet.__version__,
+        "tunefleet": __version__,
         "loopy": loopy.version.VERSION_TEXT,
         "pyopencl": pyopencl.VERSION_TEXT,
         "islpy": islpy.version.VERSION_TEXT,

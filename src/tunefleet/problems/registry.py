@@ -30,7 +30,7 @@ BUILTINS: dict[str, str] = {
     "transpose": "tunefleet.problems.transpose:Transpose",
     "jacobi": "tunefleet.problems.jacobi:Jacobi",
     "axpy": "tunefleet.problems.axpy:Axpy",
-    "feinsum": "tunefleet.problems.feinsum_problem:FeinsumProblem",
+    "feinsum": "tunefleet.feinsum_support.problem:FeinsumProblem",
 }
 
 

@@ -254,7 +254,7 @@ class Synthetic(Problem):
         launches = max(int(protocol.min_launches), 1)
         samples = tuple(base * (1.0 + args["noise"] * rng.random()) for _ in range(launches))
         median = statistics.median(samples)
-        from tunefleet import __version__
+        from tunefleet.version import __version__
 
         return Outcome(
             state=TrialState.DONE,

@@ -9,7 +9,7 @@ states which rows it locks and for how long. Values always travel as bind parame
                lookups, warm starts, confirmations
 ``report``     read-only: the CLI's status, runs, best, show, export and plot commands
 ``dashboard``  read-only, views only: ``tunefleet dashboard``'s JSON API
-``feinsum``    ``tunefleet import-feinsum`` / ``export --format feinsum``
+``feinsum``    ``tunefleet feinsum import`` / ``feinsum export``
 ``roles``      ``tunefleet db roles``: roles, passwords, ownership and grants
 ``capacity``   what sizes a server for a fleet: its settings and sessions (``benchmarks/
                fleet_sim.py``), which server process serves a session (the pooler check)

@@ -1,5 +1,5 @@
-"""Statements behind ``tunefleet import-feinsum`` and ``tunefleet export --format
-feinsum-sqlite``: imported archive rows become measurements, and a run's measurements are read
+"""Statements behind ``tunefleet feinsum import`` and ``tunefleet feinsum
+export``: imported archive rows become measurements, and a run's measurements are read
 back for writing an archive.
 
 The import runs in one transaction: :func:`lock_imports` first, then device upserts, then one

@@ -17,8 +17,10 @@ from typing import Any
 
 from tunefleet import agreement
 from tunefleet.busy import busy_shares
-from tunefleet.cli.args import command_line_args, problem_sizes, shell_join
-from tunefleet.cli.output import (
+from tunefleet.errors import RunError, first_line
+from tunefleet.options.args import command_line_args, problem_sizes, shell_join
+from tunefleet.queries import report
+from tunefleet.text.output import (
     Column,
     age,
     args_text,
@@ -31,8 +33,6 @@ from tunefleet.cli.output import (
     table,
     trial_counts,
 )
-from tunefleet.errors import RunError, first_line
-from tunefleet.queries import report
 from tunefleet.vocabulary import (
     ANY_DEVICE_CLASS,
     FAULT_TRIAL_STATES,

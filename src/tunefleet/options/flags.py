@@ -5,7 +5,7 @@
 ``tunefleet worker`` (per-trial timeout, prefetch, code-generation processes, cores), and each
 of those flags is defined once here, so a flag has the same name, help and limits wherever it
 appears. Problem arguments (``--size``/``--dtype``/``--arg``) have their own single parser in
-:mod:`tunefleet.cli.args`.
+:mod:`tunefleet.options.args`.
 
 Values are checked while the command line is parsed: a value out of range raises
 :class:`~tunefleet.errors.UsageError` (one line, exit 2, naming the flag, the limit and what
@@ -84,12 +84,10 @@ def seconds(flag: str, high: float = MAX_BUDGET_S, low: float = 0.0) -> Callable
 def budget_value(field: str) -> Callable[[str], Any]:
     """The flag of budget ``field`` (``max_trials``, ``max_seconds``, ...): read as a number
     here; its range is checked where the budget is defined, the one check every front door
-    uses (:func:`tunefleet.coordinator.budget.checked`)."""
+    uses (:func:`tunefleet.options.budget.checked`)."""
 
     def parse(text: str) -> Any:
-        # The command line is a front door: it may reach the coordinator's budget (imported
-        # here, when a budget flag is given, so building the command tree stays light).
-        from tunefleet.coordinator.budget import FLAGS, LIMITS, checked
+        from tunefleet.options.budget import FLAGS, LIMITS, checked
 
         value: Any = text
         try:

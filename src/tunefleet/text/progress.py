@@ -14,11 +14,11 @@ from typing import Any
 
 import psycopg
 
-from tunefleet.cli.output import best_mark, gflops, remeasured_text, seconds, trial_counts
 from tunefleet.db.engine import connect
 from tunefleet.errors import DatabaseUnavailable
 from tunefleet.queries import report
 from tunefleet.settings import DatabaseSettings
+from tunefleet.text.output import best_mark, gflops, remeasured_text, seconds, trial_counts
 
 
 def progress_line(p: Mapping[str, Any], unserved: str | None = None) -> str:
