@@ -55,3 +55,14 @@ def test_a_sigkilled_grid_resumes_and_measures_each_valid_point_once(
     assert final == {"done": VALID, "invalid": RULED_OUT}
     assert measured_twice(db) == []
     assert measured_order(db, run_id) == plan_order(db, run_id)
+
+
+def test_a_box_too_big_for_the_grid_is_one_line_and_stores_nothing(db_url, db, cli_env):
+    argv = ["gemm", "--device-class", "nvidia-h200", "--technique", "grid", "--db", db_url]
+    done = cli(argv, env_for(cli_env))
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tunefleet: error: "), done.stderr
+    assert "the space has 567,000 configurations, more than the grid technique" in lines[0]
+    assert "fix some parameters to narrow it, or pick another --technique" in lines[0]
+    assert db.execute("SELECT count(*) AS n FROM tunefleet.run").fetchone()["n"] == 0
