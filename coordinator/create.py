@@ -2,6 +2,10 @@
 (the problem, its arguments and space, the measurement protocol, the seeds, the device class,
 a warm start), plus what any coordinator checks on a connection before it writes to a run.
 
+The run's techniques are stored with it (``run.search``): those named, else the grid when
+every valid configuration fits the trial budget (:func:`.grid.automatic_choice`, its reason
+stored as ``choice``), else none (the coordinator's default technique).
+
 User problems are arbitrary code: what they raise becomes a one-line
 :class:`~tunefleet.errors.ProblemError` naming the problem and the method to fix, never a
 traceback. Nothing here imports pyopencl or loopy (problem modules keep those inside their
