@@ -58,3 +58,17 @@ def test_the_text_report_carries_the_notes_and_the_local_column():
     text = cli_importance.text(data)
     assert "note: " in text and "% of measured trials share reg_" in text
     assert "LOCAL EFFECT" in text
+
+
+def test_local_effects_equal_a_pair_by_pair_count():
+    rng = np.random.default_rng(3)
+    codes = rng.integers(0, 3, size=(60, 3))
+    y = rng.random(60)
+    for j, (effect, pairs) in enumerate(importance.local_effects(codes, y)):
+        diffs = [
+            abs(y[a] - y[b])
+            for a in range(60)
+            for b in range(a + 1, 60)
+            if all(codes[a, k] == codes[b, k] for k in range(3) if k != j)
+        ]
+        assert (effect, pairs) == (pytest.approx(float(np.mean(diffs))), len(diffs))
