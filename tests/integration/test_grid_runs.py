@@ -42,7 +42,9 @@ def plan_order(db: Any, run_id: int) -> list[str]:
 
 
 def test_a_grid_stopped_midway_resumes_and_measures_each_valid_point_once(db_url, db, tmp_path):
-    s = settings(problem=RULED, problem_args=QUICK, techniques=["grid"], confirm=0)
+    # 10 ms trials: some 280 left after the 100th are seconds of work, so the stop lands
+    # in the middle of the grid however late it is seen.
+    s = settings(problem=RULED, problem_args={"duration": 0.01}, techniques=["grid"], confirm=0)
     run_id = create_run(s, db_url)
     first = Coordinator(s, db_url)
 
