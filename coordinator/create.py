@@ -2,6 +2,10 @@
 (the problem, its arguments and space, the measurement protocol, the seeds, the device class,
 a warm start), plus what any coordinator checks on a connection before it writes to a run.
 
+The run's techniques are stored with it (``run.search``): those named, else the grid when
+every valid configuration fits the trial budget (:func:`.grid.automatic_choice`, its reason
+stored as ``choice``), else none (the coordinator's default technique).
+
 User problems are arbitrary code: what they raise becomes a one-line
 :class:`~tunefleet.errors.ProblemError` naming the problem and the method to fix, never a
 traceback. Nothing here imports pyopencl or loopy (problem modules keep those inside their
@@ -34,6 +38,7 @@ from tunefleet.settings import DatabaseSettings
 from tunefleet.space import Config, Space, config_hash
 from tunefleet.vocabulary import TrialSource
 
+from . import grid
 from .enqueue import NewTrial, enqueue
 from .mapping import SpaceMapping
 from .settings import CoordinatorSettings
@@ -79,6 +84,7 @@ def create_run(
     args, space = _args_and_space(problem, settings.problem, settings.problem_args)
     SpaceMapping(space)  # a space the search cannot represent fails here, not mid-run
     protocol = _protocol(settings.protocol)
+    techniques, choice = _search(settings, problem, args, space)
     seeds = [
         _checked_seed(problem, args, config, i) for i, config in enumerate(settings.seed_configs)
     ]
@@ -93,7 +99,9 @@ def create_run(
             seeds += _warm_start_seeds(conn, settings, settings.problem, args, space)
         key = cache_key(settings.problem, args, device_class, protocol)
         search = {
-            "techniques": list(settings.techniques),
+            "techniques": list(techniques),
+            # Why the run searches its whole space though no technique was named (or None).
+            "choice": choice,
             "search_seed": settings.search_seed,
             "depth_factor": settings.depth_factor,
             "min_depth": settings.min_depth,
@@ -165,6 +173,31 @@ def _protocol(overrides: Mapping[str, Any]) -> dict[str, Any]:
             f"unknown measurement protocol setting {unknown[0]!r}; use one of {sorted(base)}"
         )
     return Protocol.from_json({**base, **overrides}).to_json()
+
+
+def _search(
+    settings: CoordinatorSettings, problem: Problem, args: Mapping[str, Any], space: Space
+) -> tuple[tuple[str, ...], str | None]:
+    """The run's techniques and, when the grid was picked for it, why (:mod:`.grid`)."""
+    if settings.techniques:
+        if grid.GRID in settings.techniques:
+            grid.check_size(space.size())
+        return settings.techniques, None
+
+    def allowed(config: Config) -> bool:
+        try:
+            problem.check_config(args, config)
+        except InvalidConfiguration:
+            return False
+        except Exception:  # a user problem's own bug: the workers judge such points
+            return True
+        return True
+
+    choice = grid.automatic_choice(space, settings.budget.max_trials, allowed)
+    if choice is None:
+        return (), None
+    _log.info("%s", choice)
+    return (grid.GRID,), choice
 
 
 def _checked_seed(

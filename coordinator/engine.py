@@ -73,6 +73,7 @@ from .budget import Budget, Cut, Speed, confirm_reserve, speed
 from .confirm import Confirmation
 from .create import coordinator_db_settings, create_run, raised, require_session_pooling
 from .enqueue import NewTrial, enqueue
+from .grid import GRID, check_size
 from .phase import Confirmed, Phase, RuleHolds
 from .rules import (
     Rate,
@@ -409,6 +410,8 @@ class _Session:
         self.problem_args: dict[str, Any] = dict(run.problem_args or {})
         self.problem = _rules_of(run.problem)
         techniques = s.techniques or tuple((run.search or {}).get("techniques") or ())
+        if GRID in techniques:
+            check_size(self.space_size)  # a resume may name the grid for a space too big
         # OpenTuner (and its SQLAlchemy) load only once a run is driven: creating a run,
         # the CLI's --help and the tune command's start-up do without them.
         from .tuner import Tuner

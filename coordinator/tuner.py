@@ -76,6 +76,7 @@ with _quiet():
     from opentuner.search.driver import SearchDriver
     from opentuner.search.objective import MinimizeTime
 
+    from . import grid_technique as _grid_technique  # noqa: F401  (registers ``grid``)
     from . import techniques as _own_techniques  # noqa: F401  (registers them by name)
 # Importing OpenTuner replaces logging.Formatter process-wide; put it back.
 logging.Formatter = _formatter  # type: ignore[misc]

@@ -26,6 +26,21 @@ parameter that doubles the time counts the same on a fast and on a slow kernel:
     sample of that product space (every point of it when small). It removes the search's
     uneven sampling; ``interactions`` is what the main effects leave (``1 - sum``).
 
+``local`` (NumPy only, always computed; what ranks a concentrated sample)
+    The search's own one-parameter moves: for each parameter, every pair of measured
+    configurations that differ in that parameter alone, and the mean absolute difference of
+    their ``y`` (the elementary effect of screening designs, ``mu*``), with how many pairs
+    there were. A local search stays near its best and moves one parameter at a time, so its
+    sample holds few configurations far from where it looked but many such pairs: the
+    effect of a parameter the search kept at one value is still measured, at the places the
+    search tried another value. Both methods above need the sample to spread: where the
+    search kept a parameter at one value in most trials (at least :data:`CONCENTRATED` of
+    them; ``concentration``), a forest fitted there barely sees that parameter's effect and
+    ranks it low whatever it is. The report then says which parameters are concentrated
+    (``notes``) and ranks by ``local`` (``ranked_by``) where every parameter has at least
+    :data:`LOCAL_MIN_PAIRS` pairs; a spread sample (every configuration, uniform draws) is
+    ranked by the forest as before.
+
 Failures are counted separately: a configuration that gave no time (``invalid``, ``failed`` or
 ``timed_out``) is not a slow one. Per value: how many finished, were measured, invalid,
 failed or timed out, and the failure rate; per parameter a *validity* importance: the same
@@ -64,6 +79,11 @@ MARGINAL_SAMPLE = 512
 #: Most "rest" lines of the parallel-coordinates view (evenly spaced by speed).
 MAX_REST_LINES = 400
 MISSING = "(missing)"
+#: A parameter is concentrated when this share of the measured trials (and twice the uniform
+#: share of a value) has one of its values.
+CONCENTRATED = 0.5
+#: One-parameter pairs every parameter needs before ``local`` ranks a concentrated sample.
+LOCAL_MIN_PAIRS = 3
 
 Row = Mapping[str, Any]
 
@@ -139,6 +159,45 @@ def _order(value: Any) -> tuple[int, Any]:
 
 
 # --- statistics ---------------------------------------------------------------------------
+
+
+def _group_of_others(codes: np.ndarray, j: int) -> np.ndarray:
+    """A group number per row, equal for rows whose codes agree outside column ``j``."""
+    others = np.delete(codes, j, axis=1)
+    if others.shape[1] == 0:
+        return np.zeros(codes.shape[0], dtype=np.int64)  # one parameter: one group
+    radix = others.max(axis=0) + 1
+    if math.prod(int(r) for r in radix) < 2**62:
+        # One integer per row (mixed radix): much faster than unique rows.
+        weights = np.cumprod(np.r_[1, radix[:-1]]).astype(np.int64)
+        key = others.astype(np.int64) @ weights
+        return np.asarray(np.unique(key, return_inverse=True)[1]).reshape(-1)
+    return np.asarray(np.unique(others, axis=0, return_inverse=True)[1]).reshape(-1)
+
+
+def local_effects(codes: np.ndarray, y: np.ndarray) -> list[tuple[float | None, int]]:
+    """Per column of ``codes`` (measured configurations x parameters, value codes): the mean
+    absolute difference of ``y`` over every pair of rows that differ in that column alone,
+    and how many pairs there were (``None`` without a pair)."""
+    n, d = codes.shape
+    out: list[tuple[float | None, int]] = []
+    for j in range(d):
+        if n < 2:
+            out.append((None, 0))
+            continue
+        group = _group_of_others(codes, j)
+        # Sorted by group, then by y: the sum of |a - b| over a group's pairs is
+        # sum_i (2i - m + 1) y_i over its m sorted values (no pair is built).
+        order = np.lexsort((y, group))
+        g, v = group[order], y[order]
+        starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+        sizes = np.diff(np.r_[starts, n])
+        rank = np.arange(n) - np.repeat(starts, sizes)
+        m = np.repeat(sizes, sizes)
+        total = float(np.sum((2 * rank - m + 1) * v))
+        pairs = int(np.sum(sizes * (sizes - 1) // 2))
+        out.append((total / pairs if pairs else None, pairs))
+    return out
 
 
 def _quartiles(values: np.ndarray) -> dict[str, float] | None:
@@ -297,12 +356,20 @@ def analyse(
                     "best_trial": rows[best_j].get("trial_id") if best_j is not None else None,
                 }
             )
+        counts = [int((codes[measured_mask] == i).sum()) for i in range(k)]
+        measured_n = sum(counts)
+        common = max(range(k), key=counts.__getitem__) if k else None
         params.append(
             {
                 "name": name,
                 "values": value_rows,
-                "speed": {"variance": eps_s, "eta2": eta_s, "forest": None},
+                "speed": {"variance": eps_s, "eta2": eta_s, "forest": None, "local": None},
                 "validity": {"variance": eps_v, "eta2": eta_v},
+                # The value most measured trials share, and their share.
+                "concentration": None
+                if common is None or not measured_n
+                else {"label": label(ordered[common]), "share": counts[common] / measured_n},
+                "local_pairs": 0,
             }
         )
 
@@ -332,9 +399,14 @@ def analyse(
         forest["reason"] = "not asked for (--method variance)"
 
     use_forest = bool(forest.get("fitted"))
+    if names and measured_mask.any():
+        measured_codes = np.column_stack([codes_all[name][measured_mask] for name in names])
+        for p, (effect, pairs) in zip(params, local_effects(measured_codes, y), strict=True):
+            p["speed"]["local"], p["local_pairs"] = effect, pairs
+    ranked_by, notes = _ranking(params, "forest" if use_forest else "variance")
 
     def rank(p: dict[str, Any]) -> tuple[float, float, str]:
-        main = p["speed"]["forest"] if use_forest else p["speed"]["variance"]
+        main = p["speed"][ranked_by]
         return (
             -(main if main is not None else -1.0),
             -(p["validity"]["variance"] or 0.0),
@@ -371,6 +443,8 @@ def analyse(
         }
     return {
         "method": "forest" if use_forest else "variance",
+        "ranked_by": ranked_by,
+        "notes": notes,
         "trials": n_rows,
         "measured": int(measured_mask.sum()),
         "invalid": sum(1 for r in rows if r["state"] == TrialState.INVALID),
@@ -387,6 +461,45 @@ def analyse(
             "rest_total": max(int(by_speed.size) - top_n, 0),
         },
     }
+
+
+def _concentrated(p: Mapping[str, Any]) -> bool:
+    """Whether most measured trials share one value of ``p``: at least :data:`CONCENTRATED`
+    of them and twice the value's share in a uniform sample (a switch: nine in ten)."""
+    if p["concentration"] is None:
+        return False
+    k = len(p["values"])
+    return bool(p["concentration"]["share"] >= max(CONCENTRATED, min(0.9, 2 / k)))
+
+
+def _ranking(params: Sequence[dict[str, Any]], method: str) -> tuple[str, list[str]]:
+    """Which importance ranks the parameters (``method`` or ``local``), and the report's
+    notes on where the search looked (see the module docstring)."""
+    varied = [p for p in params if len(p["values"]) > 1]
+    concentrated = sorted(
+        (p for p in varied if _concentrated(p)),
+        key=lambda p: (-p["concentration"]["share"], p["name"]),
+    )
+    notes = [
+        f"{100 * p['concentration']['share']:.0f} % of measured trials share "
+        f"{p['name']} = {p['concentration']['label']}: its effect on the whole space is "
+        "barely estimable from this sample"
+        for p in concentrated
+    ]
+    if not concentrated:
+        return method, notes
+    if all(p["local_pairs"] >= LOCAL_MIN_PAIRS for p in varied):
+        notes.append(
+            "ranked by local effects: the time change of the search's own one-parameter "
+            f"moves (the {method} column reflects where the search looked)"
+        )
+        return "local", notes
+    notes.append(
+        f"too few one-parameter moves to rank by local effects: the {method} ranking "
+        "reflects where the search looked; a run with uniform draws (--technique "
+        "PureRandom) estimates effects over the whole space"
+    )
+    return method, notes
 
 
 def _forest(

@@ -190,7 +190,7 @@ def test_nothing_measured_or_one_value_gives_no_importance_but_counts():
     report = importance.analyse(rows, method="auto")
     assert report["measured"] == 0 and report["best"] is None and report["top"]["lines"] == []
     for p in report["parameters"]:
-        assert p["speed"] == {"variance": None, "eta2": None, "forest": None}
+        assert p["speed"] == {"variance": None, "eta2": None, "forest": None, "local": None}
     assert not report["forest"]["fitted"] and "measured" in report["forest"]["reason"]
     b = next(p for p in report["parameters"] if p["name"] == "b")
     assert b["values"][0]["trials"] == 6 and b["validity"]["variance"] is None

@@ -274,6 +274,7 @@ def tune(
         up_s = min(up_s, max(0.0, max_seconds - (time.monotonic() - clock_start)))
 
     where = f"{len(plan.devices)} local ({plan.description})" if plan.devices else plan.description
+    choice = None if resume is not None else _search_choice(url, settings, run_id)
     from tunefleet.text.output import args_text
 
     start = TuneProgress(
@@ -281,7 +282,7 @@ def tune(
         "start",
         f"{'resuming' if resume else 'tuning'} run {run_id}: {loaded.name or spec} "
         f"{args_text(_changed_args(loaded, problem_args))} on {plan.device_class}; "
-        f"workers: {where}",
+        f"workers: {where}" + (f"; {choice}" if choice else ""),
     )
     result, failure, raised, interrupts = _drive(
         coordinator, run_id, plan, settings, url, engine_db, worker_argv, show, start, up_s
@@ -293,6 +294,17 @@ def tune(
     if interrupts or result is None or result.state == RunState.STOPPED:
         raise TuneInterrupted(run_id)
     return _result(result, url, settings, coord_settings.confirm)
+
+
+def _search_choice(url: str, settings: DatabaseSettings, run_id: int) -> str | None:
+    """Why the new run searches its whole space (the coordinator chose the grid), or None."""
+    from tunefleet.db.engine import connect
+    from tunefleet.queries import report
+
+    with connect(url, settings) as conn:
+        run = report.run_row(conn, run_id)
+    choice = ((run or {}).get("search") or {}).get("choice")
+    return str(choice) if choice else None
 
 
 def _drive(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,11 @@ same on a fast and on a slow kernel. Two methods:
             alone (fANOVA-style first-order index); "interactions" is the rest. The
             forest's out-of-bag R^2 (the share of log time it predicts on configurations a
             tree did not see) says how far to trust it: near 0, not at all.
+  local     (always computed) the search's own one-parameter moves: over every pair of
+            measured configurations that differ in one parameter alone, the typical factor
+            by which that parameter's move changed the time. Where the search kept a
+            parameter at one value in most trials, the report says so (a note) and ranks by
+            this column: the two above then see little of that parameter's effect.
 
 Failures (invalid, failed, timed out: no time) are counted apart from slow configurations:
 per value its failure rate, per parameter a validity importance (the same between-value share
@@ -202,6 +208,8 @@ def text(data: Row) -> str:
         f"{data['trials']} finished configurations: {data['measured']} measured, "
         f"{data['invalid']} invalid, {data['failed']} failed, {data['timed_out']} timed out",
         method_line(data),
+        # Where the search looked: concentrated parameters, and what ranks them.
+        *[f"note: {n}" for n in data.get("notes", ())],
         "",
     ]
     rows = [
@@ -210,6 +218,7 @@ def text(data: Row) -> str:
             "k": len(p["values"]),
             "forest": p["speed"]["forest"],
             "variance": p["speed"]["variance"],
+            "local": p["speed"].get("local"),
             "validity": p["validity"]["variance"],
             "fast": _value_of(p, "fast"),
             "fails": _value_of(p, "fail"),
@@ -219,6 +228,8 @@ def text(data: Row) -> str:
     columns = [Column("PARAMETER", "name"), Column("VALUES", "k", right=True)]
     if fitted:
         columns.append(Column("SPEED (FOREST)", "forest", pct, right=True))
+    if data.get("ranked_by") == "local":
+        columns.append(Column("LOCAL EFFECT", "local", _factor, right=True))
     columns += [
         Column("SPEED (VARIANCE)", "variance", pct, right=True),
         Column("VALIDITY", "validity", pct, right=True),
@@ -282,6 +293,11 @@ def text(data: Row) -> str:
             )
         )
     return "\n".join(out)
+
+
+def _factor(effect: float | None) -> str:
+    """A local effect (mean absolute change of log time) as the time factor of one move."""
+    return "-" if effect is None else f"x{math.exp(effect):.2f}"
 
 
 def _value_row(v: Row) -> Row:
