@@ -443,5 +443,5 @@ def noise_text(best: Row) -> str | None:
         return None
     return (
         f"noisy: its samples' IQR/median is {100 * best['measured_noise']:.1f} % after every "
-        "launch the protocol allows (other load on the host? see the README on CPU timings)"
+        "launch the protocol allows (other load on the host? see docs/protocol.md on CPU timings)"
     )
