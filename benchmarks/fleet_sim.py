@@ -72,7 +72,7 @@ Server CPU and memory come from the PostgreSQL process tree (``/proc``: CPU over
 window, proportional and resident memory at its end); sessions from ``pg_stat_activity``.
 The load generator runs on the same machine: its CPU is reported beside the server's.
 
-    python benchmarks/fleet_sim.py                          # the table in the README
+    python benchmarks/fleet_sim.py                          # the table in docs/performance.md
     python benchmarks/fleet_sim.py --workers 20 --durations 0.5 --window 2 --no-ab
     python benchmarks/fleet_sim.py --cells 800:10:one,800:10:two-listen,800:10:pooled --no-ab
 

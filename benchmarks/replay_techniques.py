@@ -30,7 +30,7 @@ from tunefleet.recording import load
 
 PUBLISHED = Path(__file__).resolve().parent / "published"
 
-#: Replayed to the largest budget: the README's table.
+#: Replayed to the largest budget: the table in docs/tuning.md.
 LONG = (DEFAULT_TECHNIQUE, "AUCBanditMetaTechniqueA", "PureRandom")
 #: Replayed to 300 evaluations: the other candidates.
 #: (OpenTuner's PatternSearch, alone or in AUCBanditMetaTechniqueC, converges within a few

@@ -51,7 +51,7 @@ from .mapping import SpaceMapping
 _log = logging.getLogger(__name__)
 
 #: The search a run uses unless told otherwise: the best of the techniques compared by
-#: replaying recorded spaces (benchmarks/replay_techniques.py; the README's table).
+#: replaying recorded spaces (benchmarks/replay_techniques.py; the table in docs/tuning.md).
 DEFAULT_TECHNIQUE = "NeighbourhoodSearch"
 
 

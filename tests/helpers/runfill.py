@@ -3,7 +3,7 @@
 Two runs of one problem on two device classes (a CPU class served by two workers, a GPU class
 served by one), trials in every state with measurements, generated code, attempts and
 timestamps spread over ten minutes, so the read side (status, best, show, export, plot and
-the README's SQL) has something real to read. Rows are written the way the worker and the
+the SQL of docs/sql.md) has something real to read. Rows are written the way the worker and the
 coordinator write them: the trial keeps its lease owner after it finishes, a measurement
 carries the run, device and worker, every claim leaves an attempt row.
 """

@@ -388,7 +388,7 @@ Index("measurement_cache_idx", measurement.c.cache_key, measurement.c.config_has
 Index("measurement_run_idx", measurement.c.run_id)
 
 
-# --- Views: the SQL people type. Created by the migrations, documented in the README. -------
+# --- Views: the SQL people type. Created by the migrations, documented in docs/sql.md. ------
 
 VIEWS: dict[str, str] = {
     # What the search found: one row per finished search trial (done, invalid, failed,

@@ -470,5 +470,5 @@ def noise_text(best: Row) -> str | None:
     return (
         f"noisy: the search measurement's IQR/median is {100 * best['measured_noise']:.2f} % "
         "after every "
-        "launch the protocol allows (other load on the host? see the README on CPU timings)"
+        "launch the protocol allows (other load on the host? see docs/protocol.md on CPU timings)"
     )

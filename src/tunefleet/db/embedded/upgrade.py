@@ -104,7 +104,7 @@ def carry_forward(
             settings["ctype"],
             *(["--data-checksums"] if settings["checksums"] else _no_checksums(new)),
         )
-        # The user's access rules (README: narrow them to a subnet) come along.
+        # The user's access rules (docs/cluster.md: narrow them to a subnet) come along.
         shutil.copyfile(directory.data_dir / "pg_hba.conf", new_dir / "pg_hba.conf")
         sock = directory._prepare_socket_dir()
         directory._run(
