@@ -134,8 +134,9 @@ def _run(args: argparse.Namespace) -> int:
         "evals": list(budgets),
         "techniques": {},
     }
+    held = "configurations" if landscape else "recorded configurations"
     print(
-        f"{source}: {problem}, {recorded} recorded configurations, "
+        f"{source}: {problem}, {recorded} {held}, "
         f"best {best:.6g} s; {args.seeds} seeds, {args.workers} worker(s)"
     )
     head = [

@@ -80,4 +80,5 @@ def test_a_bad_landscape_source_or_setting_is_one_line(capsys):
 def test_the_replay_command_takes_a_landscape(capsys):
     assert main(["replay", "landscape:1", "--seeds", "2", "--evals", "10,20"]) == 0
     out = capsys.readouterr().out
-    assert "landscape:1" in out and "NeighbourhoodSearch" in out
+    assert "landscape:1: gemm, 567000 configurations" in out
+    assert "NeighbourhoodSearch" in out
