@@ -24,7 +24,7 @@ outcomes since the best last improved by 1 % reach ``stall`` (30): the model can
 narrow basin it has no sample near, so a search stuck in a broad one looks elsewhere. On
 the deceptive landscapes of :mod:`.landscape` (benchmarks/search_quality.py, 10 runs of 300
 evaluations) 7 of 10 runs at 1 worker and 10 of 10 at 16 ended within 5 % of the optimum
-(without the rising share: 2 of 6 at 1 worker; the default technique: 6 and 3 of 10).
+(the default technique: 6 and 3 of 10).
 Parameter effects stay estimable for the same reason.
 
 Configurations are encoded as the index of each parameter's value (OpenTuner's parameters
