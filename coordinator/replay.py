@@ -35,18 +35,32 @@ import random
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from tunefleet.errors import InvalidConfiguration, ProblemError
 from tunefleet.recording import Recording, Row
-from tunefleet.space import Bool, Choice, Config, IntRange, PowerOfTwo, config_hash
+from tunefleet.space import Bool, Choice, Config, IntRange, PowerOfTwo, Space, config_hash
 
 from .tuner import Tuner
 
 #: Whether a configuration passes the problem's device-free rules.
 Rules = Callable[[Config], bool]
+
+
+class Oracle(Protocol):
+    """What a replay asks of a space: a recording's :class:`Answers`, or a device-free
+    :class:`~.landscape.Landscape` that answers every configuration from a formula."""
+
+    @property
+    def space(self) -> Space: ...
+
+    def legal(self, config: Config, key: str | None = None) -> bool: ...
+
+    def answer(self, config: Config) -> tuple[Row, bool]: ...
+
+    def cost_s(self, row: Row) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -87,6 +101,10 @@ class Answers:
         known = [r.worker_s for r in recording.rows if r.worker_s is not None]
         #: Seconds of a configuration recorded without its cost (a build that failed early).
         self.unknown_cost_s = statistics.median(known) if known else 1.0
+
+    @property
+    def space(self) -> Space:
+        return self.recording.space
 
     def _encode(self, config: Config) -> list[int]:
         names = self.recording.space.names()
@@ -163,7 +181,7 @@ class _Busy:
 
 
 def replay(
-    answers: Answers,
+    answers: Oracle,
     techniques: Sequence[str] = (),
     *,
     seed: int,
@@ -171,8 +189,7 @@ def replay(
     workers: int = 1,
 ) -> Curve:
     """Replay one seeded search of ``evaluations`` evaluations (see the module docstring)."""
-    recording = answers.recording
-    space = recording.space
+    space = answers.space
     tuner = Tuner(space, techniques, seed=seed)
     draws = random.Random(seed)
     outcomes: dict[str, float | None] = {}
@@ -243,7 +260,7 @@ def replay(
 
 
 def _draw(
-    space: Any, answers: Answers, outcomes: dict[str, float | None], rng: random.Random
+    space: Any, answers: Oracle, outcomes: dict[str, float | None], rng: random.Random
 ) -> Config | None:
     for _ in range(10_000):
         config = space.sample(rng)

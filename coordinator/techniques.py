@@ -25,6 +25,7 @@ Registered names (usable with ``--technique``):
 ``NeighbourhoodMix``          elite 5, and 4 proposals in 10 between two of the elite
 ``NeighbourhoodBandit``       OpenTuner's AUC bandit over NeighbourhoodSearch and uniform draws
 ``NeighbourhoodBanditDE``     the bandit with differential evolution and greedy mutation too
+``ModelSearch``               expected improvement on a learned model (:mod:`.model_search`)
 
 Every random draw goes through the ``random`` module, which :class:`~.tuner.Tuner` swaps for
 the run's own generator, so a seeded search repeats exactly.
@@ -40,6 +41,8 @@ from opentuner.search import differentialevolution, evolutionarytechniques
 from opentuner.search.bandittechniques import AUCBanditMetaTechnique
 from opentuner.search.manipulator import BooleanParameter, EnumParameter, NumericParameter
 from opentuner.search.technique import PureRandom, SearchTechnique, register
+
+from .model_search import ModelSearch
 
 #: How many fresh proposals one call tries before it falls back to a uniform draw.
 _TRIES = 24
@@ -190,3 +193,4 @@ register(
         name="NeighbourhoodBanditDE",
     )
 )
+register(ModelSearch(name="ModelSearch"))

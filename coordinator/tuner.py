@@ -78,6 +78,7 @@ with _quiet():
 
     from . import grid_technique as _grid_technique  # noqa: F401  (registers ``grid``)
     from . import techniques as _own_techniques  # noqa: F401  (registers them by name)
+    from .model_search import MODEL_TECHNIQUES, require_model
 # Importing OpenTuner replaces logging.Formatter process-wide; put it back.
 logging.Formatter = _formatter  # type: ignore[misc]
 # Its logging setup writes ``opentuner.log`` into the working directory: never run it.
@@ -138,6 +139,9 @@ def check_techniques(names: Sequence[str]) -> tuple[str, ...]:
     unknown = [n for n in names if n not in known]
     if unknown:
         raise UsageError(f"unknown search technique {unknown[0]!r}; use one of {', '.join(known)}")
+    for name in names:
+        if name in MODEL_TECHNIQUES:
+            require_model(name)  # a missing scikit-learn is named now, not mid-run
     return tuple(names)
 
 
