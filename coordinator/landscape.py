@@ -43,6 +43,7 @@ from typing import Any
 from tunefleet.errors import InvalidConfiguration, UsageError
 from tunefleet.recording import Row
 from tunefleet.space import Bool, Choice, Config, IntRange, Param, PowerOfTwo, Space, config_hash
+from tunefleet.vocabulary import TrialState
 
 #: Prefix of a replay source naming a landscape variant (``landscape:3``).
 SOURCE_PREFIX = "landscape:"
@@ -206,7 +207,7 @@ class Landscape:
         """Every configuration is answered by itself (nothing is ever missing)."""
         h = config_hash(config)
         cost = 1.0 + _unit(h, f"cost-{self.settings.variant}")
-        row = Row(dict(config), "done", self.seconds(config), 0.8 * cost, 0.2 * cost)
+        row = Row(dict(config), TrialState.DONE, self.seconds(config), 0.8 * cost, 0.2 * cost)
         return row, True
 
     def cost_s(self, row: Row) -> float:
