@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from typing import Any
 
 from tunefleet import agreement
@@ -18,7 +17,6 @@ from tunefleet.errors import UsageError
 from tunefleet.options import flags
 from tunefleet.options.args import add_problem_flags, raw_problem_args
 from tunefleet.options.db import add_db_flag, add_wait_flag, wait_for_db_s
-from tunefleet.stopping import StopRule
 
 #: Flags that describe a new run, refused together with --resume.
 _NEW_RUN_FLAGS = {
@@ -109,7 +107,6 @@ def _coordinator(args: argparse.Namespace) -> int:
 
     from tunefleet.db.resolve import database_url
     from tunefleet.settings import DatabaseSettings
-    from tunefleet.text.progress import ProgressReader
 
     db = DatabaseSettings.build(
         args.db, wait_s=wait_for_db_s(args), application_name="tunefleet-coordinator"
@@ -118,31 +115,24 @@ def _coordinator(args: argparse.Namespace) -> int:
 
     from .create import create_run
     from .engine import Coordinator, Progress
+    from .session import SearchSession
 
     coordinator = Coordinator(settings, url, clock_start=clock_start)
     run_id = settings.resume if settings.resume is not None else create_run(settings, url)
     if settings.resume is None:
         print(f"created run {run_id}", file=sys.stderr, flush=True)
 
-    last = [0.0]
-    reader = ProgressReader(db, url, run_id)
-
-    def progress(p: Progress) -> None:
-        now = time.monotonic()
-        if now - last[0] < 2.0:
-            return
-        last[0] = now
-        line = reader.line(p.unserved)
+    def show(line: str | None, p: Progress) -> None:
         if line is not None:
             print(line, file=sys.stderr, flush=True)
 
-    # The stop rule of `tune` (tunefleet.stopping): the first signal stops the run cleanly, a
-    # second one ends a stop that hangs, exit 130 (`tunefleet: interrupted`).
+    # Driven as `tune` drives its search (one implementation): a second signal ends a stop
+    # that hangs, exit 130 (`tunefleet: interrupted`).
+    session = SearchSession(coordinator, run_id, db, url, every_s=2.0)
     try:
-        with StopRule(coordinator.request_stop):
-            result = coordinator.run(run_id, progress_callback=progress)
+        result = session.run(show)
     finally:
-        reader.close()
+        session.close()
     from .rules import STOP_REASONS
 
     why = STOP_REASONS.get(result.stop_reason, result.stop_reason)

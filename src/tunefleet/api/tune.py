@@ -44,7 +44,6 @@ from tunefleet.api.read import BestTrial, best_trial
 from tunefleet.errors import RunError, TunefleetError, TuneInterrupted, UsageError
 from tunefleet.options.flags import MAX_COUNT, MAX_ID
 from tunefleet.settings import DatabaseSettings, home_dir
-from tunefleet.stopping import StopRule
 from tunefleet.vocabulary import RunState
 
 if TYPE_CHECKING:
@@ -322,26 +321,21 @@ def _drive(
     """Say ``start``, start the workers, drive the search, stop everything: (result, why every
     local worker exited, what the progress callback raised, how many stop signals came). What
     the callback raises stops the run as Ctrl-C does: the run ends ``stopped``, resumable."""
+    from tunefleet.coordinator.session import SearchSession
     from tunefleet.db.engine import connect
-    from tunefleet.text.progress import ProgressReader, progress_line
+    from tunefleet.text.progress import progress_line
 
     workers = LocalWorkers(url, home_dir() / "logs" / f"run-{run_id}")
     failure: list[str] = []
     raised: list[BaseException] = []
-    # Ctrl-C, `kill`, a batch system's TERM or a closed terminal: the one stop rule.
-    stop_rule = StopRule(coordinator.request_stop)
     interrupts = 0
+    # The search is driven as `tunefleet coordinator` drives it (one implementation, with the
+    # one stop rule); this door adds its local workers and its display.
+    session = SearchSession(coordinator, run_id, settings, url, every_s=0.5)
 
-    reader = ProgressReader(settings, url, run_id)
-    last_poll = 0.0
-
-    def on_progress(p: Any) -> None:
-        nonlocal last_poll
-        now = time.monotonic()
-        if raised or now - last_poll < 0.5:
+    def on_tick(line: str | None, p: Any) -> None:
+        if raised:
             return
-        last_poll = now
-        line = reader.line(p.unserved)
         if line is not None:
             try:
                 show(_progress(run_id, RunState.RUNNING, line, p))
@@ -358,27 +352,28 @@ def _drive(
 
     result = None
     with connect(url, settings) as conn:
+
+        def before() -> None:
+            try:
+                show(start)
+            except BaseException as exc:  # the caller's code: the run stops before it starts
+                raised.append(exc)
+                coordinator.request_stop()
+            if not raised:
+                workers.start(plan.devices, worker_argv)
+                workers.wait_registered(conn, up_s, give_up=lambda: session.signals > 0)
+
         try:
-            with stop_rule:
-                try:
-                    show(start)
-                except BaseException as exc:  # the caller's code: the run stops before it starts
-                    raised.append(exc)
-                    coordinator.request_stop()
-                if not raised:
-                    workers.start(plan.devices, worker_argv)
-                    workers.wait_registered(conn, up_s, give_up=lambda: stop_rule.count > 0)
-                result = coordinator.run(run_id, progress_callback=on_progress)
+            result = session.run(on_tick, before)
         except KeyboardInterrupt:
             interrupts = 1
         finally:
-            interrupts = max(interrupts, stop_rule.count)
+            interrupts = max(interrupts, session.signals)
             timed_out = result is not None and result.cut is not None
             workers.stop(BUDGET_STOP_S if timed_out else 30.0)
             cancel_leftovers(url, engine_db, run_id)
-    row = reader.row()
+    row = session.final_row()
     line = None if row is None else progress_line(row)
-    reader.close()
     if line is not None:
         try:
             show(
