@@ -29,7 +29,11 @@ from tunefleet.coordinator.engine import Coordinator, Progress, RunResult
 from tunefleet.coordinator.settings import CoordinatorSettings
 from tunefleet.errors import ProblemError, RunError, UsageError
 from tunefleet.problems.synthetic import OPTIMUM
+from tunefleet.queries import dashboard as dashboard_queries
+from tunefleet.queries import report
 from tunefleet.space import config_hash
+from tunefleet.text.output import finished_count
+from tunefleet.text.output import trial_counts as trial_counts_text
 
 FAULTY = {"duration": 0.005, "invalid_rate": 0.15, "seed": 3}
 
@@ -454,6 +458,15 @@ def test_configurations_the_problem_rules_out_never_reach_a_worker(db_url, db, t
     # What the rules rejected cost no evaluation: the 40 of the budget were all measured.
     measured = [r for r in rows if r["claims"] == 1 and r["state"] in ("done", "invalid")]
     assert len(measured) >= 40
+    # ...and every report counts the budget the same way, the rejected ones apart (a
+    # 20-trial run once read "21/20 finished" with one of them counted in).
+    progress = report.run_progress(db, result.run_id)
+    assert progress is not None and progress["ruled_out"] == len(ruled_out)
+    assert finished_count(progress) == result.trials
+    assert trial_counts_text(progress).startswith(f"{result.trials}/40 finished ("), progress
+    assert trial_counts_text(progress).endswith(f", {len(ruled_out)} ruled out by the rules")
+    summary = dashboard_queries.run_summary(db, result.run_id)
+    assert summary is not None and summary["ruled_out"] == len(ruled_out)
 
 
 @pytest.mark.parametrize(

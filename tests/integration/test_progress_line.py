@@ -15,7 +15,10 @@ from tunefleet.text.progress import ProgressReader
 
 def _finish(db: psycopg.Connection[Any], trial_id: int, state: str, median_s: float = 0) -> None:
     db.execute(
-        "UPDATE tunefleet.trial SET state = %s, finished_at = now(), reported = true WHERE id = %s",
+        # attempt 1: a worker claimed it (an invalid trial no worker saw is a rule rejection,
+        # counted apart from the budget)
+        "UPDATE tunefleet.trial SET state = %s, attempt = 1, finished_at = now(), reported = true"
+        " WHERE id = %s",
         (state, trial_id),
     )
     if median_s:

@@ -86,7 +86,10 @@ def _runs(conn: Conn, *, run_id: int | None, limit: int) -> list[Row]:
                                     WHERE a.worker_id = w.worker_id AND a.run_id = p.run_id))
                  AS live_workers,
                (SELECT count(*) FROM tunefleet.standing_aside a WHERE a.run_id = p.run_id)
-                 AS standing_aside
+                 AS standing_aside,
+               (SELECT count(*) FROM tunefleet.results x
+                 WHERE x.run_id = p.run_id AND x.state = 'invalid' AND x.attempt = 0
+                   AND x.source <> 'cache') AS ruled_out
           FROM tunefleet.run_progress p
           JOIN tunefleet.run_settings s ON s.run_id = p.run_id
          WHERE (%(run_id)s::bigint IS NULL OR p.run_id = %(run_id)s::bigint)
@@ -100,7 +103,9 @@ def _runs(conn: Conn, *, run_id: int | None, limit: int) -> list[Row]:
 def list_runs(conn: Conn, *, limit: int = 200) -> list[Row]:
     """The newest ``limit`` runs with their progress (counts per state, best GFLOP/s so far,
     evaluations per minute), arguments, protocol, budget and the live workers able to serve
-    each (active, a fresh heartbeat, the run's device class, not standing aside from it).
+    each (active, a fresh heartbeat, the run's device class, not standing aside from it);
+    ``ruled_out``: the invalid ones no worker ever saw (the problem's rules rejected them:
+    they cost no evaluation, so ``--max-trials`` does not count them).
 
     Read-only, no locks."""
     return _runs(conn, run_id=None, limit=limit)

@@ -122,23 +122,34 @@ def best_mark(status: str | None) -> str:
 
 
 def finished_count(p: Mapping[str, Any]) -> int:
-    """Search trials of a ``run_progress`` row that finished, whatever their verdict: what
-    ``--max-trials`` counts."""
-    return sum(int(p.get(str(s)) or 0) for s in FINISHED_TRIAL_STATES)
+    """Search trials of a ``run_progress`` row that finished, whatever their verdict, less
+    those the problem's rules rejected before any worker saw them: what ``--max-trials``
+    counts."""
+    finished = sum(int(p.get(str(s)) or 0) for s in FINISHED_TRIAL_STATES)
+    return finished - ruled_out_count(p)
+
+
+def ruled_out_count(p: Mapping[str, Any]) -> int:
+    """Configurations the problem's rules rejected (free: no worker, no budget)."""
+    return int(p.get("ruled_out") or 0)
 
 
 def trial_counts(p: Mapping[str, Any]) -> str:
     """A run's search trials as every report writes them (a ``run_progress`` row):
-    ``6/20 finished (3 done, 1 invalid, 1 failed, 1 timed out)``. ``--max-trials`` counts
-    search trials that finished, whatever their verdict, so the budget reads off the first
-    figure; re-measurements of the best are extra and never counted here
-    (:func:`remeasured_text`)."""
+    ``6/20 finished (3 done, 1 invalid, 1 failed, 1 timed out), 2 ruled out by the rules``.
+    ``--max-trials`` counts search trials that finished, whatever their verdict, so the
+    budget reads off the first figure; configurations the rules rejected before any worker
+    saw them cost no evaluation and are counted apart (a 20-trial run showed "21/20
+    finished" when one was counted in); re-measurements of the best are extra and never
+    counted here (:func:`remeasured_text`)."""
     finished = finished_count(p)
+    ruled_out = ruled_out_count(p)
     budget = f"/{p['max_trials']}" if p.get("max_trials") else ""
     timed_out = f", {p['timed_out']} timed out" if p.get("timed_out") else ""
+    apart = f", {ruled_out} ruled out by the rules" if ruled_out else ""
     return (
-        f"{finished}{budget} finished ({p['done']} done, {p['invalid']} invalid, "
-        f"{p['failed']} failed{timed_out})"
+        f"{finished}{budget} finished ({p['done']} done, {int(p['invalid']) - ruled_out} "
+        f"invalid, {p['failed']} failed{timed_out}){apart}"
     )
 
 

@@ -76,7 +76,9 @@ function configText(c) {
   return Object.entries(c || {}).map(([k, v]) => `${k}=${JSON.stringify(v)}`).join(", ");
 }
 function failedAll(r) { return (r.invalid || 0) + (r.failed || 0) + (r.timed_out || 0); }
-function finished(r) { return (r.done || 0) + failedAll(r); }
+// What --max-trials counts: configurations the rules rejected before any worker saw them
+// (ruled_out, inside invalid) cost no evaluation.
+function finished(r) { return (r.done || 0) + failedAll(r) - (r.ruled_out || 0); }
 
 class ApiError extends Error {
   constructor(status, message) { super(message); this.status = status; }
