@@ -9,7 +9,8 @@ configurations, its rules, a broad deceptive basin at 0.82 of a known optimum), 
            fraction of the optimum's speed found within each budget of ``--evals``.
 ``basin``  the deceptive-basin criterion: ``--basin-runs`` independent runs (run ``r``:
            variant ``r``, seed ``r``) of ``--basin-evals`` evaluations at each of
-           ``--basin-workers``, per technique of ``--basin-techniques``: how many end within
+           ``--basin-workers`` (from run ``--basin-first`` on, 0 unless given), per technique
+           of ``--basin-techniques``: how many end within
            5 % of the optimum (fraction >= 0.95), and how many in the basin (<= 0.83).
 
 Prints both tables and writes JSON (``seconds``: what the whole run took).
@@ -63,6 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--basin-techniques", default=f"{DEFAULT_TECHNIQUE},ModelSearch")
     p.add_argument("--basin-workers", default="1,16")
     p.add_argument("--basin-runs", type=int, default=10)
+    p.add_argument(
+        "--basin-first", type=int, default=0, help="the first basin run's variant and seed"
+    )
     p.add_argument("--basin-evals", type=int, default=300)
     p.add_argument("--parts", default="fleet,basin", help="fleet, basin or both")
     p.add_argument("--out", default=None)
@@ -120,7 +124,7 @@ def basin(args: argparse.Namespace, landscapes: Landscapes) -> tuple[dict[str, A
     for technique in check_techniques([t for t in args.basin_techniques.split(",") if t]):
         for workers in _ints(args.basin_workers):
             finals = []
-            for run in range(args.basin_runs):
+            for run in range(args.basin_first, args.basin_first + args.basin_runs):
                 land = landscapes(run)
                 curve: Curve = replay(
                     land, [technique], seed=run, evaluations=args.basin_evals, workers=workers
@@ -144,7 +148,12 @@ def basin(args: argparse.Namespace, landscapes: Landscapes) -> tuple[dict[str, A
             )
             print(rows[-1], flush=True)
     headers = ["technique", "workers", "within 5 %", "<= 0.83 (basin or worse)", "final fractions"]
-    return {"runs": args.basin_runs, "evals": args.basin_evals, "techniques": cells}, [
+    return {
+        "runs": args.basin_runs,
+        "first": args.basin_first,
+        "evals": args.basin_evals,
+        "techniques": cells,
+    }, [
         headers,
         rows,
     ]
