@@ -186,6 +186,8 @@ class ModelSearch(SearchTechnique):  # type: ignore[misc]
         self._validity: Any = None
         # (outcomes known, fitted at), candidate pool, its scores, its chance of validity.
         self._scored: tuple[tuple[int, int], np.ndarray, np.ndarray, np.ndarray] | None = None
+        # Every triple of varied parameters with its mixed radix (the space never changes).
+        self._all_triples: list[tuple[tuple[int, int, int], np.ndarray]] | None = None
 
     @classmethod
     def get_hyper_parameters(cls) -> list[str]:
@@ -283,8 +285,7 @@ class ModelSearch(SearchTechnique):  # type: ignore[misc]
         pool = rng.integers(0, enc.sizes, size=(256, d))
         seen = np.array([*self._rows, *self._pending.values()], dtype=np.int64).reshape(-1, d)
         score = rng.random(len(pool)) * 1e-3  # ties broken at random
-        for combo in self._triples(enc, rng):
-            radix = np.array([int(np.prod(enc.sizes[list(combo[i + 1 :])])) for i in range(3)])
+        for combo, radix in self._triples(enc, rng):
             covered = np.isin(pool[:, combo] @ radix, seen[:, combo] @ radix)
             score += ~covered
         valid = np.ones(len(pool))
@@ -299,15 +300,20 @@ class ModelSearch(SearchTechnique):  # type: ignore[misc]
         order = np.lexsort((-valid, -score))
         return [pool[i] for i in order[:_TRIES]]
 
-    def _triples(self, enc: _Encoding, rng: np.random.Generator) -> list[tuple[int, int, int]]:
-        """Triples of parameters with more than one value (at most ``_MAX_TRIPLES`` of them,
-        drawn afresh each time, so a space of many parameters stays cheap)."""
-        varied = [j for j in range(len(enc.sizes)) if enc.sizes[j] > 1]
-        triples = [
-            c
-            for c in itertools.combinations(varied, 3)
-            if math.prod(int(enc.sizes[j]) for j in c) < 2**62
-        ]
+    def _triples(
+        self, enc: _Encoding, rng: np.random.Generator
+    ) -> list[tuple[tuple[int, int, int], np.ndarray]]:
+        """Triples of parameters with more than one value, each with the mixed radix that
+        codes its values as one integer (at most ``_MAX_TRIPLES`` of them, drawn afresh each
+        time, so a space of many parameters stays cheap). The full list is built once."""
+        if self._all_triples is None:
+            varied = [j for j in range(len(enc.sizes)) if enc.sizes[j] > 1]
+            self._all_triples = [
+                (c, np.array([math.prod(int(enc.sizes[j]) for j in c[i + 1 :]) for i in range(3)]))
+                for c in itertools.combinations(varied, 3)
+                if math.prod(int(enc.sizes[j]) for j in c) < 2**62
+            ]
+        triples = self._all_triples
         if len(triples) > _MAX_TRIPLES:
             picked = rng.choice(len(triples), size=_MAX_TRIPLES, replace=False)
             triples = [triples[i] for i in sorted(picked)]
