@@ -550,9 +550,7 @@ class _Session:
         time budget in silence; notice too when a worker turns up that can."""
         if self.live_workers or not self.flights:
             if self.unserved is not None:
-                _log.warning(
-                    "run %d: %d worker(s) can serve it again", self.run_id, self.live_workers
-                )
+                _log.info("run %d: %d worker(s) can serve it again", self.run_id, self.live_workers)
             self.unserved, self._unserved_since = None, None
             return
         if self._unserved_since is None:
@@ -573,7 +571,9 @@ class _Session:
         else:
             return
         if self.unserved is None:
-            _log.warning(
+            # Info, not a warning: every door's progress line carries ``unserved`` already,
+            # and `tune`, whose local workers all stand aside, stops with one error line.
+            _log.info(
                 "nobody can serve run %d: %s; start a worker whose environment runs its "
                 "problem (a worker joining later picks the run up)",
                 self.run_id,
