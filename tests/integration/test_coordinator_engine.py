@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+import tunefleet
 from tests.helpers.coordinator import (
     OPTIMUM_GFLOPS,
     fleet,
@@ -467,6 +468,26 @@ def test_configurations_the_problem_rules_out_never_reach_a_worker(db_url, db, t
     assert trial_counts_text(progress).endswith(f", {len(ruled_out)} ruled out by the rules")
     summary = dashboard_queries.run_summary(db, result.run_id)
     assert summary is not None and summary["ruled_out"] == len(ruled_out)
+    (api_run,) = [r for r in tunefleet.runs(db=db_url) if r.run_id == result.run_id]
+    assert api_run.ruled_out == len(ruled_out)
+    # Plain SQL says the same: results flags each rejected row, run_progress counts them and
+    # leaves them out of its evaluations per minute (finished, so its clock has stopped).
+    flagged = db.execute(
+        "SELECT count(*) FILTER (WHERE ruled_out) AS n, count(*) AS finished "
+        "FROM tunefleet.results WHERE run_id = %s",
+        (result.run_id,),
+    ).fetchone()
+    assert flagged["n"] == len(ruled_out)
+    view = db.execute(
+        "SELECT ruled_out, invalid, evaluations_per_minute, "
+        "greatest(extract(epoch FROM elapsed) / 60.0, 1e-9) AS minutes "
+        "FROM tunefleet.run_progress WHERE run_id = %s",
+        (result.run_id,),
+    ).fetchone()
+    assert view["ruled_out"] == len(ruled_out) and view["invalid"] >= len(ruled_out)
+    assert float(view["evaluations_per_minute"]) == pytest.approx(
+        (flagged["finished"] - len(ruled_out)) / float(view["minutes"]), rel=1e-9
+    )
 
 
 @pytest.mark.parametrize(

@@ -79,6 +79,9 @@ class RunSummary:
     target_gflops: float | None
     best_status: str | None = None
     best_trial_id: int | None = None
+    #: How many of ``invalid`` the problem's rules rejected before any worker saw them
+    #: (they cost no evaluation; ``max_trials`` does not count them).
+    ruled_out: int = 0
 
 
 @dataclass(frozen=True)

@@ -396,7 +396,10 @@ VIEWS: dict[str, str] = {
     # it was measured, flat (scalars only: no samples, code or protocol) so that it loads into
     # a spreadsheet or a data frame as it is. `tunefleet export` writes it (plus the raw
     # samples), the dashboard pages through it and sums its failures. `trial_details` is the
-    # wide view of any one trial.
+    # wide view of any one trial. ``ruled_out``: an invalid trial the problem's own rules
+    # rejected before any worker saw it (never claimed, not a verdict of the cache); it cost
+    # the run no evaluation and --max-trials does not count it. The one definition of the
+    # term: run_progress counts these rows.
     "results": """
 SELECT t.run_id,
        t.id AS trial_id,
@@ -422,7 +425,8 @@ SELECT t.run_id,
        t.started_at,
        t.finished_at,
        n.noise,
-       n.noise > (m.protocol ->> 'noise_limit')::double precision AS noisy
+       n.noise > (m.protocol ->> 'noise_limit')::double precision AS noisy,
+       t.state = 'invalid' AND t.attempt = 0 AND t.source <> 'cache' AS ruled_out
   FROM tunefleet.trial t
   JOIN tunefleet.run r ON r.id = t.run_id
   LEFT JOIN tunefleet.measurement m ON m.trial_id = t.id
@@ -579,7 +583,9 @@ SELECT DISTINCT ON (m.problem, m.problem_args, d.device_class)
     # ``best_status`` says which: ``confirmed`` (re-measured and in agreement),
     # ``not reproduced`` (its re-measurement disagreed, built other code or failed: the
     # figures are the re-measurement's where there is one), ``unconfirmed`` (measured once
-    # so far); NULL before a successful trial.
+    # so far); NULL before a successful trial. ``invalid`` counts every invalid search
+    # trial, ``ruled_out`` those of them the rules rejected before any worker saw them
+    # (``results.ruled_out``); ``evaluations_per_minute`` leaves those out.
     "run_progress": """
 SELECT a.run_id,
        a.name,
@@ -600,14 +606,15 @@ SELECT a.run_id,
        CASE WHEN b.confirmed THEN b.confirmed_median_s ELSE b.median_s END AS best_median_s,
        a.created_at,
        a.elapsed,
-       a.evaluations_per_minute,
+       (a.finished - a.ruled_out) / a.minutes AS evaluations_per_minute,
        a.confirmed,
        a.confirming,
        CASE WHEN b.trial_id IS NULL THEN NULL
             WHEN b.confirmed AND b.disagrees = false THEN 'confirmed'
             WHEN b.disagrees THEN 'not reproduced'
             ELSE 'unconfirmed' END AS best_status,
-       b.trial_id AS best_trial_id
+       b.trial_id AS best_trial_id,
+       a.ruled_out
   FROM (SELECT r.id AS run_id,
                r.name,
                r.problem,
@@ -626,8 +633,11 @@ SELECT a.run_id,
                r.created_at,
                coalesce(r.finished_at, now()) - r.created_at AS elapsed,
                count(t.id) FILTER (WHERE t.state IN ('done', 'invalid', 'failed', 'timed_out'))
-                 / greatest(extract(epoch FROM coalesce(r.finished_at, now()) - r.created_at)
-                            / 60.0, 1e-9) AS evaluations_per_minute,
+                 AS finished,
+               greatest(extract(epoch FROM coalesce(r.finished_at, now()) - r.created_at)
+                        / 60.0, 1e-9) AS minutes,
+               (SELECT count(*) FROM tunefleet.results x WHERE x.run_id = r.id AND x.ruled_out)
+                 AS ruled_out,
                (SELECT count(*) FROM tunefleet.trial c
                  WHERE c.run_id = r.id AND c.purpose = 'confirm'
                    AND c.state IN ('done', 'invalid', 'failed', 'timed_out')) AS confirmed,

@@ -73,7 +73,7 @@ def _runs(conn: Conn, *, run_id: int | None, limit: int) -> list[Row]:
                p.cancelled, p.cached, p.best_gflops, p.best_median_s, p.created_at,
                extract(epoch FROM p.elapsed)::float8 AS elapsed_s,
                p.evaluations_per_minute::float8 AS evaluations_per_minute,
-               p.confirmed, p.confirming, p.best_status, p.best_trial_id,
+               p.confirmed, p.confirming, p.best_status, p.best_trial_id, p.ruled_out,
                s.problem_args, s.protocol, s.search, s.max_trials, s.max_seconds,
                s.target_gflops, s.patience, s.finished_at,
                extract(epoch FROM now() - s.coordinator_heartbeat_at)::float8
@@ -86,10 +86,7 @@ def _runs(conn: Conn, *, run_id: int | None, limit: int) -> list[Row]:
                                     WHERE a.worker_id = w.worker_id AND a.run_id = p.run_id))
                  AS live_workers,
                (SELECT count(*) FROM tunefleet.standing_aside a WHERE a.run_id = p.run_id)
-                 AS standing_aside,
-               (SELECT count(*) FROM tunefleet.results x
-                 WHERE x.run_id = p.run_id AND x.state = 'invalid' AND x.attempt = 0
-                   AND x.source <> 'cache') AS ruled_out
+                 AS standing_aside
           FROM tunefleet.run_progress p
           JOIN tunefleet.run_settings s ON s.run_id = p.run_id
          WHERE (%(run_id)s::bigint IS NULL OR p.run_id = %(run_id)s::bigint)
@@ -104,8 +101,8 @@ def list_runs(conn: Conn, *, limit: int = 200) -> list[Row]:
     """The newest ``limit`` runs with their progress (counts per state, best GFLOP/s so far,
     evaluations per minute), arguments, protocol, budget and the live workers able to serve
     each (active, a fresh heartbeat, the run's device class, not standing aside from it);
-    ``ruled_out``: the invalid ones no worker ever saw (the problem's rules rejected them:
-    they cost no evaluation, so ``--max-trials`` does not count them).
+    ``ruled_out`` (the view's): the invalid ones no worker ever saw (the problem's rules
+    rejected them: they cost no evaluation, so ``--max-trials`` does not count them).
 
     Read-only, no locks."""
     return _runs(conn, run_id=None, limit=limit)

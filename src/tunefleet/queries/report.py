@@ -49,9 +49,8 @@ def list_runs(conn: Conn, *, limit: int | None = None, only_active: bool = False
 
 def run_progress(conn: Conn, run_id: int) -> Row | None:
     """One run's progress counters (``run_progress`` view plus budget), or ``None``.
-    ``ruled_out``: the search trials the problem's rules rejected before any worker saw them
-    (invalid, never claimed, not a cache copy: the coordinator's own test of what cost no
-    evaluation), counted inside ``invalid`` by the view.
+    ``ruled_out`` (the view's): the search trials the problem's rules rejected before any
+    worker saw them, counted inside ``invalid``; they cost no evaluation.
 
     Read-only, no locks; cheap enough to poll once a second during ``tunefleet tune``."""
     rows = _runs(conn, run_id=run_id, only_active=False, limit=1)
@@ -70,9 +69,6 @@ def _runs(conn: Conn, *, run_id: int | None, only_active: bool, limit: int | Non
                  AS coordinator_age_s,
                (SELECT count(*) FROM tunefleet.stand_aside s WHERE s.run_id = p.run_id)
                  AS standing_aside,
-               (SELECT count(*) FROM tunefleet.results x
-                 WHERE x.run_id = p.run_id AND x.state = 'invalid' AND x.attempt = 0
-                   AND x.source <> 'cache') AS ruled_out,
                (SELECT count(*) FROM tunefleet.worker w
                  WHERE w.state = 'active'
                    AND w.heartbeat_at > now() - make_interval(secs => %(alive)s)

@@ -110,15 +110,25 @@ class TrialOutcome:
     compile_s: float | None
     error: str | None
     confirms_trial_id: int | None
-    #: Rejected by the problem's own rules before any worker saw it (``invalid``, never
-    #: claimed, not a verdict of the cache): it costs the run no evaluation.
-    ruled_out: bool = False
+    #: Claims so far (0: no worker ever saw it).
+    attempt: int = 0
 
     def __post_init__(self) -> None:
         # The columns are text; the loop compares members of the vocabulary.
         object.__setattr__(self, "state", TrialState(self.state))
         object.__setattr__(self, "source", TrialSource(self.source))
         object.__setattr__(self, "purpose", TrialPurpose(self.purpose))
+
+    @property
+    def ruled_out(self) -> bool:
+        """Rejected by the problem's own rules before any worker saw it (``invalid``, never
+        claimed, not a verdict of the cache): it costs the run no evaluation. The
+        coordinator's copy of the ``results.ruled_out`` view column."""
+        return (
+            self.state is TrialState.INVALID
+            and self.attempt == 0
+            and self.source is not TrialSource.CACHE
+        )
 
 
 @dataclass(frozen=True)
@@ -650,7 +660,7 @@ def insert_invalid_trials(
          WHERE t.state = 'cancelled'
         RETURNING t.id, t.config, t.config_hash, t.state, t.source, t.purpose,
                   NULL::float8 AS median_s, NULL::float8 AS gflops, NULL::float8 AS compile_s,
-                  t.error, t.confirms_trial_id, (t.attempt = 0 AND t.source <> 'cache') AS ruled_out
+                  t.error, t.confirms_trial_id, t.attempt
         """,
         {"run": run_id, "class": device_class, "trials": Jsonb(payload)},
     ).fetchall()
@@ -691,8 +701,7 @@ def fetch_unreported(conn: Conn, run_id: int) -> list[TrialOutcome]:
                       t.purpose, t.confirms_trial_id, t.attempt
         )
         SELECT o.id, o.config, o.config_hash, o.state, o.source, o.error, o.purpose,
-               o.confirms_trial_id, m.median_s, m.gflops, m.compile_s,
-               (o.state = 'invalid' AND o.attempt = 0 AND o.source <> 'cache') AS ruled_out
+               o.confirms_trial_id, m.median_s, m.gflops, m.compile_s, o.attempt
           FROM o LEFT JOIN tunefleet.measurement m ON m.trial_id = o.id
          ORDER BY o.finished_at, o.id
         """,
@@ -708,8 +717,7 @@ def reported_outcomes(conn: Conn, run_id: int) -> list[TrialOutcome]:
     return cur.execute(
         """
         SELECT o.id, o.config, o.config_hash, o.state, o.source, o.error, o.purpose,
-               o.confirms_trial_id, m.median_s, m.gflops, m.compile_s,
-               (o.state = 'invalid' AND o.attempt = 0 AND o.source <> 'cache') AS ruled_out
+               o.confirms_trial_id, m.median_s, m.gflops, m.compile_s, o.attempt
           FROM tunefleet.trial o
           LEFT JOIN tunefleet.measurement m ON m.trial_id = o.id
          WHERE o.run_id = %s AND o.reported
