@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     headers = ["run", "rank", "trial", "in-run ms", "confirmed ms", "alone ms", "alone/in-run"]
     headers.append("variant ms")
-    print(table([*headers, "same source", "alone/cuBLAS"], rows))
+    print(table([*headers, "same source", "speed / cuBLAS"], rows))
     write_json("reproduce", data, args.out)
     return 0
 
