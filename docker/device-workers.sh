@@ -45,11 +45,19 @@ done
 
 status=0
 for pid in $pids; do
-    # wait returns early when a trapped signal arrives: wait again until the worker is gone.
+    # A trapped signal ends wait early with 128+signal, which is not the worker's status: wait
+    # again while the worker runs. The shell may reap it during the trap (kill -0 then fails);
+    # it remembers the status, so one more wait returns it (127 only if already returned).
     while :; do
         wait "$pid"
         code=$?
-        kill -0 "$pid" 2>/dev/null || break
+        [ "$code" -le 128 ] && break
+        if ! kill -0 "$pid" 2>/dev/null; then
+            wait "$pid"
+            again=$?
+            [ "$again" -eq 127 ] || code=$again
+            break
+        fi
     done
     if [ "$code" -ne 0 ] && [ "$status" -eq 0 ]; then status=$code; fi
 done
