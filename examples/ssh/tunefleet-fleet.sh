@@ -54,6 +54,16 @@ set -u
 log_dir="$log_dir"
 mkdir -p "\$log_dir"
 PRELUDE
+    cat <<'PRELUDE'
+# A pid file outlives its worker (a reboot, kill -9): its number may since name another
+# process, which must be neither reported as a worker nor sent SIGTERM.
+worker_alive() {
+    case "$(ps -o args= -p "$1" 2>/dev/null)" in
+        *"tunefleet worker"*) return 0 ;;
+        *) return 1 ;;
+    esac
+}
+PRELUDE
 }
 
 remote_start() {
@@ -68,7 +78,7 @@ if [ -f "$remote_env" ]; then . "$remote_env"; fi
 command -v tunefleet >/dev/null || { echo "\$(hostname): tunefleet not on PATH" >&2; exit 3; }
 for i in \$(seq 0 \$(( $gpus - 1 ))); do
     pidfile="\$log_dir/worker-\$i.pid"
-    if [ -f "\$pidfile" ] && kill -0 "\$(cat "\$pidfile")" 2>/dev/null; then
+    if [ -f "\$pidfile" ] && worker_alive "\$(cat "\$pidfile")"; then
         echo "\$(hostname): worker \$i already running (pid \$(cat "\$pidfile"))"
         continue
     fi
@@ -85,7 +95,7 @@ remote_status() {
 for pidfile in "$log_dir"/worker-*.pid; do
     [ -f "$pidfile" ] || continue
     i="${pidfile##*/worker-}"; i="${i%.pid}"
-    if kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+    if worker_alive "$(cat "$pidfile")"; then
         echo "$(hostname): worker $i running (pid $(cat "$pidfile"))"
     else
         echo "$(hostname): worker $i stopped"
@@ -102,22 +112,22 @@ pids=""
 for pidfile in "$log_dir"/worker-*.pid; do
     [ -f "$pidfile" ] || continue
     pid="$(cat "$pidfile")"
-    if kill -0 "$pid" 2>/dev/null; then
+    if worker_alive "$pid"; then
         kill -TERM "$pid" && pids="$pids $pid"
     fi
 done
 waited=0
 for pid in $pids; do
-    while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt "$stop_wait" ]; do
+    while worker_alive "$pid" && [ "$waited" -lt "$stop_wait" ]; do
         sleep 1; waited=$((waited + 1))
     done
-    if kill -0 "$pid" 2>/dev/null; then
+    if worker_alive "$pid"; then
         echo "$(hostname): worker pid $pid still running after ${stop_wait}s (leases will expire)"
     fi
 done
 for pidfile in "$log_dir"/worker-*.pid; do
     [ -f "$pidfile" ] || continue
-    kill -0 "$(cat "$pidfile")" 2>/dev/null || rm -f "$pidfile"
+    worker_alive "$(cat "$pidfile")" || rm -f "$pidfile"
 done
 echo "$(hostname): stopped"
 STOP

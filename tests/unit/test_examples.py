@@ -233,6 +233,45 @@ def test_ssh_launcher_starts_reports_and_stops_workers(fakes):
     assert sorted(p.name for p in log_dir.glob("worker-*.log")) == ["worker-0.log", "worker-1.log"]
 
 
+def test_ssh_launcher_never_takes_a_stale_pid_file_for_a_worker(fakes):
+    # A pid file left by a worker that died unseen (kill -9, a reboot) now names another
+    # process of the same user: status must not report it, start must start a worker in its
+    # place, and stop must not send it SIGTERM.
+    hostfile = fakes["tmp"] / "hosts"
+    hostfile.write_text("node-a 1\n")
+    log_dir = fakes["tmp"] / "fleet"
+    log_dir.mkdir()
+    bystander = subprocess.Popen(["sleep", "120"])
+    try:
+        (log_dir / "worker-0.pid").write_text(f"{bystander.pid}\n")
+        status = _fleet(fakes, "status", hostfile)
+        assert status.returncode == 0, status.stderr
+        assert "worker 0 stopped" in status.stdout
+
+        started = _fleet(fakes, "start", hostfile)
+        try:
+            assert started.returncode == 0, started.stderr
+            assert "worker 0 started (pid" in started.stdout
+            worker = int((log_dir / "worker-0.pid").read_text())
+            assert worker != bystander.pid
+            assert _wait_for(lambda: len(_records(fakes["record"])) == 1)
+        finally:
+            stopped = _fleet(fakes, "stop", hostfile)
+        assert stopped.returncode == 0, stopped.stderr
+        assert not process_alive(worker)
+        assert "terminated gracefully" in _records(fakes["record"])[0]
+
+        # Stop with only the stale file left: the bystander lives, the file goes.
+        (log_dir / "worker-0.pid").write_text(f"{bystander.pid}\n")
+        stopped = _fleet(fakes, "stop", hostfile)
+        assert stopped.returncode == 0, stopped.stderr
+        assert bystander.poll() is None, "stop sent SIGTERM to a process that is no worker"
+        assert list(log_dir.glob("worker-*.pid")) == []
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
 @pytest.mark.parametrize(
     ("hosts", "env", "message", "code"),
     [
