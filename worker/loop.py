@@ -79,6 +79,7 @@ from tunefleet.errors import (
 )
 from tunefleet.queries import queue
 from tunefleet.queries.queue import ClaimedTrial
+from tunefleet.timeline import Phase, timing_share
 from tunefleet.version import __version__
 from tunefleet.vocabulary import ANY_DEVICE_CLASS, TrialState
 
@@ -93,6 +94,7 @@ from .settings import WorkerSettings
 from .signals import Signals
 from .sizing import Sizing, detect_resources
 from .supervise import Child, Describe, Measure, Open, Prepare, Reply, cold_environment
+from .timeline import Marks
 from .vocabulary import ReplyKind, Stage, Verdict
 from .wake import Wakeups
 
@@ -166,6 +168,8 @@ class Worker:
         #: A graceful stop has checked its leases once (:meth:`_beat_for_stop`).
         self._stop_beaten = False
         self.claimed = 0
+        #: Seconds this worker's device spent timing kernels, from the timelines it sent.
+        self.timed_s = 0.0
         self.outcomes: Counter[str] = Counter()
         self.next_claim_at = 0.0
         self.next_reap_at = 0.0
@@ -506,6 +510,7 @@ class Worker:
                 tag=c.key,
             )
             held.stage, held.child = Stage.PREPARING, child
+            held.marks.prepare_sent = time.monotonic()
         if self._device_busy():
             return
         held = self._next_to_time(inline)
@@ -534,6 +539,7 @@ class Worker:
                 limit_s=limit if left < own else own,
             )
         held.stage, held.child, held.prepared = Stage.MEASURING, self.device_child, None
+        held.marks.measure_sent = time.monotonic()
         log.debug("timing trial %s", c.trial_id)
 
     def _next_to_time(self, inline: bool) -> Held | None:
@@ -561,6 +567,7 @@ class Worker:
             tag=c.key,
         )
         held.stage, held.child = Stage.MEASURING, self.cold_child
+        held.marks.measure_sent = time.monotonic()
         log.info("trial %s: a cold build in a fresh process", c.trial_id)
 
     def _measure(self, c: ClaimedTrial, **how: Any) -> Measure:
@@ -712,8 +719,9 @@ class Worker:
         self.skips_in_row = 0
         if self.pool.first_claim_at is None:
             self.pool.first_claim_at = now
+        taken = time.monotonic()
         for claim in claims:
-            self.held[claim.trial_id] = Held(claim)
+            self.held[claim.trial_id] = Held(claim, marks=Marks(taken))
             self.leases.add(claim.key)
             self.claimed += 1
             log.info(
@@ -797,6 +805,7 @@ class Worker:
     # --- replies from the children, and the fault policy -------------------------------------
     def _on_reply(self, held: Held, reply: Reply) -> None:
         preparing = held.stage == Stage.PREPARING
+        held.marks.replied(preparing, reply, time.monotonic())
         if reply.kind == ReplyKind.OK:
             self.pool.timed(preparing, reply.seconds)
         if reply.kind == ReplyKind.OK and preparing:
@@ -876,6 +885,7 @@ class Worker:
         (the trial stays finished and is sent again, while the lease may still be ours)."""
         c = held.claim
         held.sends += 1
+        timeline = held.marks.phases(time.monotonic())
         try:
             state = self.link.run(
                 queue.complete_trial,
@@ -886,6 +896,7 @@ class Worker:
                 state=held.state,
                 error=held.error,
                 measurement=held.measurement,
+                timeline=timeline,
             )
         except DatabaseDown:
             return False
@@ -923,6 +934,7 @@ class Worker:
             self.outcomes["dropped"] += 1
         else:
             self.outcomes[str(held.state)] += 1
+            self.timed_s += timeline.get(Phase.TIMING, 0.0)
             log.info(
                 "trial %s attempt %s: %s%s -> trial %s",
                 c.trial_id,
@@ -999,13 +1011,19 @@ class Worker:
             prepare_workers=sizing.prepare_workers,
             prefetch=sizing.prefetch,
             sizing=sizing.source,
-            device_busy=self.pool.busy_fraction(now),
+            device_busy=self._timing_share(now),
             peer_alive_s=PEER_ALIVE_S,
         )
         self.reported, self.last_report_at = sizing, now
         if self.pool.share_with(max(peers, self.settings.peers), initial):
             self.reported = None
             self._report(conn)
+
+    def _timing_share(self, now: float) -> float | None:
+        """The share of the time since the first claim that the device spent timing kernels
+        (what ``status`` shows as TIMING; the pool's own books size the pool)."""
+        first = self.pool.first_claim_at
+        return None if first is None or now <= first else timing_share(self.timed_s, now - first)
 
     # --- shutdown ------------------------------------------------------------------------------
     def _give_back_everything(self) -> None:

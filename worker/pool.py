@@ -77,8 +77,7 @@ class CodegenPool:
         self.books = Books(now)
         self._booked_at = now
         self._was_busy = self._was_starved = False
-        #: Device-busy seconds since the start, and when the first trial was claimed.
-        self.busy_total_s = 0.0
+        #: When the first trial was claimed.
         self.first_claim_at: float | None = None
         self._cpu = CpuSampler()
         self._machine = MachineSampler()
@@ -146,7 +145,6 @@ class CodegenPool:
         dt, self._booked_at = now - self._booked_at, now
         if self._was_busy:
             self.books.busy_s += dt
-            self.busy_total_s += dt
         elif self._was_starved:
             self.books.starved_s += dt
         self._was_busy, self._was_starved = busy, starved
@@ -212,9 +210,3 @@ class CodegenPool:
             )
         return True
 
-    def busy_fraction(self, now: float) -> float | None:
-        """Share of the time since the first claim that the device had a trial to time."""
-        if self.first_claim_at is None:
-            return None
-        span = now - self.first_claim_at
-        return min(self.busy_total_s / span, 1.0) if span > 0 else None

@@ -10,7 +10,8 @@ ends as a verdict with a reason, never as an exception in the worker.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from tunefleet import jsonvalues
@@ -22,6 +23,7 @@ from tunefleet.vocabulary import TrialState
 from .heartbeat import Key
 from .judge import Trial
 from .supervise import Child, Reply
+from .timeline import Marks
 from .vocabulary import ReplyKind, Stage, Verdict
 
 
@@ -43,6 +45,8 @@ class Held:
     sends: int = 0
     # Seconds its code generation spent of the evaluation's one limit (timing gets the rest)
     spent_s: float = 0.0
+    # The moments it passed here, for its timeline (set when claimed)
+    marks: Marks = field(default_factory=lambda: Marks(time.monotonic()))
 
     @property
     def key(self) -> Key:

@@ -33,6 +33,7 @@ from tunefleet.devices import DeviceInfo
 from tunefleet.errors import InvalidConfiguration, ProblemError, TunefleetError
 from tunefleet.problems.base import COLD_KEY, Outcome, codegen_environment
 from tunefleet.processes import die_with_parent
+from tunefleet.timeline import Phase
 
 from .vocabulary import ReplyKind
 
@@ -102,6 +103,10 @@ class Reply:
     value: Any = None
     message: str = ""
     seconds: float = 0.0
+    #: Where ``seconds`` went, by :class:`~tunefleet.timeline.Phase` name, as far as the
+    #: child knows: a Prepare's ``prebuild``, a Measure's own split (its outcome's
+    #: phases, and ``codegen`` when it prepared inline).
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 #: Exceptions from a problem's ``prepare`` or ``measure`` that say this worker's environment
@@ -140,6 +145,8 @@ class _ChildState:
     #: generates code).
     session_error: str | None = None
     problems: dict[str, Any] = field(default_factory=dict)
+    #: The request in hand's phases so far (:class:`Reply.phases`).
+    phases: dict[str, float] = field(default_factory=dict)
 
     def problem(self, spec: str) -> Any:
         if spec not in self.problems:
@@ -162,6 +169,7 @@ def child_main(conn: multiprocessing.connection.Connection, parent_pid: int) -> 
         except (EOFError, OSError):
             return
         started = time.perf_counter()
+        state.phases = {}
         try:
             if isinstance(request, Prepare | Measure):
                 try:
@@ -178,7 +186,11 @@ def child_main(conn: multiprocessing.connection.Connection, parent_pid: int) -> 
             reply = Reply(ReplyKind.ENVIRONMENT, message=_environment_text(exc))
         except BaseException as exc:
             reply = Reply(ReplyKind.ERROR, message=describe_exception(exc))
-        reply = Reply(reply.kind, reply.value, reply.message, time.perf_counter() - started)
+        if reply.kind == ReplyKind.OK and isinstance(reply.value, Outcome):
+            state.phases.update(reply.value.phases)
+        reply = Reply(
+            reply.kind, reply.value, reply.message, time.perf_counter() - started, state.phases
+        )
         try:
             conn.send(reply)
         except (EOFError, OSError):
@@ -228,7 +240,9 @@ def _handle(state: _ChildState, request: Any) -> Any:
             state.session = open_session(request.device)
         prepared = request.prepared
         if request.inline_prepare:
+            started = time.perf_counter()
             prepared = problem.prepare(request.args, request.config, request.device)
+            state.phases[Phase.CODEGEN] = time.perf_counter() - started
         if problem.needs_opencl and state.session is None:
             raise NeedsDevice(
                 f"problem {request.problem!r} needs an OpenCL device, but this worker serves "
@@ -259,11 +273,14 @@ def _prebuild(state: _ChildState, problem: Any, prepared: Any, device: DeviceInf
             )
     if state.session is None:
         return prepared
+    started = time.perf_counter()
     try:
         return problem.prebuild(prepared, state.session)
     except Exception as exc:
         log.debug("prebuild failed (the device process will build): %s", exc)
         return prepared
+    finally:
+        state.phases[Phase.PREBUILD] = time.perf_counter() - started
 
 
 def describe_exception(exc: BaseException) -> str:

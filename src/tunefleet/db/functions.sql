@@ -174,6 +174,43 @@ REVOKE ALL ON FUNCTION tunefleet._check_measurement(
     double precision, double precision, double precision, jsonb, jsonb, jsonb
 ) FROM PUBLIC;
 
+-- _check_timeline (as of 0015_timeline)
+-- A worker is untrusted: what it reports of its own time must at least be what the views can
+-- add up (known phases, seconds between 0 and a week).
+CREATE OR REPLACE FUNCTION tunefleet._check_timeline(p_timeline jsonb) RETURNS void
+LANGUAGE plpgsql IMMUTABLE SECURITY INVOKER
+AS $fn$
+
+DECLARE
+  v_key text;
+  v_value jsonb;
+BEGIN
+  IF p_timeline IS NULL THEN
+    RETURN;
+  END IF;
+  IF jsonb_typeof(p_timeline) <> 'object' THEN
+    RAISE EXCEPTION USING ERRCODE = '22023',
+      MESSAGE = 'a timeline is a JSON object of seconds per phase';
+  END IF;
+  FOR v_key, v_value IN SELECT e.key, e.value FROM jsonb_each(p_timeline) AS e LOOP
+    IF v_key NOT IN ('wait_codegen', 'codegen', 'prebuild', 'handoff', 'wait_device',
+                     'setup', 'build', 'validation', 'timing', 'reference', 'check',
+                     'device_other', 'report') THEN
+      RAISE EXCEPTION USING ERRCODE = '22023',
+        MESSAGE = format('timeline phase %s is not a known phase', v_key);
+    END IF;
+    IF jsonb_typeof(v_value) <> 'number' OR v_value::numeric < 0
+       OR v_value::numeric > 604800 THEN
+      RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format(
+        'timeline phase %s: %s is not a number of seconds between 0 and 604800',
+        v_key, v_value);
+    END IF;
+  END LOOP;
+END
+
+$fn$;
+REVOKE ALL ON FUNCTION tunefleet._check_timeline(jsonb) FROM PUBLIC;
+
 -- ============================================================================================
 -- What the worker role may call (SECURITY DEFINER, search_path pinned; EXECUTE granted by
 -- `tunefleet db roles`, from tunefleet.db.roles.WORKER_FUNCTIONS)
@@ -568,16 +605,17 @@ END
 $fn$;
 REVOKE ALL ON FUNCTION tunefleet.heartbeat(uuid, text, bigint[], integer[], text[], double precision) FROM PUBLIC;
 
--- complete_trial (as of 0003_worker_functions)
--- Queue rule 4: state change, attempt outcome and measurement in one statement, fenced by
--- trial, attempt, lease owner, state and lease token; every identity column of the measurement
--- is copied from the database's own rows.
+-- complete_trial (as of 0015_timeline)
+-- Queue rule 4: state change, attempt outcome (and its timeline) and measurement in one
+-- statement, fenced by trial, attempt, lease owner, state and lease token; every identity
+-- column of the measurement is copied from the database's own rows.
 CREATE OR REPLACE FUNCTION tunefleet.complete_trial(
     p_worker_id uuid, p_trial_id bigint, p_attempt integer, p_token text, p_state text,
     p_error text, p_median_s double precision, p_min_s double precision,
     p_samples_s double precision[], p_gflops double precision, p_gbps double precision,
     p_flop_count double precision, p_byte_count double precision, p_protocol jsonb,
-    p_compile_s double precision, p_validation jsonb, p_versions jsonb, p_code text
+    p_compile_s double precision, p_validation jsonb, p_versions jsonb, p_code text,
+    p_timeline jsonb
 ) RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -589,6 +627,7 @@ DECLARE
   v_done boolean := p_state = 'done';
 BEGIN
   PERFORM tunefleet._check_session();
+  PERFORM tunefleet._check_timeline(p_timeline);
   IF p_state IS NULL OR p_state NOT IN ('done', 'invalid', 'failed', 'timed_out') THEN
     RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format(
       'completion state must be one of done, invalid, failed, timed_out, got %s',
@@ -624,7 +663,7 @@ BEGIN
              r.cache_key, r.problem, r.problem_args
   ), recorded AS (
       UPDATE tunefleet.attempt a
-         SET ended_at = now(), outcome = p_state, error = p_error
+         SET ended_at = now(), outcome = p_state, error = p_error, timeline = p_timeline
         FROM ended e
        WHERE a.trial_id = e.id AND a.attempt = e.attempt
          AND a.worker_id = p_worker_id AND a.ended_at IS NULL
@@ -650,7 +689,7 @@ $fn$;
 REVOKE ALL ON FUNCTION tunefleet.complete_trial(
     uuid, bigint, integer, text, text, text, double precision, double precision,
     double precision[], double precision, double precision, double precision, double precision,
-    jsonb, double precision, jsonb, jsonb, text
+    jsonb, double precision, jsonb, jsonb, text, jsonb
 ) FROM PUBLIC;
 
 -- release_trials (as of 0010_lease_lock_order)

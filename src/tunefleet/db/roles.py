@@ -107,6 +107,7 @@ WORKER_FUNCTIONS: tuple[FunctionGrant, ...] = (
             *(_UUID, _BIGINT, _INT, _TEXT, _TEXT, _TEXT),  # who, which claim, how it ended
             *(_FLOAT, _FLOAT, "double precision[]", _FLOAT, _FLOAT, _FLOAT, _FLOAT),
             *(_JSONB, _FLOAT, _JSONB, _JSONB, _TEXT),
+            _JSONB,  # 0015_timeline: the attempt's timeline
         ),
     ),
     FunctionGrant("release_trials", (_UUID, "bigint[]", "integer[]", "text[]", _TEXT)),

@@ -283,6 +283,9 @@ attempt = Table(
     Column("ended_at", DateTime(timezone=True), nullable=True),
     Column("outcome", Text, nullable=True),
     Column("error", Text, nullable=True),
+    # Seconds per phase of the evaluation, as the worker that ran it saw them
+    # (tunefleet.timeline; 0015_timeline): NULL for released claims and older rows.
+    Column("timeline", JSONB, nullable=True),
     CheckConstraint(
         "outcome IS NULL OR " + _in("outcome", ATTEMPT_OUTCOMES), name="attempt_outcome_valid"
     ),
@@ -763,5 +766,101 @@ SELECT t.run_id,
   LEFT JOIN tunefleet.measurement m ON m.trial_id = t.id
   LEFT JOIN tunefleet.device d ON d.id = m.device_id
   LEFT JOIN tunefleet.worker w ON w.id = coalesce(m.worker_id, t.lease_owner)
+""",
+    # Where each evaluation's wall time went: one row per ended attempt that reported its
+    # timeline (tunefleet.timeline.Phase), each phase's seconds as a column (0 where the
+    # attempt had none of it), the wait in the queue before the claim, the wall time on the
+    # database clock and what the phases leave of it (``untracked_s``: the claim's and the
+    # completion's own latency).
+    "timeline": """
+SELECT t.run_id,
+       a.trial_id,
+       a.attempt,
+       t.purpose,
+       a.worker_id,
+       a.outcome,
+       a.claimed_at,
+       a.ended_at,
+       extract(epoch FROM a.claimed_at
+                          - coalesce((SELECT max(p.ended_at) FROM tunefleet.attempt p
+                                       WHERE p.trial_id = a.trial_id AND p.id < a.id),
+                                     t.created_at))::float8 AS queued_s,
+       extract(epoch FROM a.ended_at - a.claimed_at)::float8 AS wall_s,
+       coalesce((a.timeline ->> 'wait_codegen')::float8, 0) AS wait_codegen_s,
+       coalesce((a.timeline ->> 'codegen')::float8, 0) AS codegen_s,
+       coalesce((a.timeline ->> 'prebuild')::float8, 0) AS prebuild_s,
+       coalesce((a.timeline ->> 'handoff')::float8, 0) AS handoff_s,
+       coalesce((a.timeline ->> 'wait_device')::float8, 0) AS wait_device_s,
+       coalesce((a.timeline ->> 'setup')::float8, 0) AS setup_s,
+       coalesce((a.timeline ->> 'build')::float8, 0) AS build_s,
+       coalesce((a.timeline ->> 'validation')::float8, 0) AS validation_s,
+       coalesce((a.timeline ->> 'timing')::float8, 0) AS timing_s,
+       coalesce((a.timeline ->> 'reference')::float8, 0) AS reference_s,
+       coalesce((a.timeline ->> 'check')::float8, 0) AS check_s,
+       coalesce((a.timeline ->> 'device_other')::float8, 0) AS device_other_s,
+       coalesce((a.timeline ->> 'report')::float8, 0) AS report_s,
+       extract(epoch FROM a.ended_at - a.claimed_at)::float8
+         - (SELECT coalesce(sum(e.value::float8), 0)
+              FROM jsonb_each_text(a.timeline) AS e) AS untracked_s,
+       a.timeline
+  FROM tunefleet.attempt a
+  JOIN tunefleet.trial t ON t.id = a.trial_id
+ WHERE a.timeline IS NOT NULL AND a.ended_at IS NOT NULL
+""",
+    # Per run and worker: the phases summed, the worker's window on the run (its first claim
+    # to its last result) and its device's timing share (timing over that window).
+    "worker_timeline": """
+SELECT x.run_id,
+       x.worker_id,
+       count(*) AS attempts,
+       extract(epoch FROM max(x.ended_at) - min(x.claimed_at))::float8 AS window_s,
+       sum(x.queued_s) AS queued_s,
+       sum(x.wall_s) AS wall_s,
+       sum(x.wait_codegen_s) AS wait_codegen_s,
+       sum(x.codegen_s) AS codegen_s,
+       sum(x.prebuild_s) AS prebuild_s,
+       sum(x.handoff_s) AS handoff_s,
+       sum(x.wait_device_s) AS wait_device_s,
+       sum(x.setup_s) AS setup_s,
+       sum(x.build_s) AS build_s,
+       sum(x.validation_s) AS validation_s,
+       sum(x.timing_s) AS timing_s,
+       sum(x.reference_s) AS reference_s,
+       sum(x.check_s) AS check_s,
+       sum(x.device_other_s) AS device_other_s,
+       sum(x.report_s) AS report_s,
+       sum(x.untracked_s) AS untracked_s,
+       least(sum(x.timing_s)
+             / nullif(extract(epoch FROM max(x.ended_at) - min(x.claimed_at))::float8, 0),
+             1.0) AS timing_share
+  FROM tunefleet.timeline x
+ GROUP BY x.run_id, x.worker_id
+""",
+    # Per run: the same over all its workers; ``timing_share`` is every device's timing over
+    # the sum of their windows.
+    "run_timeline": """
+SELECT w.run_id,
+       count(*) AS workers,
+       sum(w.attempts) AS attempts,
+       sum(w.window_s) AS window_s,
+       sum(w.queued_s) AS queued_s,
+       sum(w.wall_s) AS wall_s,
+       sum(w.wait_codegen_s) AS wait_codegen_s,
+       sum(w.codegen_s) AS codegen_s,
+       sum(w.prebuild_s) AS prebuild_s,
+       sum(w.handoff_s) AS handoff_s,
+       sum(w.wait_device_s) AS wait_device_s,
+       sum(w.setup_s) AS setup_s,
+       sum(w.build_s) AS build_s,
+       sum(w.validation_s) AS validation_s,
+       sum(w.timing_s) AS timing_s,
+       sum(w.reference_s) AS reference_s,
+       sum(w.check_s) AS check_s,
+       sum(w.device_other_s) AS device_other_s,
+       sum(w.report_s) AS report_s,
+       sum(w.untracked_s) AS untracked_s,
+       least(sum(w.timing_s) / nullif(sum(w.window_s), 0), 1.0) AS timing_share
+  FROM tunefleet.worker_timeline w
+ GROUP BY w.run_id
 """,
 }

@@ -163,6 +163,10 @@ class Outcome:
     #: Everything else worth keeping: code-generation and build seconds, launch geometry,
     #: local memory, validation size, the reason details of an invalid verdict.
     details: dict[str, Any] = field(default_factory=dict)
+    #: Where the evaluation's seconds went, by :class:`~tunefleet.timeline.Phase` name
+    #: (``timing``, ``validation``, ``build``, ...): the worker's timeline of the trial.
+    #: A problem that reports none has its whole evaluation shown as ``device_other``.
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,7 @@ event). Nothing here imports loopy or pyopencl at module level.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -78,7 +79,7 @@ import math
 import statistics
 import time
 from abc import abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,6 +97,7 @@ from tunefleet.problems.base import (
     normalise_with_specs,
 )
 from tunefleet.space import Config, Space, canonical_json
+from tunefleet.timeline import Phase
 from tunefleet.vocabulary import TrialState
 
 #: Largest allowed scaled max-norm error ``max|out - ref| / max|ref|`` per dtype. float32
@@ -323,6 +325,7 @@ class KernelProblem(Problem):
             raise TypeError(f"{self.name}.measure needs a PreparedKernel, got {type(prepared)}")
         if session is None:
             raise DeviceError(f"problem {self.name} needs an OpenCL device, not the host")
+        watch = _Stopwatch(Phase.SETUP)
         target = prepared.target
         val = prepared.validation or target
         details: dict[str, Any] = {
@@ -355,38 +358,44 @@ class KernelProblem(Problem):
                 validation=validation or {},
                 details=details,
                 compile_s=details["compile_s"],
+                phases=watch.total(),
                 **base,
             )
 
         # The build happened where it cost time: in prebuild, and here (a cache hit after it).
         details["build_s"] = prepared.prebuild_s
         # 1. validation at the small size
-        launcher, reason = _Launcher.create(val, session)
+        with watch(Phase.BUILD):
+            launcher, reason = _Launcher.create(val, session)
         if launcher is None:
             return invalid(reason)
         details["build_s"] += launcher.build_s
-        rng = np.random.default_rng(protocol.seed)
-        host_inputs = self.make_inputs(val.args, rng)
-        # Before the reference: a missing starting content is named, not a KeyError inside it.
-        arrays = _KernelArrays.create(self.name, val, _to_device(host_inputs, session), session)
-        expected = self.reference(val.args, host_inputs)
-        missing = sorted(set(expected) - set(arrays.outputs))
-        if missing:
-            raise KeyError(f"{self.name}: the reference has outputs {missing} the kernel lacks")
-        launcher.bind(arrays.by_name)
-        try:
-            launcher.launch().wait()
-        except _cl_errors() as exc:
-            _check_device_alive(session, exc)
-            return invalid(f"kernel launch failed at the validation size: {first_line(exc)[:500]}")
-        verdict = self.compare(expected, {k: arrays.outputs[k].get() for k in expected})
-        verdict["args"] = val.args
+        with watch(Phase.VALIDATION):
+            rng = np.random.default_rng(protocol.seed)
+            host_inputs = self.make_inputs(val.args, rng)
+            # Before the reference: a missing starting content is named, not a KeyError in it.
+            arrays = _KernelArrays.create(self.name, val, _to_device(host_inputs, session), session)
+            expected = self.reference(val.args, host_inputs)
+            missing = sorted(set(expected) - set(arrays.outputs))
+            if missing:
+                raise KeyError(f"{self.name}: the reference has outputs {missing} the kernel lacks")
+            launcher.bind(arrays.by_name)
+            try:
+                launcher.launch().wait()
+            except _cl_errors() as exc:
+                _check_device_alive(session, exc)
+                return invalid(
+                    f"kernel launch failed at the validation size: {first_line(exc)[:500]}"
+                )
+            verdict = self.compare(expected, {k: arrays.outputs[k].get() for k in expected})
+            verdict["args"] = val.args
         if not verdict["passed"]:
             return invalid(verdict["reason"], verdict)
 
         # 2. timing at the target size
         if target is not val:
-            launcher, reason = _Launcher.create(target, session)
+            with watch(Phase.BUILD):
+                launcher, reason = _Launcher.create(target, session)
             if launcher is None:
                 return invalid(reason, verdict)
             details["build_s"] += launcher.build_s
@@ -404,12 +413,14 @@ class KernelProblem(Problem):
             return launcher.launch()
 
         try:
-            samples = time_launches(launch if arrays.restores else launcher.launch, protocol)
+            with watch(Phase.TIMING):
+                samples = time_launches(launch if arrays.restores else launcher.launch, protocol)
         except _cl_errors() as exc:
             _check_device_alive(session, exc)
             return invalid(
                 f"kernel launch failed at the target size: {first_line(exc)[:500]}", verdict
             )
+        watch.switch(Phase.CHECK)
         # 3. the inputs are as they were, and the outputs of the last timed launch agree with
         # the reference at the target size
         if inputs is not None:
@@ -425,7 +436,8 @@ class KernelProblem(Problem):
             want: dict[str, Any] | None = expected
         else:
             partial = any(o["checked"] < o["elements"] for o in verdict["outputs"].values())
-            want = inputs.reference(self, needed=partial)
+            with watch(Phase.REFERENCE):
+                want = inputs.reference(self, needed=partial)
         got = {name: arr.get() for name, arr in arrays.outputs.items()}
         if want is not None:
             at_target = self.compare(want, got)
@@ -465,6 +477,7 @@ class KernelProblem(Problem):
             compile_s=details["compile_s"],
             validation=verdict,
             details=details,
+            phases=watch.total(),
             **base,
         )
 
@@ -542,6 +555,36 @@ _DEVICE_INPUTS: dict[tuple[Any, ...], _TargetInputs] = {}
 #: NumPy reference (float64 GEMM at n = 4096 is 1.4e11: a second or two, once per input seed);
 #: above it only their finiteness is checked, unless the reference has unchecked elements.
 TARGET_REFERENCE_MAX_FLOP = 4e11
+
+
+class _Stopwatch:
+    """Seconds per :class:`~tunefleet.timeline.Phase` of one ``measure``: every moment is
+    charged to the phase current then (``switch``, or a ``with`` block), so the phases add
+    up to the whole call."""
+
+    def __init__(self, phase: Phase) -> None:
+        self.current = phase
+        self.mark = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    def switch(self, phase: Phase) -> None:
+        now = time.perf_counter()
+        key = self.current.value
+        self.seconds[key] = self.seconds.get(key, 0.0) + now - self.mark
+        self.current, self.mark = phase, now
+
+    @contextlib.contextmanager
+    def __call__(self, phase: Phase) -> Iterator[None]:
+        previous = self.current
+        self.switch(phase)
+        try:
+            yield
+        finally:
+            self.switch(previous)
+
+    def total(self) -> dict[str, float]:
+        self.switch(self.current)
+        return dict(self.seconds)
 
 
 class CodeMismatch(DeviceError):

@@ -242,8 +242,10 @@ class Synthetic(Problem):
 
     def measure(self, prepared: Any, session: Any, protocol: Protocol) -> Outcome:
         args, config, fault = prepared["args"], prepared["config"], prepared["fault"]
+        started = time.perf_counter()
         if args["duration"]:
-            time.sleep(args["duration"])
+            time.sleep(args["duration"])  # stands for the timed launches
+        timing_s = time.perf_counter() - started
         if args["fault_phase"] == "measure":
             _inject(fault)
         base = objective(config, args.get("depends_on", PARAMETERS))
@@ -269,6 +271,7 @@ class Synthetic(Problem):
             versions={"tunefleet": __version__, "synthetic": 1},
             code=None,
             error=None,
+            phases={"timing": timing_s},
         )
 
 

@@ -28,7 +28,7 @@ every worker, is not enough to write anything about it.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -539,9 +539,11 @@ def complete_trial(
     state: str,
     error: str | None = None,
     measurement: MeasurementRow | None = None,
+    timeline: Mapping[str, float] | None = None,
 ) -> str | None:
     """Fenced completion of our claim (``tunefleet.complete_trial``): the trial's state
-    change, the attempt row's outcome and (for ``done``) the measurement row, all in ONE
+    change, the attempt row's outcome and timeline (seconds per phase,
+    :mod:`tunefleet.timeline`) and (for ``done``) the measurement row, all in ONE
     statement, hence one transaction. The function copies the measurement's identity columns
     from the trial, its run and our worker row; we send only what we measured, and it refuses
     numbers that are not positive finite seconds (``InvalidParameterValue``).
@@ -568,7 +570,7 @@ def complete_trial(
                  %s, %s, %s, %s, %s, %s, %s::double precision, %s::double precision,
                  %s::double precision[], %s::double precision, %s::double precision,
                  %s::double precision, %s::double precision, %s::jsonb, %s::double precision,
-                 %s::jsonb, %s::jsonb, %s::text) AS state
+                 %s::jsonb, %s::jsonb, %s::text, %s::jsonb) AS state
         """,
         (
             worker_id,
@@ -589,6 +591,7 @@ def complete_trial(
             Jsonb(m.validation) if m else None,
             Jsonb(m.versions) if m else None,
             m.code if m else None,
+            None if timeline is None else Jsonb(dict(timeline)),
         ),
     ).fetchone()
     return None if row is None or row["state"] is None else str(row["state"])

@@ -1,0 +1,88 @@
+"""The timeline of one held trial in this worker: the moments it passed (claimed, sent to a
+code-generation process, prepared, sent to the device, measured) and what each child said it
+spent, turned into the phases of :mod:`tunefleet.timeline` when the result is sent.
+
+Every second from the claim's return to the send lands in exactly one phase: the waits
+(``wait_codegen``, ``wait_device``, ``report``) come from this process's clock, the work from
+the children's own accounts, and what a child's account leaves of its request's span is the
+``handoff`` between processes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tunefleet.timeline import DEVICE_PHASES, Phase, clean
+
+from .supervise import Reply
+from .vocabulary import ReplyKind
+
+#: Replies this process makes up itself (the child said nothing about its time).
+_UNTOLD = (ReplyKind.TIMEOUT, ReplyKind.DIED)
+
+
+@dataclass
+class Marks:
+    """The moments (``time.monotonic()``) one held trial passed, and the children's own
+    accounts of their requests."""
+
+    claimed: float
+    prepare_sent: float | None = None
+    prepared: float | None = None
+    #: The code-generation process's whole request, and the OpenCL prebuild inside it.
+    prepare_child_s: float = 0.0
+    prebuild_s: float = 0.0
+    measure_sent: float | None = None
+    measured: float | None = None
+    measure_child_s: float = 0.0
+    #: The device process's own split of its request (``Reply.phases``).
+    device: dict[str, float] = field(default_factory=dict)
+
+    def replied(self, preparing: bool, reply: Reply, now: float) -> None:
+        """A child answered the request this trial was in."""
+        sent = self.prepare_sent if preparing else self.measure_sent
+        # A timeout or a death is told by this process: the whole span was the child's.
+        told = reply.seconds if reply.kind not in _UNTOLD else now - (sent or now)
+        if preparing:
+            self.prepared, self.prepare_child_s = now, told
+            self.prebuild_s = clean(reply.phases).get(Phase.PREBUILD, 0.0)
+        else:
+            self.measured, self.measure_child_s = now, told
+            self.device = clean(reply.phases, DEVICE_PHASES)
+
+    def phases(self, now: float) -> dict[str, float]:
+        """The timeline from the claim to ``now`` (the moment the result is sent)."""
+        acc: dict[Phase, float] = {}
+
+        def add(phase: Phase, seconds: float) -> None:
+            if seconds > 0:
+                acc[phase] = acc.get(phase, 0.0) + seconds
+
+        cursor = self.claimed
+        if self.prepare_sent is not None:
+            add(Phase.WAIT_CODEGEN, self.prepare_sent - cursor)
+            cursor = self.prepare_sent
+            end = self.prepared if self.prepared is not None else now
+            span = end - cursor
+            child = min(self.prepare_child_s, span) if self.prepared is not None else span
+            build = min(self.prebuild_s, child)
+            add(Phase.PREBUILD, build)
+            add(Phase.CODEGEN, child - build)
+            add(Phase.HANDOFF, span - child)
+            cursor = end
+        if self.measure_sent is not None:
+            add(Phase.WAIT_DEVICE, self.measure_sent - cursor)
+            cursor = self.measure_sent
+            end = self.measured if self.measured is not None else now
+            span = end - cursor
+            child = min(self.measure_child_s, span) if self.measured is not None else span
+            left = child
+            for name, seconds in self.device.items():
+                share = min(seconds, left)
+                add(Phase(name), share)
+                left -= share
+            add(Phase.DEVICE_OTHER, left)
+            add(Phase.HANDOFF, span - child)
+            cursor = end
+        add(Phase.REPORT, now - cursor)
+        return {p.value: round(acc[p], 6) for p in Phase if p in acc}
