@@ -358,6 +358,33 @@ def test_tune_a_tiny_gemm_on_the_pocl_cpu_device(home, tmp_path):
     ), confirmed
     code = tf(home, "show", "1", str(_best_trial(home)), "--code")
     assert "__kernel" in code.stdout
+    _assert_timelines_add_up(home)
+
+
+def _assert_timelines_add_up(home: dict[str, str]) -> None:
+    """Every attempt of the run reported its timeline, and its phases add up to the
+    attempt's wall time on the database clock but for the claim's and the completion's own
+    latency; the device process's phases are there, and ``status`` and the API quote the
+    devices' timing share."""
+    with embedded_conn(home) as conn:
+        rows = conn.execute(
+            "SELECT a.trial_id, t.wall_s, t.untracked_s, t.timeline, t.timing_s, t.codegen_s"
+            "  FROM tunefleet.attempt a"
+            "  LEFT JOIN tunefleet.timeline t ON t.trial_id = a.trial_id"
+            "   AND t.attempt = a.attempt WHERE a.ended_at IS NOT NULL"
+        ).fetchall()
+        share = conn.execute("SELECT timing_share FROM tunefleet.run_timeline").fetchone()
+    assert rows and all(r["timeline"] is not None for r in rows), rows
+    for r in rows:
+        told = sum(r["timeline"].values())
+        assert told == pytest.approx(r["wall_s"] - r["untracked_s"])
+        assert 0 <= r["untracked_s"] <= max(0.5, 0.1 * r["wall_s"]), r
+        assert r["timing_s"] > 0 and r["codegen_s"] > 0, r
+        assert {"validation", "timing"} <= set(r["timeline"]), r
+    assert 0 < share["timing_share"] <= 1
+    status = tf(home, "status", "1").stdout
+    assert f"{100 * share['timing_share']:.0f}% timing of" in status, status
+    assert "per eval  median" in status, status
 
 
 def _best_trial(env: dict[str, str]) -> int:

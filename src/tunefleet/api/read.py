@@ -82,6 +82,9 @@ class RunSummary:
     #: How many of ``invalid`` the problem's rules rejected before any worker saw them
     #: (they cost no evaluation; ``max_trials`` does not count them).
     ruled_out: int = 0
+    #: The share of its devices' time that went to timing kernels (0-1; ``None`` before an
+    #: attempt reported its timeline): :mod:`tunefleet.timeline`, the ``run_timeline`` view.
+    timing_share: float | None = None
 
 
 @dataclass(frozen=True)

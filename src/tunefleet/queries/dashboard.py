@@ -86,9 +86,11 @@ def _runs(conn: Conn, *, run_id: int | None, limit: int) -> list[Row]:
                                     WHERE a.worker_id = w.worker_id AND a.run_id = p.run_id))
                  AS live_workers,
                (SELECT count(*) FROM tunefleet.standing_aside a WHERE a.run_id = p.run_id)
-                 AS standing_aside
+                 AS standing_aside,
+               tl.timing_share
           FROM tunefleet.run_progress p
           JOIN tunefleet.run_settings s ON s.run_id = p.run_id
+          LEFT JOIN tunefleet.run_timeline tl ON tl.run_id = p.run_id
          WHERE (%(run_id)s::bigint IS NULL OR p.run_id = %(run_id)s::bigint)
          ORDER BY p.run_id DESC
          LIMIT %(limit)s

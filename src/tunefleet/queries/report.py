@@ -69,6 +69,7 @@ def _runs(conn: Conn, *, run_id: int | None, only_active: bool, limit: int | Non
                  AS coordinator_age_s,
                (SELECT count(*) FROM tunefleet.stand_aside s WHERE s.run_id = p.run_id)
                  AS standing_aside,
+               tl.timing_share,
                (SELECT count(*) FROM tunefleet.worker w
                  WHERE w.state = 'active'
                    AND w.heartbeat_at > now() - make_interval(secs => %(alive)s)
@@ -78,6 +79,7 @@ def _runs(conn: Conn, *, run_id: int | None, only_active: bool, limit: int | Non
                  AS servable_workers
           FROM tunefleet.run_progress p
           JOIN tunefleet.run r ON r.id = p.run_id
+          LEFT JOIN tunefleet.run_timeline tl ON tl.run_id = p.run_id
          WHERE (%(run_id)s::bigint IS NULL OR p.run_id = %(run_id)s::bigint)
            AND (NOT %(only_active)s OR r.state = 'running')
          ORDER BY p.run_id DESC
@@ -292,6 +294,52 @@ def worker_intervals(conn: Conn, run_id: int) -> list[Row]:
            AND t.source <> 'cache'  -- answered from the database: nobody worked on it
            AND coalesce(m.worker_id, t.lease_owner) IS NOT NULL
          ORDER BY worker_host, worker_id, t.started_at
+        """,
+        {"run_id": run_id},
+    )
+
+
+def run_timeline(conn: Conn, run_id: int) -> Row | None:
+    """Where a run's evaluations spent their wall time (the ``run_timeline`` view: each
+    phase summed over its attempts, the devices' windows and ``timing_share``), or ``None``
+    before an attempt reported its timeline.
+
+    Read-only, no locks."""
+    return _one(
+        conn, "SELECT * FROM tunefleet.run_timeline WHERE run_id = %(run_id)s", {"run_id": run_id}
+    )
+
+
+def worker_timing(conn: Conn, run_id: int) -> dict[str, float]:
+    """Each worker's device timing share on a run (``worker_timeline.timing_share``), keyed
+    by its id as text.
+
+    Read-only, no locks."""
+    rows = _all(
+        conn,
+        """
+        SELECT worker_id::text AS worker_id, timing_share FROM tunefleet.worker_timeline
+         WHERE run_id = %(run_id)s AND timing_share IS NOT NULL
+        """,
+        {"run_id": run_id},
+    )
+    return {r["worker_id"]: float(r["timing_share"]) for r in rows}
+
+
+def attempt_timelines(conn: Conn, run_id: int) -> list[Row]:
+    """Every ended attempt of a run that reported its timeline (the ``timeline`` view's
+    trial, attempt, purpose, worker, outcome, ``queued_s``, ``wall_s``, ``untracked_s`` and
+    the phases as a JSON object), in the order they ended.
+
+    Read-only, no locks."""
+    return _all(
+        conn,
+        """
+        SELECT trial_id, attempt, purpose, worker_id, outcome, queued_s, wall_s, untracked_s,
+               timeline
+          FROM tunefleet.timeline
+         WHERE run_id = %(run_id)s
+         ORDER BY ended_at
         """,
         {"run_id": run_id},
     )

@@ -11,6 +11,7 @@ imports a command module, so ``tune`` prints the best as ``best`` does without i
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,11 +34,13 @@ from tunefleet.text.output import (
     table,
     trial_counts,
 )
+from tunefleet.timeline import Phase, clean, share_text
 from tunefleet.vocabulary import (
     ANY_DEVICE_CLASS,
     FAULT_TRIAL_STATES,
     BestStatus,
     RunState,
+    TrialPurpose,
     TrialState,
     WorkerState,
     best_status,
@@ -99,18 +102,21 @@ def _with_failed(row: Row) -> Row:
     return row
 
 
-def _with_liveness(row: Row, busy: Mapping[str, float] | None = None) -> Row:
+def _with_liveness(
+    row: Row, busy: Mapping[str, float] | None = None, timing: Mapping[str, float] | None = None
+) -> Row:
     row = dict(row)
     # The worker's sizing: code-generation processes and who chose them (auto: the worker
     # itself); its busy share on the run shown (tunefleet.busy, as the plot and the dashboard
-    # say it; "-" in the fleet overview, which shows no one run); and the share of the time
-    # since its first claim that its device spent timing, as the worker reports it.
+    # say it; "-" in the fleet overview, which shows no one run); and its device's timing
+    # share (tunefleet.timeline): on the run shown, from its attempts' timelines, else over
+    # its life, as the worker reports it.
     pool = row.get("prepare_workers")
     row["codegen"] = "-" if pool is None else f"{pool} {row.get('sizing') or ''}".strip()
     share = None if busy is None else busy.get(str(row["worker_id"]))
     row["busy"] = "-" if share is None else f"{100 * share:.0f}%"
-    timing = row.get("device_busy")
-    row["timing"] = "-" if timing is None else f"{100 * float(timing):.0f}%"
+    timed = row.get("device_busy") if timing is None else timing.get(str(row["worker_id"]))
+    row["timing"] = "-" if timed is None else f"{100 * float(timed):.0f}%"
     if row["state"] == WorkerState.STOPPED:
         row["liveness"] = WorkerState.STOPPED
     elif row["alive"]:
@@ -161,13 +167,58 @@ def status_text(conn: Any, run_id: int | None) -> str:
         for f in failures[:5]:
             lines.append(f"  {f['trials']:>4} {f['state']}: {clipped(f['error'], 90)}")
     lines += _stand_aside_lines(p, report.stand_asides(conn, run_id))
+    lines += timeline_lines(
+        report.run_timeline(conn, run_id), report.attempt_timelines(conn, run_id)
+    )
     workers = report.fleet(conn, run_id=run_id, include_stopped=True)
     busy = busy_shares(report.worker_intervals(conn, run_id))
+    timing = report.worker_timing(conn, run_id)
     lines.append("")
     lines.append(f"workers: {sum(1 for w in workers if w['alive'])} alive")
     if workers:
-        lines.append(table([_with_liveness(w, busy) for w in workers], _WORKER_COLUMNS))
+        lines.append(table([_with_liveness(w, busy, timing) for w in workers], _WORKER_COLUMNS))
     return "\n".join(lines)
+
+
+#: Phases the device process spends on other things than timing (its share of a device's
+#: window that is neither timing nor idle).
+_DEVICE_WORK = (
+    Phase.SETUP,
+    Phase.BUILD,
+    Phase.VALIDATION,
+    Phase.REFERENCE,
+    Phase.CHECK,
+    Phase.DEVICE_OTHER,
+)
+
+
+def timeline_lines(run: Row | None, attempts: list[Row]) -> list[str]:
+    """Where a run's wall time went (``status RUN``): the devices' timing share with what
+    else their device processes did and how long they stood idle, and each phase's median
+    over the run's search evaluations. Nothing before an attempt reported its timeline."""
+    if run is None or not attempts or not run.get("window_s"):
+        return []
+    window = float(run["window_s"])
+
+    def pct(x: float) -> str:
+        return f"{100 * x / window:.0f}%"
+
+    work = sorted(((p, float(run[f"{p}_s"] or 0.0)) for p in _DEVICE_WORK), key=lambda w: -w[1])
+    busy = sum(s for _, s in work)
+    idle = max(window - float(run["timing_s"] or 0.0) - busy, 0.0)
+    told = ", ".join(f"{p.value} {pct(s)}" for p, s in work if s >= 0.005 * window)
+    lines = [
+        f"  device    {share_text(run['timing_share'])} of {seconds(window)} "
+        f"({int(run['workers'])} device(s)); other work in the device process {pct(busy)}"
+        + (f" ({told})" if told else "")
+        + f", idle {pct(idle)}"
+    ]
+    search = [clean(a["timeline"]) for a in attempts if a["purpose"] == TrialPurpose.SEARCH]
+    if search:
+        medians = {p.value: statistics.median(t.get(p.value, 0.0) for t in search) for p in Phase}
+        shown = ", ".join(f"{name} {seconds(m)}" for name, m in medians.items() if m >= 0.0005)
+        lines.append(f"  per eval  median {shown} ({len(search)} evaluations)")
+    return lines
 
 
 def stand_aside_line(row: Row) -> str:

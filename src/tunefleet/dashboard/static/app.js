@@ -580,6 +580,7 @@ function runPage(runId) {
       card("pending", "pending", s.pending), card("invalid", "invalid", s.invalid), card("failed", "failed", s.failed),
       card("timed_out", "timed out", s.timed_out), card("cached", "from cache", s.cached),
       card("best", "best GFLOP/s" + bestMark(s.best_status), gflops(s.best_gflops)), card("rate", "eval / min", (s.evaluations_per_minute || 0).toFixed(1)),
+      card("timing", "device timing", pct(s.timing_share)),
       card("workers", "live workers", s.live_workers), card("elapsed", "elapsed", duration(s.elapsed_s)));
     states.replaceChildren(el("h2", { text: `Trials by state (${s.trials})` }), stateBar(s, true), legend());
   }
