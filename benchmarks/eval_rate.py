@@ -258,12 +258,11 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
     print(report(arms))
-    path = h.write_json(
+    h.write_json(
         "eval_rate",
         {"machine": info, "budget_s": args.budget, "quick": args.quick, "arms": arms},
         args.out,
     )
-    print(f"wrote {path}")
     return 0 if all(not a.get("error") for a in arms) else 1
 
 
