@@ -27,8 +27,7 @@ from .supervise import Child
 
 def shares_host_cores(device: DeviceInfo) -> bool:
     """Whether ``device`` runs its kernels on the host's CPU cores."""
-    kinds = str(device.extra.get("type", "")).split(",")
-    return "cpu" in kinds
+    return device.on_host_cores
 
 
 class Quiet:

@@ -49,6 +49,12 @@ class DeviceInfo:
         return device_class_of(self.name)
 
     @property
+    def on_host_cores(self) -> bool:
+        """The device runs its kernels on the host's CPU cores (PoCL, a CPU driver): work
+        beside its timing takes the same cores."""
+        return "cpu" in str(self.extra.get("type", "")).split(",")
+
+    @property
     def fingerprint(self) -> str:
         key = "\x1f".join((self.platform, self.vendor, self.name, self.driver_version))
         return hashlib.sha256(key.encode()).hexdigest()[:32]

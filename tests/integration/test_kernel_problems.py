@@ -172,7 +172,14 @@ class Scale(KernelProblem):
 
     name = "scale"
     description = "out = 2 a (with planted bugs)"
-    arguments = (ArgSpec("n", 200, "length", minimum=1),)
+    arguments = (
+        ArgSpec("n", 200, "length", minimum=1),
+        ArgSpec("small_first", 1, "1: validate at a small size first (as if the reference at "
+                "the target size were too costly), 0: at the target size", choices=(0, 1)),
+    )
+
+    def target_reference_affordable(self, args):
+        return not args["small_first"]
 
     def space(self, args):
         return Space.of([PowerOfTwo("wg", 1, 64), Choice("bug", BUGS)])
@@ -237,22 +244,26 @@ def test_user_problem_from_a_file_runs(session, broken):
     assert isinstance(broken, KernelProblem) and broken.name == "scale"
     outcome = _evaluate(broken, {}, {"wg": 16, "bug": "none"}, session)
     assert outcome.state == "done", outcome.error
-    assert outcome.validation["args"] == {"n": 64}  # validated small, timed at n = 200
+    # validated small, timed at n = 200
+    assert outcome.validation["args"] == {"n": 64, "small_first": 1}
     assert outcome.details["global_size"] == [208]
 
 
 @pytest.mark.parametrize(
     ("bug", "reason"),
     [
-        ("wrong", r"out: wrong numbers \(max error .* float32 tolerance 0.0001\)"),
-        ("skip", r"out: 1 of 64 outputs are NaN or infinite \(not written"),
-        ("nan", r"out: 64 of 64 outputs are NaN or infinite"),
+        ("wrong", r"^out: wrong numbers \(max error .* float32 tolerance 0.0001\)"),
+        ("skip", r"^out: 1 of 64 outputs are NaN or infinite \(not written"),
+        ("nan", r"^out: 64 of 64 outputs are NaN or infinite"),
         ("syntax", r"OpenCL build failed"),
-        ("skip_big", r"at the target size, out: 136 of 200 outputs are NaN or infinite"),
-        ("zero_big", r"at the target size, out: wrong numbers \(max error 1 relative"),
+        ("skip_big", r"out: 136 of 200 outputs are NaN or infinite at the target size"),
     ],
 )
 def test_broken_kernels_are_invalid_with_their_reason(session, broken, bug, reason):
+    """Where the target size's reference is too costly: validated at a small size first,
+    and after timing every output at the target size must at least be finite (a kernel
+    writing finite wrong numbers only past the validation size, ``zero_big``, needs the
+    reference: the next test)."""
     outcome = _evaluate(broken, {}, {"wg": 16, "bug": bug}, session)
     assert outcome.state == "invalid"
     assert outcome.error
@@ -260,6 +271,31 @@ def test_broken_kernels_are_invalid_with_their_reason(session, broken, bug, reas
 
     assert re.search(reason, outcome.error), outcome.error
     assert not outcome.samples_s and outcome.median_s is None
+
+
+@pytest.mark.parametrize(
+    ("bug", "reason"),
+    [
+        ("wrong", r"^at the target size, out: wrong numbers \(max error .* tolerance 0.0001\)"),
+        ("skip", r"^at the target size, out: 1 of 200 outputs are NaN or infinite \(not written"),
+        ("nan", r"^at the target size, out: 200 of 200 outputs are NaN or infinite"),
+        ("syntax", r"OpenCL build failed"),
+        ("skip_big", r"^at the target size, out: 136 of 200 outputs are NaN or infinite"),
+        ("zero_big", r"^at the target size, out: wrong numbers \(max error 1 relative"),
+    ],
+)
+def test_broken_kernels_validated_at_the_target_size_are_invalid_before_timing(
+    session, broken, bug, reason
+):
+    """Where the target size's reference is affordable there is no small build: one launch
+    at the target size is compared with the reference (on the device) before any timing."""
+    import re
+
+    outcome = _evaluate(broken, {"small_first": 0}, {"wg": 16, "bug": bug}, session)
+    assert outcome.state == "invalid" and re.search(reason, outcome.error), outcome.error
+    assert not outcome.samples_s and "timing" not in outcome.phases
+    if bug != "syntax":
+        assert outcome.validation["args"] == {"n": 200, "small_first": 0}
     assert outcome.protocol == PROTOCOL.to_json() and outcome.device
 
 
@@ -287,8 +323,10 @@ def _cache_files(path: Path) -> list[Path]:
 
 def test_prebuild_in_a_code_generation_process_compiles_on_the_device(tmp_path, monkeypatch):
     """With prebuild, the code-generation process compiles on the device itself (PoCL's kernel
-    cache fills there), the prepared kernel still measures in the device process, and a device
-    the code-generation process cannot open only costs the prebuild, never the trial."""
+    cache fills there) and hands over the driver's binary: the device process loads it and
+    compiles nothing while prepared kernels wait for it (without prebuild it compiles the
+    source itself). A device the code-generation process cannot open only costs the
+    prebuild, never the trial."""
     from tunefleet.worker.device import list_devices
     from tunefleet.worker.supervise import Child, Measure, Open, Prepare
 
@@ -297,7 +335,7 @@ def test_prebuild_in_a_code_generation_process_compiles_on_the_device(tmp_path, 
     args = problem.normalise_args({"n_elements": 37, "n_fields": 3})
     config = problem.default_config(args)
     monkeypatch.setenv("PYOPENCL_NO_CACHE", "1")  # only the device's own build cache counts
-    caches = {}
+    caches, prepared_by = {}, {}
     for prebuild in (False, True):
         caches[prebuild] = tmp_path / f"kcache-{prebuild}"
         monkeypatch.setenv("POCL_CACHE_DIR", str(caches[prebuild]))
@@ -307,21 +345,26 @@ def test_prebuild_in_a_code_generation_process_compiles_on_the_device(tmp_path, 
         finally:
             codegen.close()
         assert reply.kind == "ok", reply.message
-        prepared = reply.value
+        prepared = prepared_by[prebuild] = reply.value
         # The build done in the code-generation process still counts in compile_s.
         assert (prepared.prebuild_s > 0) == prebuild
+        assert (prepared.target.binary is not None) == prebuild
     assert _cache_files(caches[False]) == []
     assert _cache_files(caches[True]), "the prebuild compiled nothing on the device"
 
-    measurer = Child("device")
-    try:
-        assert measurer.call(Open(device), 60).kind == "ok"
-        out = measurer.call(
-            Measure("face_mass", args, config, device, PROTOCOL.to_json(), prepared), 120
-        )
-    finally:
-        measurer.close()
-    assert out.kind == "ok" and out.value.state == "done", out.message or out.value.error
+    outs = {}
+    for prebuild, prepared in prepared_by.items():
+        measurer = Child("device")  # one each: a process builds a kernel once
+        try:
+            assert measurer.call(Open(device), 60).kind == "ok"
+            request = Measure("face_mass", args, config, device, PROTOCOL.to_json(), prepared)
+            outs[prebuild] = measurer.call(request, 120)
+        finally:
+            measurer.close()
+    for prebuild, out in outs.items():
+        assert out.kind == "ok" and out.value.state == "done", out.message or out.value.error
+        assert out.value.details["device_build"] == ("binary" if prebuild else "source")
+    out, prepared = outs[True], prepared_by[True]
     assert out.value.details["build_s"] >= prepared.prebuild_s
     assert out.value.compile_s >= prepared.prebuild_s + out.value.details["codegen_s"]
 
@@ -375,47 +418,71 @@ def _script(code: str, env: dict[str, str], tag: str = "RESULT") -> tuple[str, s
     return lines[-1][len(tag) + 1 :], proc.stderr
 
 
-POISON_SCRIPT = r"""
-import json, sys
-import loopy as lp
-from loopy.target.execution import typed_and_scheduled_cache
+DEVICE_SCRIPT = r"""
+import hashlib, json, os, pickle, sys
 from tunefleet.problems.base import Protocol
 from tunefleet.problems.registry import get_problem
 from tunefleet.worker.device import list_devices, open_session
 
-problem = get_problem("gemm")
-args = problem.normalise_args({"n": 32, "m": 32, "k": 32})
+with open(os.environ["PREPARED"], "rb") as f:
+    prepared = pickle.load(f)
 session = open_session(list_devices()[0])
-mine = {**problem.default_config(args), "wg_i": 4, "wg_j": 4, "reg_i": 2, "reg_j": 2,
-        "vec_i": 1, "vec_j": 1, "tile_k": 8}
-other = {**mine, "unroll_k": "none" if mine["unroll_k"] != "none" else "full"}
-with lp.CacheMode(False):  # nothing of either reaches the caches by itself
-    prepared = problem.prepare(args, mine, session.info)
-    poison = problem.prepare(args, other, session.info)
-assert prepared.target.source != poison.target.source
-# A cache keyed by too little: the executor's lookup for this configuration's translation unit
-# answers with the other configuration's scheduled kernel.
-key = ("PyOpenCLExecutor", prepared.target.translation_unit, None)
-typed_and_scheduled_cache.store_if_not_present(key, poison.target.translation_unit)
-outcome = problem.measure(prepared, session, Protocol(warmup=0, min_launches=2, min_seconds=0))
+protocol = Protocol(warmup=0, min_launches=2, min_seconds=0)
+outcome = get_problem("gemm").measure(prepared, session, protocol)
 print("RESULT " + json.dumps({"state": outcome.state, "error": outcome.error,
       "sha": outcome.details.get("source_sha256"),
-      "generated": __import__("hashlib").sha256(prepared.target.source.encode()).hexdigest()}))
+      "code": hashlib.sha256(outcome.code.encode()).hexdigest(),
+      "loopy": sorted(m for m in sys.modules if m.split(".")[0] in ("loopy", "islpy"))}))
 """
 
 
-def test_a_cache_answering_with_another_kernel_is_never_timed_in_its_name(tmp_path):
-    """Loopy's executor finds its code by a hash of the translation unit. A cache planted to
-    answer this configuration with another configuration's kernel (in a cache home of this
-    test's own: the user's caches are never touched) is noticed when the device builds, the
-    build is redone without caches, and the timed code is the configuration's own."""
+def test_the_device_process_times_the_generated_code_and_never_imports_loopy(session, tmp_path):
+    """What a device process times is the OpenCL C that code generation wrote for the
+    configuration, built as it is: no loopy (and none of its caches, which answer by a hash
+    of a translation unit) between the two. A fresh process given a prepared kernel measures
+    it without importing loopy or islpy, and records the generated code's hash."""
+    import hashlib
     import json
 
-    text, stderr = _script(POISON_SCRIPT, {"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    problem = get_problem("gemm")
+    args = problem.normalise_args({"n": 32, "m": 32, "k": 32})
+    prepared = problem.prepare(args, problem.default_config(args), session.info)
+    path = tmp_path / "prepared.pickle"
+    path.write_bytes(pickle.dumps(prepared))
+    text, _ = _script(DEVICE_SCRIPT, {"PREPARED": str(path)})
     result = json.loads(text)
     assert result["state"] == "done", result["error"]
-    assert result["sha"] == result["generated"]
-    assert "loopy's caches answered with other code" in stderr
+    generated = hashlib.sha256(prepared.target.source.encode()).hexdigest()
+    assert result["sha"] == result["code"] == generated
+    assert result["loopy"] == []
+
+
+def test_the_reference_is_made_once_per_size_and_beside_the_device_where_it_can_be(session, broken):
+    """A device process computes a size's reference once, not per evaluation; on a device
+    that does not run on the host's cores it does so in a thread, beside the validation
+    launch, never on the device process's own path (on PoCL, whose kernels need those
+    cores, it runs when first needed)."""
+    import threading
+
+    calls: list[str] = []
+
+    class Counting(type(broken)):  # type: ignore[misc]
+        def reference(self, args: Any, inputs: Any) -> Any:
+            calls.append(threading.current_thread().name)
+            return super().reference(args, inputs)
+
+    problem = Counting()
+    extra = {**session.info.extra, "type": "gpu"}
+    elsewhere = dataclasses.replace(session, info=dataclasses.replace(session.info, extra=extra))
+    assert not elsewhere.info.on_host_cores and session.info.on_host_cores
+    for where in (elsewhere, session):
+        calls.clear()
+        for wg in (8, 16, 32):
+            outcome = _evaluate(problem, {"small_first": 0}, {"wg": wg, "bug": "none"}, where)
+            assert outcome.state == "done", outcome.error
+            assert outcome.validation["args"]["n"] == 200  # validated at the target size
+        assert len(calls) == 1, calls
+        assert calls[0].startswith("tunefleet-reference") == (where is elsewhere), calls
 
 
 def test_an_input_changed_on_the_device_is_caught_and_replaced(session, broken):
@@ -426,13 +493,13 @@ def test_an_input_changed_on_the_device_is_caught_and_replaced(session, broken):
     from tunefleet.problems import kernel
 
     config = {"wg": 16, "bug": "none"}
-    assert _evaluate(broken, {}, config, session).state == "done"
+    assert _evaluate(broken, {"small_first": 0}, config, session).state == "done"
     (inputs,) = kernel._DEVICE_INPUTS.values()
     inputs.device["a"].fill(0.0)  # what a stray store would leave
-    outcome = _evaluate(broken, {}, config, session)
+    outcome = _evaluate(broken, {"small_first": 0}, config, session)
     assert outcome.state == "invalid"
     assert outcome.error.startswith("the kernel wrote into its input a at the target size")
-    again = _evaluate(broken, {}, config, session)
+    again = _evaluate(broken, {"small_first": 0}, config, session)
     assert again.state == "done", again.error
     assert again.validation["target_outputs"]["out"]["checked"] == 200
 
