@@ -54,9 +54,7 @@ import math
 import multiprocessing.connection
 import os
 import random
-import shutil
 import socket
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -84,6 +82,7 @@ from tunefleet.version import __version__
 from tunefleet.vocabulary import ANY_DEVICE_CLASS, TrialState
 
 from . import results
+from .cold import ColdBuilds, at_once
 from .heartbeat import Heartbeat, HeldLeases, Liveness
 from .judge import Decision, Judge, Trial, cannot_serve
 from .link import DatabaseDown, Link
@@ -93,7 +92,7 @@ from .results import Held
 from .settings import WorkerSettings
 from .signals import Signals
 from .sizing import Sizing, detect_resources
-from .supervise import Child, Describe, Measure, Open, Prepare, Reply, cold_environment
+from .supervise import Child, Describe, Measure, Open, Prepare, Reply
 from .timeline import Marks
 from .vocabulary import ReplyKind, Stage, Verdict
 from .wake import Wakeups
@@ -128,10 +127,9 @@ class Worker:
         self.held: dict[int, Held] = {}
         self.leases = HeldLeases()
         self.device_child = Child("device")
-        #: A one-shot child per cold build (a confirmation): started with caches of its own,
-        #: closed after its reply, its cache directory removed (:meth:`_end_cold`).
-        self.cold_child = Child("cold build")
-        self.cold_cache_dir: str | None = None
+        #: The cold builds (confirmations) in progress, each a one-shot child with caches
+        #: of its own (:mod:`tunefleet.worker.cold`).
+        self.colds = ColdBuilds()
         #: Stops the code-generation pool while a CPU device times (enabled once the device
         #: is known).
         self.quiet = Quiet(False)
@@ -390,7 +388,7 @@ class Worker:
             reply = child.poll(now)
             if reply is not None and held is not None:
                 self._on_reply(held, reply)
-        self._end_cold()
+        self._sweep_colds()
 
     def step_abandon_lost(self) -> None:
         """Drop trials whose lease the heartbeat could not extend (someone else's now); stop
@@ -511,6 +509,11 @@ class Worker:
             )
             held.stage, held.child = Stage.PREPARING, child
             held.marks.prepare_sent = time.monotonic()
+        while len(self.colds) < at_once(self.pool.resources.cores):
+            held = self._first(Stage.CLAIMED, cold=True)
+            if held is None:
+                break
+            self._prepare_cold(held)
         if self._device_busy():
             return
         held = self._next_to_time(inline)
@@ -518,7 +521,7 @@ class Worker:
             return
         c = held.claim
         if held.cold:
-            self._start_cold(held)
+            self._time_cold(held)
             return
         if not self.device_child.alive:
             with self.liveness.blocking(DEVICE_START_TIMEOUT_S):
@@ -543,54 +546,65 @@ class Worker:
         log.debug("timing trial %s", c.trial_id)
 
     def _next_to_time(self, inline: bool) -> Held | None:
-        """The held trial the device takes next: a cold build first (a confirmation, which a
-        run's time budget waits for: it prepares in its own process, so it is ready once
-        claimed), else the first (in claim order) that is prepared, or claimed without
-        code-generation processes."""
-        cold = next((h for h in self.held.values() if h.cold and h.stage == Stage.CLAIMED), None)
+        """The held trial the device takes next: a prepared cold build first (a
+        confirmation, which a run's time budget waits for), else the first (in claim order)
+        that is prepared, or claimed without code-generation processes."""
+        cold = self._first(Stage.PREPARED, cold=True)
         if cold is not None:
             return cold
         ready = Stage.CLAIMED if inline else Stage.PREPARED
-        return next((h for h in self.held.values() if not h.cold and h.stage == ready), None)
+        return self._first(ready, cold=False)
 
-    def _start_cold(self, held: Held) -> None:
-        """Build and time ``held`` in a fresh process whose caches share nothing with this
-        worker's code-generation and device processes (or any earlier cold build), so that a
-        cache answering with another kernel's code cannot confirm its own mistake. The device
-        process stands idle meanwhile: one timing at a time."""
+    def _prepare_cold(self, held: Held) -> None:
+        """The first half of a cold build (:mod:`tunefleet.worker.cold`): a fresh process
+        with caches of its own generates, builds and readies ``held`` beside the device's
+        other work."""
         c = held.claim
-        self.cold_cache_dir = tempfile.mkdtemp(prefix="tunefleet-cold-")
-        self.cold_child = Child("cold build", cold_environment(self.cold_cache_dir))
-        self.cold_child.submit(
-            self._measure(c, inline_prepare=True, cold=True),
+        child = self.colds.start(c.trial_id)
+        child.submit(
+            Prepare(
+                c.problem, c.problem_args, c.config, self.device, keep=True, protocol=c.protocol
+            ),
             self._evaluation_limit(c),
             tag=c.key,
         )
-        held.stage, held.child = Stage.MEASURING, self.cold_child
-        held.marks.measure_sent = time.monotonic()
+        held.stage, held.child = Stage.PREPARING, child
+        held.marks.prepare_sent = time.monotonic()
         log.info("trial %s: a cold build in a fresh process", c.trial_id)
+
+    def _time_cold(self, held: Held) -> None:
+        """The second half: the cold build's own process times what it kept, while the device
+        process stands idle (one timing at a time)."""
+        c = held.claim
+        child = self.colds.child(c.trial_id)
+        if child is None or not child.alive:  # what it kept went with it
+            self._on_reply(held, Reply(ReplyKind.DIED, message="ended before it was timed"))
+            return
+        limit, left = self._evaluation_limit(c), self._evaluation_limit(c) - held.spent_s
+        child.submit(self._measure(c, kept=True, cold=True), left, tag=c.key, limit_s=limit)
+        self.colds.timing(c.trial_id)
+        held.stage, held.child = Stage.MEASURING, child
+        held.marks.measure_sent = time.monotonic()
 
     def _measure(self, c: ClaimedTrial, **how: Any) -> Measure:
         """The request that times claim ``c`` on this worker's device (``how``: the prepared
         kernel or inline preparation, a cold build)."""
         return Measure(c.problem, c.problem_args, c.config, self.device, c.protocol, **how)
 
-    def _end_cold(self) -> None:
-        """Close the cold build's process and remove its caches once it has answered."""
-        if self.cold_child.busy or self.cold_cache_dir is None:
-            return
-        self.cold_child.close()
-        shutil.rmtree(self.cold_cache_dir, ignore_errors=True)
-        self.cold_cache_dir = None
+    def _sweep_colds(self) -> None:
+        """End the cold builds whose trial has finished here or is no longer held."""
+        self.colds.sweep(
+            [h.claim.trial_id for h in self.held.values() if h.stage != Stage.FINISHED]
+        )
 
     def _device_busy(self) -> bool:
         """Something times on the device: the device process, or a cold build."""
-        return self.device_child.busy or self.cold_child.busy
+        return self.device_child.busy or self.colds.holds_device
 
     def step_isolate(self) -> None:
         """While the device process holds a request on a CPU device, the code-generation
         processes stand still (:mod:`tunefleet.worker.quiet`); once it is idle they run."""
-        self.quiet.hold(self._device_busy(), self.pool.children)
+        self.quiet.hold(self._device_busy(), [*self.pool.children, *self.colds.preparing()])
 
     def step_stop(self) -> None:
         """While stopping: give back every held trial that is not being timed. If the database
@@ -1029,7 +1043,7 @@ class Worker:
     def _give_back_everything(self) -> None:
         """After a fatal error: stop timing, release what we hold, mark the worker stopped."""
         self.device_child.kill()
-        self.cold_child.kill()
+        self.colds.kill()
         for child in self.pool.children:
             child.kill()
         unfinished = [h for h in self.held.values() if h.stage != Stage.FINISHED]
@@ -1053,10 +1067,9 @@ class Worker:
     def _teardown(self) -> None:
         if self.heartbeat is not None and self.heartbeat.is_alive():
             self.heartbeat.stop()
-        for child in self._children():
+        for child in [*self.pool.children, self.device_child]:
             child.close()
-        if self.cold_cache_dir is not None:
-            shutil.rmtree(self.cold_cache_dir, ignore_errors=True)
+        self.colds.close()
         self.link.close()
         self.signals.close()
 
@@ -1075,7 +1088,7 @@ class Worker:
             return False
 
     def _children(self) -> list[Child]:
-        return [*self.pool.children, self.device_child, self.cold_child]
+        return [*self.pool.children, self.device_child, *self.colds.children()]
 
     def _in_use(self) -> list[Child]:
         """The children tied to a held trial."""

@@ -209,4 +209,3 @@ class CodegenPool:
                 window.seconds,
             )
         return True
-

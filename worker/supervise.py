@@ -61,13 +61,20 @@ class Open:
 @dataclass(frozen=True)
 class Prepare:
     """Generate code for one configuration; with ``prebuild`` also compile it on the device
-    in this process (see :meth:`~tunefleet.problems.base.Problem.prebuild`)."""
+    in this process (see :meth:`~tunefleet.problems.base.Problem.prebuild`).
+
+    ``keep``: the first half of a cold build (:mod:`tunefleet.worker.cold`): this child opens
+    the device itself, prepares, builds, readies the measurement of ``protocol`` (inputs,
+    reference: :meth:`~tunefleet.problems.base.Problem.ready`) and keeps it all for the
+    ``Measure(kept=True)`` that follows; the reply carries no value."""
 
     problem: str
     args: dict[str, Any]
     config: dict[str, Any]
     device: DeviceInfo
     prebuild: bool = False
+    keep: bool = False
+    protocol: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,8 @@ class Measure:
     prepared: Any = None
     inline_prepare: bool = False
     cold: bool = False
+    #: Time what this child's ``Prepare(keep=True)`` kept.
+    kept: bool = False
 
 
 @dataclass(frozen=True)
@@ -147,6 +156,8 @@ class _ChildState:
     problems: dict[str, Any] = field(default_factory=dict)
     #: The request in hand's phases so far (:class:`Reply.phases`).
     phases: dict[str, float] = field(default_factory=dict)
+    #: What a ``Prepare(keep=True)`` prepared, for the ``Measure(kept=True)`` that follows.
+    kept: Any = None
 
     def problem(self, spec: str) -> Any:
         if spec not in self.problems:
@@ -226,10 +237,22 @@ def _handle(state: _ChildState, request: Any) -> Any:
         return None
     if isinstance(request, Prepare):
         problem = state.problem(request.problem)
+        if request.keep and problem.needs_opencl and state.session is None:
+            from .device import open_session
+
+            state.session = open_session(request.device)
         prepared = problem.prepare(request.args, request.config, request.device)
-        if request.prebuild and problem.needs_opencl:
+        if (request.prebuild or request.keep) and problem.needs_opencl:
             prepared = _prebuild(state, problem, prepared, request.device)
-        return prepared
+        if not request.keep:
+            return prepared
+        from tunefleet.problems.base import Protocol
+
+        started = time.perf_counter()
+        problem.ready(prepared, state.session, Protocol.from_json(request.protocol or {}))
+        state.phases[Phase.READY] = time.perf_counter() - started
+        state.kept = prepared
+        return None
     if isinstance(request, Measure):
         from tunefleet.problems.base import Protocol
 
@@ -239,7 +262,9 @@ def _handle(state: _ChildState, request: Any) -> Any:
 
             state.session = open_session(request.device)
         prepared = request.prepared
-        if request.inline_prepare:
+        if request.kept:
+            prepared, state.kept = state.kept, None
+        elif request.inline_prepare:
             started = time.perf_counter()
             prepared = problem.prepare(request.args, request.config, request.device)
             state.phases[Phase.CODEGEN] = time.perf_counter() - started

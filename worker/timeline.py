@@ -19,6 +19,9 @@ from .vocabulary import ReplyKind
 
 #: Replies this process makes up itself (the child said nothing about its time).
 _UNTOLD = (ReplyKind.TIMEOUT, ReplyKind.DIED)
+#: What a code-generation process may report of its request beside code generation (the rest
+#: of its time is code generation): its prebuild, and a cold build's readying.
+PREPARE_PHASES = (Phase.PREBUILD, Phase.READY)
 
 
 @dataclass
@@ -29,9 +32,9 @@ class Marks:
     claimed: float
     prepare_sent: float | None = None
     prepared: float | None = None
-    #: The code-generation process's whole request, and the OpenCL prebuild inside it.
+    #: The code-generation process's whole request, and what in it was not code generation.
     prepare_child_s: float = 0.0
-    prebuild_s: float = 0.0
+    preparation: dict[str, float] = field(default_factory=dict)
     measure_sent: float | None = None
     measured: float | None = None
     measure_child_s: float = 0.0
@@ -45,7 +48,7 @@ class Marks:
         told = reply.seconds if reply.kind not in _UNTOLD else now - (sent or now)
         if preparing:
             self.prepared, self.prepare_child_s = now, told
-            self.prebuild_s = clean(reply.phases).get(Phase.PREBUILD, 0.0)
+            self.preparation = clean(reply.phases, PREPARE_PHASES)
         else:
             self.measured, self.measure_child_s = now, told
             self.device = clean(reply.phases, DEVICE_PHASES)
@@ -65,9 +68,12 @@ class Marks:
             end = self.prepared if self.prepared is not None else now
             span = end - cursor
             child = min(self.prepare_child_s, span) if self.prepared is not None else span
-            build = min(self.prebuild_s, child)
-            add(Phase.PREBUILD, build)
-            add(Phase.CODEGEN, child - build)
+            left = child
+            for name, seconds in self.preparation.items():
+                share = min(seconds, left)
+                add(Phase(name), share)
+                left -= share
+            add(Phase.CODEGEN, left)
             add(Phase.HANDOFF, span - child)
             cursor = end
         if self.measure_sent is not None:

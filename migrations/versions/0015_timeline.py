@@ -64,9 +64,9 @@ BEGIN
       MESSAGE = 'a timeline is a JSON object of seconds per phase';
   END IF;
   FOR v_key, v_value IN SELECT e.key, e.value FROM jsonb_each(p_timeline) AS e LOOP
-    IF v_key NOT IN ('wait_codegen', 'codegen', 'prebuild', 'handoff', 'wait_device',
-                     'setup', 'build', 'validation', 'timing', 'reference', 'check',
-                     'device_other', 'report') THEN
+    IF v_key NOT IN ('wait_codegen', 'codegen', 'prebuild', 'ready', 'handoff',
+                     'wait_device', 'setup', 'build', 'validation', 'timing', 'reference',
+                     'check', 'device_other', 'report') THEN
       RAISE EXCEPTION USING ERRCODE = '22023',
         MESSAGE = format('timeline phase %s is not a known phase', v_key);
     END IF;
@@ -259,6 +259,7 @@ SELECT t.run_id,
        coalesce((a.timeline ->> 'wait_codegen')::float8, 0) AS wait_codegen_s,
        coalesce((a.timeline ->> 'codegen')::float8, 0) AS codegen_s,
        coalesce((a.timeline ->> 'prebuild')::float8, 0) AS prebuild_s,
+       coalesce((a.timeline ->> 'ready')::float8, 0) AS ready_s,
        coalesce((a.timeline ->> 'handoff')::float8, 0) AS handoff_s,
        coalesce((a.timeline ->> 'wait_device')::float8, 0) AS wait_device_s,
        coalesce((a.timeline ->> 'setup')::float8, 0) AS setup_s,
@@ -287,6 +288,7 @@ SELECT x.run_id,
        sum(x.wait_codegen_s) AS wait_codegen_s,
        sum(x.codegen_s) AS codegen_s,
        sum(x.prebuild_s) AS prebuild_s,
+       sum(x.ready_s) AS ready_s,
        sum(x.handoff_s) AS handoff_s,
        sum(x.wait_device_s) AS wait_device_s,
        sum(x.setup_s) AS setup_s,
@@ -314,6 +316,7 @@ SELECT w.run_id,
        sum(w.wait_codegen_s) AS wait_codegen_s,
        sum(w.codegen_s) AS codegen_s,
        sum(w.prebuild_s) AS prebuild_s,
+       sum(w.ready_s) AS ready_s,
        sum(w.handoff_s) AS handoff_s,
        sum(w.wait_device_s) AS wait_device_s,
        sum(w.setup_s) AS setup_s,

@@ -12,7 +12,7 @@ queue before the claim as ``queued_s``.
 What happens where (a worker with code-generation processes; without them the device process
 prepares, and ``codegen`` is its share of the device span)::
 
-    claim -> wait_codegen -> codegen, prebuild, handoff -> wait_device
+    claim -> wait_codegen -> codegen, prebuild, (ready), handoff -> wait_device
           -> [device process] setup, build, validation, timing, reference, check
           -> handoff -> report
 
@@ -38,6 +38,9 @@ class Phase(StrEnum):
     CODEGEN = "codegen"
     #: The OpenCL build in the code-generation process (so the device's is a cache hit).
     PREBUILD = "prebuild"
+    #: A cold build readying its measurement in its own process (inputs, reference, the
+    #: comparison kernels) before it takes the device.
+    READY = "ready"
     #: Moving work between processes: sending the request and the prepared kernel, the
     #: reply back, a child's start-up.
     HANDOFF = "handoff"

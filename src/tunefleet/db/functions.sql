@@ -193,9 +193,9 @@ BEGIN
       MESSAGE = 'a timeline is a JSON object of seconds per phase';
   END IF;
   FOR v_key, v_value IN SELECT e.key, e.value FROM jsonb_each(p_timeline) AS e LOOP
-    IF v_key NOT IN ('wait_codegen', 'codegen', 'prebuild', 'handoff', 'wait_device',
-                     'setup', 'build', 'validation', 'timing', 'reference', 'check',
-                     'device_other', 'report') THEN
+    IF v_key NOT IN ('wait_codegen', 'codegen', 'prebuild', 'ready', 'handoff',
+                     'wait_device', 'setup', 'build', 'validation', 'timing', 'reference',
+                     'check', 'device_other', 'report') THEN
       RAISE EXCEPTION USING ERRCODE = '22023',
         MESSAGE = format('timeline phase %s is not a known phase', v_key);
     END IF;

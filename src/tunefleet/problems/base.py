@@ -298,6 +298,11 @@ class Problem(ABC):
         nothing."""
         return prepared
 
+    def ready(self, prepared: Any, session: Any, protocol: Protocol) -> None:  # noqa: B027
+        """Ready what :meth:`measure` of ``prepared`` with ``protocol`` will need, before the
+        device is this process's (a cold build prepares while another process times): by
+        default nothing."""
+
     @abstractmethod
     def measure(self, prepared: Any, session: Any, protocol: Protocol) -> Outcome:
         """Validate and time a prepared configuration on the device, in the worker's
