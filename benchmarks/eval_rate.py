@@ -152,9 +152,16 @@ def run_numbers(url: str, run_id: int) -> dict[str, Any]:
             "SELECT * FROM tunefleet.run_timeline WHERE run_id = %s", (run_id,)
         ).fetchone()
         attempts = conn.execute(
-            "SELECT trial_id, purpose, outcome, queued_s, wall_s, untracked_s, timeline"
-            " FROM tunefleet.timeline WHERE run_id = %s ORDER BY ended_at",
+            "SELECT t.trial_id, t.purpose, t.outcome, t.queued_s, t.wall_s, t.untracked_s,"
+            " extract(epoch FROM t.claimed_at - r.created_at)::float8 AS claimed_s,"
+            " extract(epoch FROM t.ended_at - r.created_at)::float8 AS ended_s, t.timeline"
+            " FROM tunefleet.timeline t JOIN tunefleet.run r ON r.id = t.run_id"
+            " WHERE t.run_id = %s ORDER BY t.ended_at",
             (run_id,),
+        ).fetchall()
+        workers = conn.execute(
+            "SELECT prepare_workers, prefetch, sizing, device_busy FROM tunefleet.worker"
+            " ORDER BY started_at"
         ).fetchall()
     assert p is not None
     states = ("done", "invalid", "failed", "timed_out")
@@ -166,6 +173,7 @@ def run_numbers(url: str, run_id: int) -> dict[str, Any]:
         "evaluations_per_minute": float(p["evaluations_per_minute"]),
         "best_gflops": None if p["best_gflops"] is None else float(p["best_gflops"]),
         "attempts": [dict(a) for a in attempts],
+        "workers": [dict(w) for w in workers],
     }
     if run is not None:
         window = float(run["window_s"] or 0.0)
