@@ -3,9 +3,10 @@ returns what its prose promises (docs/sql.md holds most; the confirmation querie
 docs/protocol.md, the stand-aside one in docs/cluster.md).
 
 Run 1 is a real run: ``tunefleet tune synthetic`` with two workers on the host pseudo-device,
-a fifth of the configurations invalid, on a test database. ``runfill`` then adds a GEMM on
-two device classes (one of its runs still going), so the side-by-side and progress queries
-have rows too.
+a fifth of the configurations invalid, on a test database, plus one configuration the
+problem's rules rejected (written by the coordinator's own statement: no worker, no time).
+``runfill`` then adds a GEMM on two device classes (one of its runs still going), so the
+side-by-side and progress queries have rows too.
 """
 
 from __future__ import annotations
@@ -18,14 +19,19 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.queue_data import seed_with_invalid_default
+from tests.helpers.queue_data import seed_with_invalid_default, synthetic_configs
 from tests.helpers.runfill import CPU, fill, module_database
 from tunefleet.db.engine import connect
+from tunefleet.queries.search import insert_invalid_trials
+from tunefleet.space import config_hash
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: Pages whose ```sql blocks are not PostgreSQL queries of tunefleet's database.
 NOT_QUERIES = {"feinsum.md": "the SQLite schema of feinsum's archives"}
+
+#: How long each evaluation of run 1 takes: a worker times one at a time.
+DURATION_S = 0.05
 
 #: First-line comment of a block -> columns it must return (every block must return rows).
 EXPECTED: dict[str, set[str]] = {
@@ -72,13 +78,14 @@ def real_db(pg_admin_url: str, pg_template: str, tmp_path_factory) -> Iterator[s
         proc = subprocess.run(
             [
                 "tunefleet", "tune", "synthetic", "--db", url, "--workers", "2",
-                "--max-trials", "16", "--arg", "duration=0.05", "--arg", "invalid_rate=0.2",
-                "--arg", f"seed={seed}",
+                "--max-trials", "16", "--arg", f"duration={DURATION_S}",
+                "--arg", "invalid_rate=0.2", "--arg", f"seed={seed}",
             ],
             env=env, capture_output=True, text=True, timeout=240,
         )  # fmt: skip
         assert proc.returncode == 0, proc.stdout + proc.stderr
         with connect(url) as conn:
+            _rule_out_one(conn, 1)
             filled = fill(conn)
             # A node of the CPU class whose Python lacks a dependency of the problem.
             conn.execute(
@@ -94,6 +101,31 @@ def real_db(pg_admin_url: str, pg_template: str, tmp_path_factory) -> Iterator[s
             )
         assert filled.cpu_run == 2  # the synthetic run is run 1
         yield url
+
+
+def _rule_out_one(conn: Any, run_id: int) -> None:
+    """A configuration of the run the problem's rules rejected before any worker saw it, as
+    the coordinator records one: invalid, never claimed, started and finished at once."""
+    tried = {
+        r["config_hash"]
+        for r in conn.execute(
+            "SELECT config_hash FROM tunefleet.trial WHERE run_id = %s", (run_id,)
+        ).fetchall()
+    }
+    config = next(c for c in synthetic_configs(512) if config_hash(c) not in tried)
+    device_class = conn.execute(
+        "SELECT device_class FROM tunefleet.run WHERE id = %s", (run_id,)
+    ).fetchone()["device_class"]
+    (row,) = insert_invalid_trials(
+        conn,
+        run_id,
+        device_class,
+        [{"config": config, "config_hash": config_hash(config), "error": "a rule: too big"}],
+    )
+    ruled = conn.execute(
+        "SELECT ruled_out FROM tunefleet.results WHERE trial_id = %s", (row.id,)
+    ).fetchone()
+    assert ruled["ruled_out"], "the view counts it as a rule rejection"
 
 
 def test_the_docs_document_at_least_five_queries():
@@ -135,12 +167,18 @@ def test_documented_sql_returns_rows(real_db: str, block: str) -> None:
             # One row per worker that evaluated something: `tune --workers 2` starts two, but
             # on a loaded machine the first can drain 16 short trials before the second claims.
             workers = conn.execute(
-                "SELECT DISTINCT worker_id FROM tunefleet.results WHERE run_id = 1"
+                "SELECT DISTINCT worker_id FROM tunefleet.results"
+                " WHERE run_id = 1 AND NOT ruled_out AND source <> 'cache'"
             ).fetchall()
             assert {r["worker_id"] for r in rows} == {w["worker_id"] for w in workers}
             assert 1 <= len(rows) <= 2
-            assert sum(r["evaluations"] for r in rows) == _scalar(conn, f"SELECT count(*) {run1}")
+            # Workers' evaluations only: the rule rejection (no worker) is no row of its own.
+            assert sum(r["evaluations"] for r in rows) == _scalar(
+                conn, f"SELECT count(*) {run1} AND NOT ruled_out AND source <> 'cache'"
+            )
             assert all(float(r["per_minute"]) > 0 and float(r["avg_s"]) > 0 for r in rows)
+            # A worker times one evaluation at a time: no rate above one per DURATION_S.
+            assert all(float(r["per_minute"]) <= 60 / DURATION_S for r in rows), rows
         if title == "same problem on two devices side by side":
             assert [r["problem"] for r in rows] == ["gemm"]
             assert float(rows[0]["gflops_a"]) == 410.0
