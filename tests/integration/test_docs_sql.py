@@ -18,15 +18,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from psycopg.types.json import Jsonb
 
 from tests.helpers.queue_data import seed_with_invalid_default, synthetic_configs
 from tests.helpers.runfill import CPU, fill, module_database
 from tunefleet.db.engine import connect
+from tunefleet.problems.synthetic import OPTIMUM, Synthetic, is_lucky
 from tunefleet.queries.search import insert_invalid_trials
 from tunefleet.space import config_hash
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+README = ROOT / "README.md"
+DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 #: Pages whose ```sql blocks are not PostgreSQL queries of tunefleet's database.
 NOT_QUERIES = {"feinsum.md": "the SQLite schema of feinsum's archives"}
 
@@ -187,3 +190,68 @@ def test_documented_sql_returns_rows(real_db: str, block: str) -> None:
         if title == "top configurations of a run":
             gflops = [float(r["gflops"]) for r in rows]
             assert gflops == sorted(gflops, reverse=True) and len(rows) <= 5
+
+
+def _block(title: str) -> str:
+    (block,) = [b for b in sql_blocks() if _title(b) == title]
+    return block
+
+
+def _lucky_args() -> tuple[dict[str, Any], dict[str, Any]]:
+    """Synthetic arguments under which neither the baseline nor the optimum is lucky, and a
+    lucky configuration: it measures half the optimum's time once, its true time again."""
+    problem = Synthetic()
+    for seed in range(100):
+        args = {"duration": 0.02, "lucky_rate": 0.25, "seed": seed}
+        full = problem.normalise_args(args)
+        space = problem.space(full)
+        if is_lucky(full, OPTIMUM) or is_lucky(full, space.default()):
+            continue
+        for config in synthetic_configs(512):
+            if is_lucky(full, config) and config != space.default():
+                return args, config
+    raise AssertionError("no seed with a lucky configuration apart from the baseline")
+
+
+def test_top_configurations_rank_as_tunefleet_best_does(
+    db_url: str, cli_env: dict[str, str]
+) -> None:
+    """A configuration measured fast once by luck and slower when re-measured: ranked by the
+    search's median alone it comes first, while ``tunefleet best`` ranks by the re-measured
+    median; the documented recipe, and the README tour's query, name the same
+    configurations, in the same order, as ``tunefleet best --top``."""
+    import json
+
+    args, lucky = _lucky_args()
+    argv = [
+        "tunefleet", "tune", "synthetic", "--db", db_url, "--workers", "1",
+        "--max-trials", "3", "--confirm", "3",
+        "--seed-config", json.dumps(lucky), "--seed-config", json.dumps(OPTIMUM),
+    ]  # fmt: skip
+    for key, value in args.items():
+        argv += ["--arg", f"{key}={value}"]
+    tuned = subprocess.run(argv, env=cli_env, capture_output=True, text=True, timeout=240)
+    assert tuned.returncode == 0, tuned.stdout + tuned.stderr
+    best = subprocess.run(
+        ["tunefleet", "best", "1", "--top", "3", "--json", "--db", db_url],
+        env=cli_env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert best.returncode == 0, best.stderr
+    cli = [int(b["trial_id"]) for b in json.loads(best.stdout)["best"]]
+    with connect(db_url) as conn:
+        recipe = [int(r["trial_id"]) for r in conn.execute(_block("top configurations of a run"))]
+        (tour_query,) = re.findall(r'conn\.execute\("""(.*?)"""\)', README.read_text(), re.S)
+        tour = [int(r["trial_id"]) for r in conn.execute(tour_query)]
+        by_search = conn.execute(
+            "SELECT trial_id, config FROM tunefleet.results"
+            " WHERE run_id = 1 AND state = 'done' ORDER BY median_s, trial_id"
+        ).fetchall()
+        optimum = conn.execute(
+            "SELECT trial_id FROM tunefleet.results WHERE run_id = 1 AND config = %s",
+            (Jsonb(OPTIMUM),),
+        ).fetchone()["trial_id"]
+    # They used to differ: the search's median puts the lucky one first.
+    assert by_search[0]["config"] == lucky, by_search
+    assert cli[0] == optimum, (cli, by_search)
+    assert recipe[: len(cli)] == cli
+    assert tour == cli
