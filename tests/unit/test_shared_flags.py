@@ -92,3 +92,15 @@ def test_values_out_of_range_are_one_line_errors(argv, message, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("tunefleet: error: "), err
     assert message in err[0]
+
+
+@pytest.mark.parametrize("command", ["tune", "coordinator"])
+def test_technique_help_names_the_default_the_coordinator_uses(command, monkeypatch):
+    from tunefleet.coordinator.settings import default_techniques
+
+    monkeypatch.delenv("TUNEFLEET_TECHNIQUE", raising=False)
+    (default,) = default_techniques()
+    text = " ".join(action(subcommand(command), "--technique").help.split())
+    assert f"default {default}" in text, text
+    # No other technique is named the default (the help once said NeighbourhoodBandit).
+    assert text.count("default ") == 1, text
