@@ -187,8 +187,10 @@ TIMEOUT = _flag(
     "--timeout",
     type=seconds("--timeout", high=MAX_TIMEOUT_S),
     metavar="SECONDS",
-    help="evaluation timeout of a trial the coordinator gave none (default 120); code "
-    "generation always gets at least this long",
+    help="seconds one whole evaluation may take: code generation, build, validation and "
+    "timing together, under one limit (default 120; a trial past it is killed and recorded "
+    "timed_out); a shorter limit the run sets for a trial from its best time bounds the "
+    "timing step",
 )
 PREFETCH = _flag(
     "--prefetch",
