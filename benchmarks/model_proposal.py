@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import fmt, machine, table, write_json
 
 from tunefleet.coordinator.landscape import Landscape, LandscapeSettings
-from tunefleet.coordinator.tuner import DEFAULT_TECHNIQUE, Tuner, check_techniques
+from tunefleet.coordinator.tuner import Tuner, check_techniques
+from tunefleet.settings import DEFAULT_TECHNIQUE
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -25,8 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import fmt, machine, table, write_json
 
 from tunefleet.coordinator.replay import Answers, problem_rules, replay, summarise
-from tunefleet.coordinator.tuner import DEFAULT_TECHNIQUE, check_techniques
+from tunefleet.coordinator.tuner import check_techniques
 from tunefleet.recording import load
+from tunefleet.settings import DEFAULT_TECHNIQUE
 
 PUBLISHED = Path(__file__).resolve().parent / "published"
 

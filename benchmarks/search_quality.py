@@ -36,7 +36,8 @@ from _harness import fmt, machine, table, write_json
 
 from tunefleet.coordinator.landscape import Landscape, LandscapeSettings
 from tunefleet.coordinator.replay import Curve, replay
-from tunefleet.coordinator.tuner import DEFAULT_TECHNIQUE, check_techniques, technique_names
+from tunefleet.coordinator.tuner import check_techniques, technique_names
+from tunefleet.settings import DEFAULT_TECHNIQUE
 
 #: Within this fraction of the optimum's speed a run counts as having found it.
 NEAR = 0.95

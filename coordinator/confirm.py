@@ -7,7 +7,8 @@ queued ahead of everything, with fresh inputs (another input seed), for another 
 the class than the one that measured it where one is live (the claim leaves it to the others
 for :data:`CONFIRM_AVOID_S`), never answered from the cache. While a confirmation moves a
 configuration out of the top ``confirm``, the next one is confirmed too (at most
-``2 * confirm`` per ending). Only then is the run finished; its best is the best by confirmed
+``2 * confirm`` per ending, and past those the best itself, one at a time, until the best is
+one that was re-measured). Only then is the run finished; its best is the best by confirmed
 figure (``best_per_run``). Confirmations are not trials of the search: the search never hears
 of them and they do not count against ``max_trials``. With no live worker the phase ends with
 what is confirmed so far.
@@ -113,7 +114,8 @@ class Confirmation:
 
     def __init__(self, session: Session) -> None:
         self.session = session
-        #: Confirmations queued so far (fresh or revived): at most ``2 * confirm``.
+        #: Confirmations queued so far (fresh or revived): at most ``2 * confirm``, and past
+        #: those only the best's.
         self.enqueued = 0
         #: Pending search trials this phase cancelled (the run's result counts them).
         self.cancelled = 0
@@ -163,8 +165,12 @@ class Confirmation:
             self._confirm_early(left)
         want = s.settings.confirm
         candidates = q.confirmation_candidates(s.conn, s.run_id, want)
-        todo = [c for c in candidates if c.confirm_state in (None, TrialState.CANCELLED)]
-        todo = todo[: max(0, 2 * want - self.enqueued)]
+        fresh = [c for c in candidates if c.confirm_state in (None, TrialState.CANCELLED)]
+        todo = fresh[: max(0, 2 * want - self.enqueued)]
+        if not todo and fresh and fresh[0] is candidates[0]:
+            # Past the cap the best itself is still re-measured: it is the figure the run
+            # reports, and ending here reported a lucky one nobody had re-measured.
+            todo = fresh[:1]
         self.wanted = max(self.wanted, self.enqueued + len(todo))
         if left is not None and todo:
             fit = confirmations_that_fit(s.speed(), len(s.confirming) + len(todo), left)

@@ -25,6 +25,7 @@ from typing import Any
 
 from tunefleet.errors import UsageError
 from tunefleet.settings import (
+    DEFAULT_TECHNIQUE,
     MAX_CONFIRM,
     MAX_COUNT,
     WORKER_ALIVE_S,
@@ -48,9 +49,7 @@ def _techniques(raw: str) -> tuple[str, ...]:
 
 def default_techniques() -> tuple[str, ...]:
     """The techniques a run searches with when none is named: ``TUNEFLEET_TECHNIQUE``, else
-    the coordinator's default (:data:`.tuner.DEFAULT_TECHNIQUE`)."""
-    from .tuner import DEFAULT_TECHNIQUE
-
+    the default (:data:`tunefleet.settings.DEFAULT_TECHNIQUE`)."""
     return resolve(None, "TECHNIQUE", (DEFAULT_TECHNIQUE,), _techniques)
 
 

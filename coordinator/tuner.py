@@ -43,16 +43,13 @@ from typing import Any
 from sqlalchemy.orm.attributes import set_committed_value
 
 from tunefleet.errors import UsageError
+from tunefleet.settings import DEFAULT_TECHNIQUE
 from tunefleet.space import Config, Space, config_hash
 from tunefleet.vocabulary import TrialSource
 
 from .mapping import SpaceMapping
 
 _log = logging.getLogger(__name__)
-
-#: The search a run uses unless told otherwise: the best of the techniques compared by
-#: replaying recorded spaces (benchmarks/replay_techniques.py; the table in docs/tuning.md).
-DEFAULT_TECHNIQUE = "NeighbourhoodSearch"
 
 
 @contextmanager

@@ -27,6 +27,11 @@ ENV_PREFIX = "TUNEFLEET_"
 WORKER_ALIVE_S = 60.0
 #: A coordinator whose heartbeat is at most this old (seconds) still drives its run.
 COORDINATOR_ALIVE_S = 30.0
+#: The search a run uses unless told otherwise (``--technique``, ``TUNEFLEET_TECHNIQUE``): the
+#: best of the techniques compared by replaying recorded spaces
+#: (benchmarks/replay_techniques.py; the table in docs/tuning.md). Here, not in the
+#: coordinator, so that the flags' help quotes this value without importing OpenTuner.
+DEFAULT_TECHNIQUE = "NeighbourhoodSearch"
 
 
 #: Most configurations one run confirms (``--confirm``; each costs one more evaluation at the

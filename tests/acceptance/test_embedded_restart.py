@@ -199,3 +199,100 @@ def test_killed_postmaster_restarted_with_db_start_strands_no_coordinator_or_wor
         finally:
             for w in workers:
                 w.kill()
+
+
+def _finished(url: str) -> int:
+    """Search trials of run 1 that finished, or 0 while the run or the server is not there."""
+    try:
+        with connect(url, connect_timeout=2) as db:
+            return sum(trial_counts(db, 1).get(s, 0) for s in FINISHED)
+    except Exception:
+        return 0
+
+
+@pytest.mark.timeout(600)
+def test_tune_restarts_the_embedded_server_it_runs_on_when_its_postmaster_dies(
+    cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    """`tune` on the embedded server: its postmaster is killed mid-run. Before, `tune` waited
+    in silence, its live line frozen, until someone ran `tunefleet db start`; now it notices,
+    starts the server again itself, says so in one line, and finishes the run with every
+    configuration measured exactly once."""
+    from tunefleet.db.embedded import EmbeddedServer
+
+    server = EmbeddedServer(Path(cli_env["TUNEFLEET_HOME"]) / "postgres" / "data")
+    env = {**cli_env, "TUNEFLEET_POLL_S": "0.05"}
+    log = tmp_path / "tune.out"
+    with log.open("w") as out:
+        tune = subprocess.Popen(
+            [sys.executable, "-m", "tunefleet", "tune", "synthetic", "--arg", "duration=0.3",
+             "--workers", "1", "--max-trials", str(MAX_TRIALS), "--confirm", "1",
+             "--progress-every", "1"],
+            env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+
+    def alive() -> bool:
+        if tune.poll() is None:
+            return True
+        raise AssertionError(f"tune exited {tune.returncode}: {log.read_text()}")
+
+    try:
+
+        def running_url() -> str | None:
+            return server.local_url() if alive() and server.status().running else None
+
+        url = wait_until(running_url, timeout=180, interval=0.1, what="the embedded server")
+        wait_until(
+            lambda: alive() and _finished(url) >= 4,
+            timeout=180, interval=0.1, what="4 finished trials",
+        )  # fmt: skip
+        before = server.status()
+        assert before.pid is not None
+        os.kill(before.pid, signal.SIGKILL)
+        wait_until(lambda: postmaster_gone(before.pid), timeout=30, what="the postmaster")
+
+        # `tune` starts it again by itself, on the same address: nobody runs `db start`.
+        wait_until(
+            lambda: alive() and server.status().running and reachable(url),
+            timeout=120, interval=0.1, what="tune to start the server again",
+        )  # fmt: skip
+        assert server.status().pid != before.pid
+        assert server.local_url() == url, "the same port and socket directory"
+        tune.wait(timeout=300)
+    finally:
+        if tune.poll() is None:
+            tune.kill()
+            tune.wait(timeout=30)
+    said = log.read_text()
+    assert tune.returncode == 0, said
+    restarted = [ln for ln in said.splitlines() if "restarted it" in ln]
+    assert restarted == [
+        "tunefleet: note: the embedded database server stopped under run 1 (its postmaster "
+        f"is gone); restarted it (data: {server.data_dir}), the run goes on"
+    ], said
+    assert "run 1 finished" in said, said
+
+    with connect(url) as db:
+        counts = trial_counts(db, 1)
+        assert sum(counts.get(s, 0) for s in FINISHED) == MAX_TRIALS, counts
+        assert counts.get("pending", 0) == counts.get("running", 0) == 0, counts
+        # Every search trial claimed once and measured at most once: nothing lost, nothing
+        # measured twice.
+        claims = db.execute(
+            "SELECT t.id, t.attempt, count(a.*) AS claims,"
+            "       (SELECT count(*) FROM tunefleet.measurement m WHERE m.trial_id = t.id)"
+            "         AS measurements"
+            "  FROM tunefleet.trial t LEFT JOIN tunefleet.attempt a ON a.trial_id = t.id"
+            " WHERE t.run_id = 1 AND t.purpose = 'search' AND t.source <> 'cache'"
+            " GROUP BY t.id"
+        ).fetchall()
+        assert claims and all(
+            (r["attempt"], r["claims"]) == (1, 1) and r["measurements"] <= 1 for r in claims
+        ), claims
+        twice = db.execute(
+            "SELECT m.config_hash FROM tunefleet.measurement m"
+            "  JOIN tunefleet.trial t ON t.id = m.trial_id"
+            " WHERE m.run_id = 1 AND t.purpose = 'search'"
+            " GROUP BY m.config_hash HAVING count(*) > 1"
+        ).fetchall()
+        assert twice == [], "a configuration was measured twice"

@@ -450,3 +450,55 @@ def test_a_cache_that_answers_with_another_kernel_is_caught_by_the_cold_build(db
     # The cold builds left the worker's own cache as it was, and removed their own.
     assert json.loads(planted.read_text()) == optimum
     assert not list(scratch.glob("tunefleet-cold-*"))
+
+
+#: Arguments under which half the configurations are lucky (not the optimum), without noise:
+#: every re-measurement of an honest configuration agrees with its first.
+MOSTLY_LUCKY_ARGS: dict[str, Any] = {"duration": 0.005, "lucky_rate": 0.5, "seed": 1}
+
+
+def test_the_best_is_re_measured_when_confirmations_move_its_rivals_down(db_url, db, tmp_path):
+    """More lucky configurations at the top than the phase's 2 x confirm confirmations: each
+    re-measurement moves one down, and the next lucky one takes its place. The phase ended
+    after 2 x confirm with a lucky figure nobody re-measured as the best, and the live line
+    read "2 re-measured (extra) | best ... (unconfirmed)" once its confirmations had
+    finished; now the best is re-measured before the run reports it."""
+    from tunefleet.settings import DatabaseSettings
+    from tunefleet.text.progress import ProgressReader
+
+    problem = Synthetic()
+    args = problem.normalise_args(MOSTLY_LUCKY_ARGS)
+    assert not is_lucky(args, OPTIMUM)
+    space = problem.space(args)
+    lucky = [
+        config
+        for values in itertools.product(*(p.values() for p in space))
+        if is_lucky(args, config := space.check(dict(zip(space.names(), values, strict=True))))
+    ][:3]
+    s = settings(
+        problem_args=MOSTLY_LUCKY_ARGS,
+        protocol=PROTOCOL,
+        seed_configs=[*lucky, OPTIMUM],
+        max_trials=len(lucky) + 1,
+        confirm=1,
+    )
+    result = drive(db_url, s, tmp_path / "logs", workers=1)
+    assert (result.state, result.stop_reason) == ("finished", "max_trials")
+
+    reader = ProgressReader(DatabaseSettings(url=db_url), db_url, result.run_id)
+    try:
+        line = reader.line()
+    finally:
+        reader.close()
+    assert line is not None and "re-measured (extra) | best " in line, line
+    assert "(unconfirmed)" not in line, line
+    best = db.execute(
+        "SELECT best_status, best_trial_id FROM tunefleet.run_progress WHERE run_id = %s",
+        (result.run_id,),
+    ).fetchone()
+    assert best["best_status"] == "confirmed", best
+    assert result.confirmed and result.best_config == OPTIMUM
+    assert best["best_trial_id"] == trial_of(db, result.run_id, OPTIMUM)["id"]
+    # Each lucky one was re-measured (and moved down); none twice.
+    seen = confirmations(db, result.run_id)
+    assert {trial_of(db, result.run_id, c)["id"] for c in lucky} <= set(seen)

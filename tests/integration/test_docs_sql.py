@@ -3,9 +3,10 @@ returns what its prose promises (docs/sql.md holds most; the confirmation querie
 docs/protocol.md, the stand-aside one in docs/cluster.md).
 
 Run 1 is a real run: ``tunefleet tune synthetic`` with two workers on the host pseudo-device,
-a fifth of the configurations invalid, on a test database. ``runfill`` then adds a GEMM on
-two device classes (one of its runs still going), so the side-by-side and progress queries
-have rows too.
+a fifth of the configurations invalid, on a test database, plus one configuration the
+problem's rules rejected (written by the coordinator's own statement: no worker, no time).
+``runfill`` then adds a GEMM on two device classes (one of its runs still going), so the
+side-by-side and progress queries have rows too.
 """
 
 from __future__ import annotations
@@ -17,15 +18,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from psycopg.types.json import Jsonb
 
-from tests.helpers.queue_data import seed_with_invalid_default
+from tests.helpers.queue_data import seed_with_invalid_default, synthetic_configs
 from tests.helpers.runfill import CPU, fill, module_database
 from tunefleet.db.engine import connect
+from tunefleet.problems.synthetic import OPTIMUM, Synthetic, is_lucky
+from tunefleet.queries.search import insert_invalid_trials
+from tunefleet.space import config_hash
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+README = ROOT / "README.md"
+DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 #: Pages whose ```sql blocks are not PostgreSQL queries of tunefleet's database.
 NOT_QUERIES = {"feinsum.md": "the SQLite schema of feinsum's archives"}
+
+#: How long each evaluation of run 1 takes: a worker times one at a time.
+DURATION_S = 0.05
 
 #: First-line comment of a block -> columns it must return (every block must return rows).
 EXPECTED: dict[str, set[str]] = {
@@ -72,13 +81,14 @@ def real_db(pg_admin_url: str, pg_template: str, tmp_path_factory) -> Iterator[s
         proc = subprocess.run(
             [
                 "tunefleet", "tune", "synthetic", "--db", url, "--workers", "2",
-                "--max-trials", "16", "--arg", "duration=0.05", "--arg", "invalid_rate=0.2",
-                "--arg", f"seed={seed}",
+                "--max-trials", "16", "--arg", f"duration={DURATION_S}",
+                "--arg", "invalid_rate=0.2", "--arg", f"seed={seed}",
             ],
             env=env, capture_output=True, text=True, timeout=240,
         )  # fmt: skip
         assert proc.returncode == 0, proc.stdout + proc.stderr
         with connect(url) as conn:
+            _rule_out_one(conn, 1)
             filled = fill(conn)
             # A node of the CPU class whose Python lacks a dependency of the problem.
             conn.execute(
@@ -94,6 +104,31 @@ def real_db(pg_admin_url: str, pg_template: str, tmp_path_factory) -> Iterator[s
             )
         assert filled.cpu_run == 2  # the synthetic run is run 1
         yield url
+
+
+def _rule_out_one(conn: Any, run_id: int) -> None:
+    """A configuration of the run the problem's rules rejected before any worker saw it, as
+    the coordinator records one: invalid, never claimed, started and finished at once."""
+    tried = {
+        r["config_hash"]
+        for r in conn.execute(
+            "SELECT config_hash FROM tunefleet.trial WHERE run_id = %s", (run_id,)
+        ).fetchall()
+    }
+    config = next(c for c in synthetic_configs(512) if config_hash(c) not in tried)
+    device_class = conn.execute(
+        "SELECT device_class FROM tunefleet.run WHERE id = %s", (run_id,)
+    ).fetchone()["device_class"]
+    (row,) = insert_invalid_trials(
+        conn,
+        run_id,
+        device_class,
+        [{"config": config, "config_hash": config_hash(config), "error": "a rule: too big"}],
+    )
+    ruled = conn.execute(
+        "SELECT ruled_out FROM tunefleet.results WHERE trial_id = %s", (row.id,)
+    ).fetchone()
+    assert ruled["ruled_out"], "the view counts it as a rule rejection"
 
 
 def test_the_docs_document_at_least_five_queries():
@@ -135,12 +170,18 @@ def test_documented_sql_returns_rows(real_db: str, block: str) -> None:
             # One row per worker that evaluated something: `tune --workers 2` starts two, but
             # on a loaded machine the first can drain 16 short trials before the second claims.
             workers = conn.execute(
-                "SELECT DISTINCT worker_id FROM tunefleet.results WHERE run_id = 1"
+                "SELECT DISTINCT worker_id FROM tunefleet.results"
+                " WHERE run_id = 1 AND NOT ruled_out AND source <> 'cache'"
             ).fetchall()
             assert {r["worker_id"] for r in rows} == {w["worker_id"] for w in workers}
             assert 1 <= len(rows) <= 2
-            assert sum(r["evaluations"] for r in rows) == _scalar(conn, f"SELECT count(*) {run1}")
+            # Workers' evaluations only: the rule rejection (no worker) is no row of its own.
+            assert sum(r["evaluations"] for r in rows) == _scalar(
+                conn, f"SELECT count(*) {run1} AND NOT ruled_out AND source <> 'cache'"
+            )
             assert all(float(r["per_minute"]) > 0 and float(r["avg_s"]) > 0 for r in rows)
+            # A worker times one evaluation at a time: no rate above one per DURATION_S.
+            assert all(float(r["per_minute"]) <= 60 / DURATION_S for r in rows), rows
         if title == "same problem on two devices side by side":
             assert [r["problem"] for r in rows] == ["gemm"]
             assert float(rows[0]["gflops_a"]) == 410.0
@@ -149,3 +190,68 @@ def test_documented_sql_returns_rows(real_db: str, block: str) -> None:
         if title == "top configurations of a run":
             gflops = [float(r["gflops"]) for r in rows]
             assert gflops == sorted(gflops, reverse=True) and len(rows) <= 5
+
+
+def _block(title: str) -> str:
+    (block,) = [b for b in sql_blocks() if _title(b) == title]
+    return block
+
+
+def _lucky_args() -> tuple[dict[str, Any], dict[str, Any]]:
+    """Synthetic arguments under which neither the baseline nor the optimum is lucky, and a
+    lucky configuration: it measures half the optimum's time once, its true time again."""
+    problem = Synthetic()
+    for seed in range(100):
+        args = {"duration": 0.02, "lucky_rate": 0.25, "seed": seed}
+        full = problem.normalise_args(args)
+        space = problem.space(full)
+        if is_lucky(full, OPTIMUM) or is_lucky(full, space.default()):
+            continue
+        for config in synthetic_configs(512):
+            if is_lucky(full, config) and config != space.default():
+                return args, config
+    raise AssertionError("no seed with a lucky configuration apart from the baseline")
+
+
+def test_top_configurations_rank_as_tunefleet_best_does(
+    db_url: str, cli_env: dict[str, str]
+) -> None:
+    """A configuration measured fast once by luck and slower when re-measured: ranked by the
+    search's median alone it comes first, while ``tunefleet best`` ranks by the re-measured
+    median; the documented recipe, and the README tour's query, name the same
+    configurations, in the same order, as ``tunefleet best --top``."""
+    import json
+
+    args, lucky = _lucky_args()
+    argv = [
+        "tunefleet", "tune", "synthetic", "--db", db_url, "--workers", "1",
+        "--max-trials", "3", "--confirm", "3",
+        "--seed-config", json.dumps(lucky), "--seed-config", json.dumps(OPTIMUM),
+    ]  # fmt: skip
+    for key, value in args.items():
+        argv += ["--arg", f"{key}={value}"]
+    tuned = subprocess.run(argv, env=cli_env, capture_output=True, text=True, timeout=240)
+    assert tuned.returncode == 0, tuned.stdout + tuned.stderr
+    best = subprocess.run(
+        ["tunefleet", "best", "1", "--top", "3", "--json", "--db", db_url],
+        env=cli_env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert best.returncode == 0, best.stderr
+    cli = [int(b["trial_id"]) for b in json.loads(best.stdout)["best"]]
+    with connect(db_url) as conn:
+        recipe = [int(r["trial_id"]) for r in conn.execute(_block("top configurations of a run"))]
+        (tour_query,) = re.findall(r'conn\.execute\("""(.*?)"""\)', README.read_text(), re.S)
+        tour = [int(r["trial_id"]) for r in conn.execute(tour_query)]
+        by_search = conn.execute(
+            "SELECT trial_id, config FROM tunefleet.results"
+            " WHERE run_id = 1 AND state = 'done' ORDER BY median_s, trial_id"
+        ).fetchall()
+        optimum = conn.execute(
+            "SELECT trial_id FROM tunefleet.results WHERE run_id = 1 AND config = %s",
+            (Jsonb(OPTIMUM),),
+        ).fetchone()["trial_id"]
+    # They used to differ: the search's median puts the lucky one first.
+    assert by_search[0]["config"] == lucky, by_search
+    assert cli[0] == optimum, (cli, by_search)
+    assert recipe[: len(cli)] == cli
+    assert tour == cli

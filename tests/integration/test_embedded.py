@@ -23,6 +23,7 @@ import pytest
 from psycopg import sql
 
 from tests.helpers.ports import free_port
+from tests.helpers.queue_data import wait_until
 from tunefleet.db.embedded import REMOTE_ROLE, EmbeddedServer
 from tunefleet.errors import EmbeddedServerError
 
@@ -128,6 +129,30 @@ def test_server_killed_with_sigkill_is_reported_stale_and_starts_again(
     assert restarted.running and restarted.pid != pid
     with psycopg.connect(server.local_url()) as conn:
         assert conn.execute("SELECT x FROM kept").fetchall() == [(42,)], "crash recovery kept it"
+
+
+def test_the_keeper_starts_a_killed_server_again_but_not_a_stopped_one(
+    server: EmbeddedServer,
+) -> None:
+    from tunefleet.db.embedded.keeper import ServerKeeper
+
+    first = server.start()
+    assert first.started and first.pid is not None
+    assert not server.start().started, "a running server is reused, not started"
+    keeper = ServerKeeper(server)
+    assert not keeper.check() and keeper.restarts() == []  # it runs: nothing to do
+
+    os.kill(first.pid, signal.SIGKILL)
+    _wait_dead(first.pid)
+    # The killed postmaster's backends may still hold its shared memory for a moment: the
+    # keeper tries again on its next look, as it does in its thread.
+    wait_until(keeper.check, timeout=60, interval=0.1, what="the keeper to start it again")
+    assert server.status().running and server.status().pid != first.pid
+    assert keeper.restarts() == [server.data_dir]
+    assert keeper.restarts() == [], "each restart is told once"
+
+    server.stop()  # on purpose: it stays down
+    assert not keeper.check() and not server.status().running
 
 
 def test_pidfile_naming_an_unrelated_live_process_is_stale(server: EmbeddedServer) -> None:

@@ -351,3 +351,32 @@ def test_a_noisy_best_is_flagged_by_the_views_best_and_the_dashboard(db, db_url,
         assert code == 0
         assert ("\nnoisy: the search measurement's IQR/median is" in out) is flagged, out
         assert dashboard.best(db, filled.cpu_run)["noisy"] is flagged
+
+
+def test_runs_counts_rule_rejections_apart_from_invalid_as_tune_does(db, db_url, filled, capsys):
+    """``tune`` said "0 invalid, ... 1 ruled out by the rules" where ``runs`` said INVALID 1
+    for the same run: a configuration the problem's rules rejected before any worker saw it
+    is counted apart from invalid in both."""
+    import re
+
+    from tunefleet.queries.search import insert_invalid_trials
+    from tunefleet.text.output import trial_counts
+
+    config = {"tile": 128, "unroll": False}
+    insert_invalid_trials(
+        db,
+        filled.cpu_run,
+        "pthread-intel-r-xeon-r-processor",
+        [{"config": config, "config_hash": "ruled-out-1", "error": "tile=128: too big"}],
+    )
+    progress = report.run_progress(db, filled.cpu_run)
+    assert progress is not None and progress["ruled_out"] == 1
+    said = re.search(r"(\d+) invalid, .*, (\d+) ruled out by the rules$", trial_counts(progress))
+    assert said is not None, trial_counts(progress)
+
+    code, out, _ = run_cli(capsys, "runs", "--db", db_url)
+    assert code == 0
+    header, *rows = (re.split(r"\s{2,}", line.strip()) for line in out.splitlines())
+    (row,) = [dict(zip(header, r, strict=True)) for r in rows if r[0] == str(filled.cpu_run)]
+    assert row["INVALID"] == said.group(1), out
+    assert row.get("RULED OUT") == said.group(2), out

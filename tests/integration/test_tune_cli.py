@@ -175,6 +175,38 @@ def test_read_commands_leave_a_stopped_embedded_server_stopped(home):
     assert tf(home, "runs").returncode == 0
 
 
+def _started_note(home: dict[str, str]) -> str:
+    data = Path(home["TUNEFLEET_HOME"]) / "postgres" / "data"
+    return (
+        f"tunefleet: note: started the embedded database server (data: {data}); it keeps "
+        "running after this command: stop it with `tunefleet db stop`"
+    )
+
+
+def test_a_command_that_starts_the_embedded_server_says_so(home):
+    """The embedded server outlives the command that started it: a read command that starts
+    it says so in one line on stderr, ``tune`` at its very end; one that finds it running
+    says nothing."""
+    first = tf(home, "runs")  # a fresh home: the first command starts it
+    assert first.returncode == 0, first.stderr
+    assert first.stderr.splitlines() == [_started_note(home)], first.stderr
+    again = tf(home, "status")
+    assert again.returncode == 0 and again.stderr == "", again.stderr
+
+    assert tf(home, "db", "stop").returncode == 0
+    tuned = subprocess.run(
+        ["tunefleet", "tune", "synthetic", "--arg", "duration=0.01", "--workers", "1",
+         "--max-trials", "2", "--confirm", "0"],
+        env=home, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240,
+    )  # fmt: skip
+    assert tuned.returncode == 0, tuned.stdout
+    lines = tuned.stdout.splitlines()
+    assert lines[-1] == _started_note(home), tuned.stdout
+    assert lines.count(_started_note(home)) == 1, tuned.stdout
+    assert re.search(r"^running\s+True$", tf(home, "db", "status").stdout, re.M)
+    assert tf(home, "db", "stop").returncode == 0
+
+
 def _wait_for(predicate, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

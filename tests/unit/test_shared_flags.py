@@ -6,12 +6,15 @@ before anything runs."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
 from tunefleet.cli import build_parser, main
 from tunefleet.options import flags
 from tunefleet.options.args import raw_problem_args
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def subcommand(name: str) -> argparse.ArgumentParser:
@@ -92,3 +95,26 @@ def test_values_out_of_range_are_one_line_errors(argv, message, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("tunefleet: error: "), err
     assert message in err[0]
+
+
+@pytest.mark.parametrize("command", ["tune", "coordinator"])
+def test_technique_help_names_the_default_the_coordinator_uses(command, monkeypatch):
+    from tunefleet.coordinator.settings import default_techniques
+
+    monkeypatch.delenv("TUNEFLEET_TECHNIQUE", raising=False)
+    (default,) = default_techniques()
+    text = " ".join(action(subcommand(command), "--technique").help.split())
+    assert f"default {default}" in text, text
+    # No other technique is named the default (the help once said NeighbourhoodBandit).
+    assert text.count("default ") == 1, text
+
+
+def test_timeout_help_and_the_manual_say_one_limit_bounds_the_whole_evaluation():
+    """The worker bounds code generation and timing together with one limit
+    (``worker.loop``'s evaluation limit); the help and docs/tuning.md say so in one wording."""
+    text = " ".join(flags.TIMEOUT.help.split())
+    assert "whole evaluation" in text and "code generation" in text and "timing" in text, text
+    assert "at least this long" not in text, "code generation has no limit of its own"
+    manual = " ".join((ROOT / "docs" / "tuning.md").read_text().split())
+    first = text.split(" (")[0]
+    assert f"`--timeout SECONDS` ({first}" in manual, first

@@ -18,6 +18,7 @@ is raised (the callback's own exception, when it raised something else), carryin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import operator
 import sys
@@ -49,6 +50,7 @@ from tunefleet.vocabulary import RunState
 if TYPE_CHECKING:
     from tunefleet.coordinator.budget import Cut
     from tunefleet.coordinator.engine import RunResult
+    from tunefleet.db.embedded.keeper import ServerKeeper
 
 #: Most local workers one call may ask for (a machine's devices, with room to spare).
 MAX_WORKERS = 4096
@@ -61,8 +63,9 @@ ProgressCallback = Callable[["TuneProgress"], None]
 class TuneProgress:
     """What a progress callback gets: ``phase`` is ``start`` (once, before the search;
     ``line`` says what is tuned where), ``running`` (about twice a second while the run
-    moves) or ``end`` (once, the run's last counts). ``line`` is the text ``tunefleet tune``
-    shows."""
+    moves), ``notice`` (something that happened to the run worth a line of its own: the
+    embedded server died under it and was started again) or ``end`` (once, the run's last
+    counts). ``line`` is the text ``tunefleet tune`` shows."""
 
     run_id: int
     phase: str
@@ -332,10 +335,26 @@ def _drive(
     # The search is driven as `tunefleet coordinator` drives it (one implementation, with the
     # one stop rule); this door adds its local workers and its display.
     session = SearchSession(coordinator, run_id, settings, url, every_s=0.5)
+    # On the embedded server this command keeps it up: a postmaster that dies under the run
+    # is started again here (everyone reconnects by themselves), not left to a person.
+    keeper = _keeper() if settings.url is None else None
+
+    def say_restarts() -> None:
+        for data_dir in keeper.restarts() if keeper is not None else ():
+            line = (
+                f"the embedded database server stopped under run {run_id} (its postmaster is "
+                f"gone); restarted it (data: {data_dir}), the run goes on"
+            )
+            try:
+                show(TuneProgress(run_id, "notice", line))
+            except BaseException as exc:  # the caller's code: stop the run cleanly first
+                raised.append(exc)
+                coordinator.request_stop()
 
     def on_tick(line: str | None, p: Any) -> None:
         if raised:
             return
+        say_restarts()
         if line is not None:
             try:
                 show(_progress(run_id, RunState.RUNNING, line, p))
@@ -351,7 +370,7 @@ def _drive(
             coordinator.request_stop()
 
     result = None
-    with connect(url, settings) as conn:
+    with keeper or contextlib.nullcontext(), connect(url, settings) as conn:
 
         def before() -> None:
             try:
@@ -372,6 +391,7 @@ def _drive(
             timed_out = result is not None and result.cut is not None
             workers.stop(BUDGET_STOP_S if timed_out else 30.0)
             cancel_leftovers(url, engine_db, run_id)
+        say_restarts()
     row = session.final_row()
     line = None if row is None else progress_line(row)
     if line is not None:
@@ -390,6 +410,14 @@ def _drive(
     if raised and isinstance(raised[0], KeyboardInterrupt):
         interrupts = max(interrupts, 1)
     return result, (failure[0] if failure else None), (raised[0] if raised else None), interrupts
+
+
+def _keeper() -> ServerKeeper:
+    """The keeper of the embedded server (imported only for a run on it)."""
+    from tunefleet.db.embedded import default_server
+    from tunefleet.db.embedded.keeper import ServerKeeper
+
+    return ServerKeeper(default_server())
 
 
 def _progress(run_id: int, phase: str, line: str, p: Any) -> TuneProgress:
@@ -473,7 +501,8 @@ def _callback(progress: ProgressCallback | bool | None) -> ProgressCallback:
         display = ProgressDisplay(sys.stderr, 5.0)
 
         def default(p: TuneProgress) -> None:
-            if p.phase == "start":
+            if p.phase in ("start", "notice"):
+                display.end()
                 print(p.line, file=sys.stderr, flush=True)
             else:
                 display.show(p.line, force=p.phase == "end")

@@ -63,7 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(func(args) or 0)
+        code = int(func(args) or 0)
+        _say_started_server()
+        return code
     except TunefleetError as exc:
         print(f"tunefleet: error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -76,6 +78,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+
+
+def _say_started_server() -> None:
+    """The embedded server a command started outlives it: say so, once, on stderr, after
+    everything the command printed (an error stays the one line it is)."""
+    # A command that never resolved a database started no server (and `--help` stays fast).
+    resolve = sys.modules.get("tunefleet.db.resolve")
+    data_dir = None if resolve is None else resolve.started_embedded()
+    if data_dir is not None:
+        print(
+            f"tunefleet: note: started the embedded database server (data: {data_dir}); it "
+            "keeps running after this command: stop it with `tunefleet db stop`",
+            file=sys.stderr,
+        )
 
 
 if __name__ == "__main__":

@@ -97,6 +97,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
         if p.phase == "start":
             print(p.line, flush=True)
             return
+        if p.phase == "notice":
+            display.end()  # a live line on a terminal keeps what it said
+            print(f"tunefleet: note: {p.line}", file=sys.stderr, flush=True)
+            return
         display.show(p.line, force=p.phase == "end")
         if p.phase == "end":
             display.end()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -27,6 +28,10 @@ import psycopg
 from tunefleet.db.engine import connect, redact, wait_for_database
 from tunefleet.errors import SchemaOutOfDate
 from tunefleet.settings import DatabaseSettings
+
+#: Data directories of the embedded servers this process started (they outlive it): the
+#: command line says so once its command is done (:func:`started_embedded`).
+_started: list[Path] = []
 
 
 def current_revision(conn: psycopg.Connection[Any]) -> str | None:
@@ -108,10 +113,22 @@ def embedded_url(*, read_only: bool = False) -> str:
             "the embedded database is stopped (`tunefleet db stop`); start it with "
             "`tunefleet db start`, or pass --db URL to read another database"
         )
-    server.start()
+    if server.start().started:
+        _started.append(server.data_dir)
     url = server.local_url()
     upgrade(url)
     return url
+
+
+def started_embedded() -> Path | None:
+    """The data directory of the embedded server this process started (it was down) and
+    that still runs, or None: a command that leaves a server running says so."""
+    from tunefleet.db.embedded import EmbeddedServer
+
+    for data_dir in reversed(_started):
+        if EmbeddedServer(data_dir).status().running:
+            return data_dir
+    return None
 
 
 @contextmanager

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunefleet.errors import UsageError
-from tunefleet.settings import MAX_BUDGET_S, MAX_COUNT
+from tunefleet.settings import DEFAULT_TECHNIQUE, MAX_BUDGET_S, MAX_COUNT
 
 #: Largest run id (PostgreSQL ``bigint``).
 MAX_ID = 2**63 - 1
@@ -151,8 +151,8 @@ TECHNIQUE = _flag(
     "--technique",
     action="append",
     metavar="NAME",
-    help="search technique (default NeighbourhoodBandit; any OpenTuner technique name, "
-    "compare them with `tunefleet replay`); repeatable",
+    help=f"search technique (default {DEFAULT_TECHNIQUE}, TUNEFLEET_TECHNIQUE; any OpenTuner "
+    "technique name, compare them with `tunefleet replay`); repeatable",
 )
 SEARCH_SEED = _flag(
     "--search-seed",
@@ -187,8 +187,10 @@ TIMEOUT = _flag(
     "--timeout",
     type=seconds("--timeout", high=MAX_TIMEOUT_S),
     metavar="SECONDS",
-    help="evaluation timeout of a trial the coordinator gave none (default 120); code "
-    "generation always gets at least this long",
+    help="seconds one whole evaluation may take: code generation, build, validation and "
+    "timing together, under one limit (default 120; a trial past it is killed and recorded "
+    "timed_out); a shorter limit the run sets for a trial from its best time bounds the "
+    "timing step",
 )
 PREFETCH = _flag(
     "--prefetch",

@@ -14,11 +14,12 @@ import importlib
 import importlib.util
 import inspect
 import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tunefleet.errors import ProblemError, TunefleetError
+from tunefleet.errors import ProblemError, TunefleetError, first_line
 from tunefleet.problems.base import Problem
 
 #: Built-in problems: name -> "module:class". Modules are imported only when asked for.
@@ -154,7 +155,7 @@ def _load_file(path: Path, attr: str | None, spec: str) -> Problem:
             module_spec.loader.exec_module(module)
         except Exception as exc:
             del sys.modules[name]
-            raise ProblemError(f"problem file {str(path)!r} failed to import: {exc!r}") from None
+            raise ProblemError(_import_failure(path, exc)) from None
     if attr:
         if not hasattr(module, attr):
             raise ProblemError(f"problem file {str(path)!r} has no attribute {attr!r}")
@@ -176,6 +177,45 @@ def _load_file(path: Path, attr: str | None, spec: str) -> Problem:
             "name one with PATH.py:ClassName or define `problem = ...`"
         )
     return _instantiate(found[0], spec)
+
+
+#: Most characters of a user's source line quoted in an error.
+_QUOTED = 60
+
+
+def _import_failure(path: Path, exc: Exception) -> str:
+    """Why a user's problem file did not import, as one line naming the file, the line and
+    what to do (the exception's repr is a tuple of offsets nobody should have to read)."""
+    where = f"problem file {str(path)!r}"
+    if isinstance(exc, SyntaxError):
+        text = (exc.text or "").strip()
+        quoted = f" (`{text[:_QUOTED]}`)" if text else ""
+        elsewhere = "" if _same_file(exc.filename, path) else f" in {exc.filename}"
+        return (
+            f"{where}{elsewhere}, line {exc.lineno}: {exc.msg}{quoted}; fix the Python syntax "
+            "there and run again"
+        )
+    line = _last_line_in(path, exc)
+    at = "" if line is None else f" at line {line}"
+    return (
+        f"{where} failed to import{at}: {type(exc).__name__}: {first_line(exc)}; fix the file "
+        "(or what it imports there) and run again"
+    )
+
+
+def _same_file(filename: str | None, path: Path) -> bool:
+    return filename is not None and Path(filename).resolve() == path.resolve()
+
+
+def _last_line_in(path: Path, exc: BaseException) -> int | None:
+    """The line of ``path`` that was running when ``exc`` was raised (its innermost frame in
+    that file: the import statement when the failure is in a module it imports)."""
+    lines = [
+        frame.lineno
+        for frame in traceback.extract_tb(exc.__traceback__)
+        if _same_file(frame.filename, path)
+    ]
+    return lines[-1] if lines else None
 
 
 def _instantiate(obj: Any, spec: str) -> Problem:

@@ -29,6 +29,7 @@ from tunefleet.text.output import (
     finished_count,
     gflops,
     remeasured_text,
+    ruled_out_count,
     seconds,
     short_id,
     table,
@@ -70,7 +71,8 @@ _RUN_COLUMNS = (
     Column("DONE", "done", right=True),
     Column("RUNNING", "running", right=True),
     Column("PENDING", "pending", right=True),
-    Column("INVALID", "invalid", right=True),
+    Column("INVALID", "invalid_apart", right=True),
+    Column("RULED OUT", "ruled_out", right=True),
     Column("FAILED", "failed_all", right=True),
     Column("BEST GFLOP/s", "best_gflops", gflops, right=True),
     Column("BEST IS", "best_status", lambda v: v or "-"),
@@ -97,6 +99,10 @@ _WORKER_COLUMNS = (
 def _with_failed(row: Row) -> Row:
     row = dict(row)
     row["failed_all"] = int(row.get("failed") or 0) + int(row.get("timed_out") or 0)
+    # Counted as tune's summary counts them (trial_counts): the view's ``invalid`` holds the
+    # rule rejections too, which no worker saw and no budget paid for.
+    row["ruled_out"] = ruled_out_count(row)
+    row["invalid_apart"] = int(row.get("invalid") or 0) - row["ruled_out"]
     done = finished_count(row)
     row["finished"] = f"{done}/{row['max_trials']}" if row.get("max_trials") else str(done)
     return row

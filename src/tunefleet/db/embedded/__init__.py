@@ -13,6 +13,7 @@ building on the ones above it:
 ``upgrade``      carrying a directory made by an older PostgreSQL major forward (pg_upgrade,
                  verified row by row)
 ``server``       :class:`EmbeddedServer`: start or reuse, stop, status and URLs
+``keeper``       starting a server that died under a command running on it again (``tune``)
 
 The names callers use are importable from here (``from tunefleet.db.embedded import
 EmbeddedServer``).

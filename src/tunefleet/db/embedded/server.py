@@ -13,6 +13,7 @@ gets a generated password kept in a ``pgpass`` file (mode 0600) beside the data,
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import secrets
 import socket
@@ -45,6 +46,9 @@ class ServerStatus:
     #: A ``postmaster.pid`` is left but its process is gone (a crash, SIGKILL, a reboot).
     #: ``start`` recovers from this: PostgreSQL replaces a stale pid file itself.
     stale: bool = False
+    #: What :meth:`EmbeddedServer.start` returned started the server (it was down), rather
+    #: than finding it running: the server now outlives the process that started it.
+    started: bool = False
 
 
 class EmbeddedServer(DataDirectory):
@@ -109,7 +113,7 @@ class EmbeddedServer(DataDirectory):
             self._ensure_database(status)
             if served:
                 self._ensure_remote_role(status)
-            return status
+            return dataclasses.replace(status, started=True)
 
     def _clear_stale(self) -> None:
         """Remove what a server that died without cleaning up left behind.
