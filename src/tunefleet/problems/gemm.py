@@ -202,6 +202,11 @@ class Gemm(KernelProblem):
                 knl = lp.tag_array_axes(knl, "b_tile", "c,c,vec")
                 knl = lp.tag_inames(knl, {"fb_v": "vec"})
             knl = distribute_flat(knl, existing(knl, ["fb_k", "fb_j"]), (wg_j, wg_i), "fb")
+        # The register tile's rows, columns, then vector components (b's innermost): loopy
+        # ignores priorities of ILP loops; tunefleet's code generation nests them (and lays
+        # out their accumulators) by them (tunefleet.problems._loopy.nest_order).
+        nest = existing(knl, ["ti_reg", "tj_reg", "ti_vec", "tj_vec"])
+        knl = lp.prioritize_loops(knl, ",".join(nest))
         return tag_unroll(knl, "kt", config["unroll_k"])
 
     def make_inputs(self, args: Mapping[str, Any], rng: np.random.Generator) -> dict[str, Any]:

@@ -264,13 +264,13 @@ class KernelProblem(Problem):
         import loopy as lp
         from loopy.diagnostic import LoopyError
 
-        from tunefleet.problems._loopy import linearize
+        from tunefleet.problems._loopy import linearize, preprocess
 
         t0 = time.perf_counter()
         try:
             tu = self.build(args, config, device)
             (entry,) = tuple(tu.entrypoints)
-            tu = lp.preprocess_kernel(tu)
+            tu = preprocess(tu)
             # Device limits first: they are cheap to check and save scheduling and codegen.
             knl = tu[entry]
             gexprs, lexprs = knl.get_grid_size_upper_bounds_as_exprs(tu.callables_table)
