@@ -10,11 +10,10 @@ generate its OpenCL code. Code generation fills loopy's persistent caches (typed
 kernel, generated code, host invoker), so the device process that later calls
 ``TranslationUnit.executor(queue)`` on the pickled, linearised unit finds everything cached and
 only pays the OpenCL build (measured: 3-5 s of code generation for an unrolled GEMM become
-0.1 s, build included). Returns a picklable :class:`PreparedKernel`. Loopy's output depends
-on Python's string hashing: only a process started with ``PYTHONHASHSEED`` =
-:data:`~tunefleet.problems.base.CODEGEN_HASH_SEED` builds a configuration's one kernel (the
-worker starts its children so, ``tunefleet measure`` its evaluation; elsewhere prepare says
-so once).
+0.1 s, build included). Returns a picklable :class:`PreparedKernel`. A configuration builds
+to one kernel in every process, whatever its hash seed: the orders loopy would take from
+iterating sets (ILP loop nests, privatised accumulators' axes) are fixed from the kernel
+(:mod:`tunefleet.problems._loopy`).
 
 **measure** (in the worker's device process, on an open ``DeviceSession``):
 
@@ -87,14 +86,7 @@ import numpy as np
 from tunefleet import agreement
 from tunefleet.devices import DeviceInfo
 from tunefleet.errors import DeviceError, InvalidConfiguration, first_line
-from tunefleet.problems.base import (
-    CODEGEN_HASH_SEED,
-    Outcome,
-    Problem,
-    Protocol,
-    canonical_codegen,
-    normalise_with_specs,
-)
+from tunefleet.problems.base import Outcome, Problem, Protocol, normalise_with_specs
 from tunefleet.space import Config, Space, canonical_json
 from tunefleet.vocabulary import TrialState
 
@@ -243,7 +235,6 @@ class KernelProblem(Problem):
 
     # --- prepare: CPU only -------------------------------------------------------------------
     def prepare(self, args: Mapping[str, Any], config: Config, device: DeviceInfo) -> Any:
-        _say_if_not_canonical()
         t0 = time.perf_counter()
         full = self.normalise_args(args)
         checked = self.check_config(full, config)
@@ -891,24 +882,6 @@ def _warm_executor_cache(tu: Any, entry: str, codegen: Any) -> None:
         ex.get_invoker(scheduled, entry, codegen)
     except Exception:  # an optimisation only
         pass
-
-
-_said_not_canonical = False
-
-
-def _say_if_not_canonical() -> None:
-    """Once per process: code generated here may be another variant of a configuration's
-    kernel than tunefleet's workers build (:data:`~tunefleet.problems.base.CODEGEN_HASH_SEED`)."""
-    global _said_not_canonical
-    if _said_not_canonical or canonical_codegen():
-        return
-    _said_not_canonical = True
-    _log.warning(
-        "this process hashes strings with a random seed, so loopy may build another variant "
-        "of a configuration's kernel than tunefleet's workers and `tunefleet measure` do; "
-        "start Python with PYTHONHASHSEED=%s for the same code",
-        CODEGEN_HASH_SEED,
-    )
 
 
 def _as_int(value: Any, what: str) -> int:
