@@ -1,12 +1,16 @@
-"""One configuration, several kernels: loopy's code for a configuration follows Python's string
-hashing, so processes with different hash seeds build different kernels for it. This times
-each variant, to show what that did to a run's numbers (and what a fixed seed removes).
+"""One configuration, one kernel, whatever the hash seed? Loopy 2025.2 took the nest of ILP
+loops and the axes of privatised accumulators from iterating Python sets, so processes with
+different hash seeds built different kernels for one configuration (GEMM: 3-4 sources per
+configuration under seeds 0-3, the slowest 1.27-1.40x the fastest on an H200,
+``benchmarks/published/codegen_variants_h200.json``). tunefleet's code generation now fixes
+those orders (``tunefleet.problems._loopy``); this checks it on a device, and times each
+seed's kernel.
 
 For each configuration and each ``--seeds`` value, a fresh process with that
 ``PYTHONHASHSEED`` (and caches of its own, so no variant answers for another) generates the
-code, validates and times it, and prints the sha256 of the code and its median time. Seed 0
-is the one tunefleet's workers and ``tunefleet measure`` use. The table shows, per
-configuration, each seed's median and code hash, and the slowest variant over the fastest.
+code, validates and times it, and prints the sha256 of the code and its median time. The
+table shows, per configuration, each seed's median and code hash, the number of distinct
+sources (1 now) and the slowest seed over the fastest (the between-process noise now).
 
     python benchmarks/codegen_variants.py --problem gemm \\
         --args '{"m": 4096, "n": 4096, "k": 4096, "dtype": "float32"}' \\

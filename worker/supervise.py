@@ -31,7 +31,7 @@ from typing import Any
 
 from tunefleet.devices import DeviceInfo
 from tunefleet.errors import InvalidConfiguration, ProblemError, TunefleetError
-from tunefleet.problems.base import COLD_KEY, Outcome, codegen_environment
+from tunefleet.problems.base import COLD_KEY, Outcome
 from tunefleet.processes import die_with_parent
 from tunefleet.timeline import Phase
 
@@ -133,8 +133,7 @@ class NeedsDevice(ProblemError):
 def cold_environment(cache_dir: str) -> dict[str, str]:
     """The environment of a cold build: every cache that could carry code from the search
     into this process (loopy's and pytools' persistent dictionaries, pyopencl's binaries,
-    PoCL's kernels, NVIDIA's compute cache) is an empty directory of its own or off. (The
-    hash seed stays the code generation's.)"""
+    PoCL's kernels, NVIDIA's compute cache) is an empty directory of its own or off."""
     return {
         "XDG_CACHE_HOME": cache_dir,
         "POCL_CACHE_DIR": os.path.join(cache_dir, "pocl"),
@@ -359,9 +358,7 @@ class Child:
 
     def __init__(self, name: str, environment: dict[str, str] | None = None) -> None:
         self.name = name
-        #: The child starts with these on top of the parent's environment and the code
-        #: generation's (:func:`~tunefleet.problems.base.codegen_environment`: a fixed hash
-        #: seed, which Python reads once, at start).
+        #: The child starts with these on top of the parent's environment.
         self.environment = environment or {}
         self.proc: Any = None
         self.conn: multiprocessing.connection.Connection | None = None
@@ -395,7 +392,7 @@ class Child:
         proc = _CONTEXT.Process(
             target=child_main, args=(child_conn, os.getpid()), name=f"tunefleet-{self.name}"
         )
-        with _environment({**codegen_environment(), **self.environment}):
+        with _environment(self.environment):
             proc.start()  # spawn: a new interpreter with this process's environment now
         child_conn.close()
         self.proc, self.conn = proc, parent_conn

@@ -384,13 +384,10 @@ def test_a_cache_that_answers_with_another_kernel_is_caught_by_the_cold_build(db
     caches are its own: it generates the configuration's own code, so the run reports that the
     figure was another kernel's, not a confirmation."""
     from tests.helpers.coordinator_problems import HIDDEN_CACHE, hidden_cache_path
-    from tunefleet.problems.base import codegen_environment
     from tunefleet.problems.synthetic import OPTIMUM_SECONDS, objective
 
-    home = tmp_path / "cache-home"
-    # where the worker's children find their caches (a directory of the code generation's own)
-    codegen_home = codegen_environment({"XDG_CACHE_HOME": str(home)})["XDG_CACHE_HOME"]
-    planted = hidden_cache_path(3, codegen_home)
+    home = tmp_path / "cache-home"  # where the worker's children find their caches
+    planted = hidden_cache_path(3, str(home))
     planted.parent.mkdir(parents=True)
     optimum = {"tile": 16, "unroll": 4, "vector": True, "order": "ikj"}
     planted.write_text(json.dumps(optimum))

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
+import hashlib
+import math
 import multiprocessing
 import pickle
 import random
@@ -515,7 +517,7 @@ args = problem.normalise_args({"n": 64, "m": 64, "k": 64})
 config = problem.default_config(args)
 device = list_devices()[0]
 here = problem.prepare(args, config, device).target.source
-child = Child("codegen")
+child = Child("codegen", environment={"PYTHONHASHSEED": sys.argv[1]})
 reply = child.call(Prepare("gemm", args, config, device), 300)
 child.close()
 print("RESULT " + json.dumps({
@@ -526,52 +528,180 @@ print("RESULT " + json.dumps({
 
 
 def test_a_configuration_builds_to_one_kernel_in_every_worker_process(tmp_path):
-    """Loopy's code follows Python's string hashing (the order of unrolled ILP statements,
-    the numbering of accumulators): processes with other hash seeds build other kernels for
-    one configuration, which run at other speeds. A worker starts its children with the code
-    generation's seed, so whatever the seed of the process that starts them, they build one
-    kernel. (Should loopy become deterministic, the first assertion fails: the hazard is gone
-    and the fixed seed could go too.)"""
+    """A worker's code-generation process (spawned, its prepared kernel pickled back) builds
+    the kernel the process that started it builds, whatever either's hash seed: four
+    processes under four seeds, caches of their own, one source."""
     import json
 
-    results = []
-    for seed in ("1", "2"):
+    hashes = set()
+    for seed, child_seed in (("1", "11"), ("2", "12")):
         env = {"PYTHONHASHSEED": seed, "XDG_CACHE_HOME": str(tmp_path / seed)}
-        text, stderr = _script(SEED_SCRIPT, env)
-        results.append(json.loads(text))
-        assert "hashes strings with a random seed" in stderr  # said where it happens
-    assert results[0]["here"] != results[1]["here"]  # the hazard
-    assert results[0]["child"] == results[1]["child"]  # gone in the worker's processes
+        code = SEED_SCRIPT.replace("sys.argv[1]", repr(child_seed))
+        text, _ = _script(code, env)
+        result = json.loads(text)
+        hashes |= {result["here"], result["child"]}
+    assert len(hashes) == 1
 
 
-NEST_SCRIPT = r"""
-import loopy as lp
-from loopy.schedule import EnterLoop, RunInstruction
-from tunefleet.problems._loopy import linearize
+def test_the_nest_order_of_loops_is_their_priorities_then_their_names():
+    """What fixes ILP nests and privatised axes (loopy took them from a set's order): chains
+    of loop priorities, restricted to the loops in question, then names; a cycle is an
+    error, never an order."""
+    from types import SimpleNamespace
+
+    from loopy.diagnostic import LoopyError
+
+    from tunefleet.problems._loopy import nest_order
+
+    kernel = SimpleNamespace(loop_priority=frozenset({("c", "a"), ("x", "b", "y")}))
+    assert nest_order(kernel, ["d", "a", "b", "c"]) == ["b", "c", "a", "d"]
+    assert nest_order(kernel, ["y", "x"]) == ["x", "y"]
+    cycle = SimpleNamespace(loop_priority=frozenset({("a", "b"), ("b", "a")}))
+    with pytest.raises(LoopyError, match="form a cycle"):
+        nest_order(cycle, ["a", "b"])
+
+
+def _register_nest(prepared: PreparedKernel) -> list[str]:
+    """The loops entered since the k loop of one tile, around GEMM's update."""
+    from loopy.schedule import EnterLoop, RunInstruction
+
+    nest: list[str] = []
+    for item in prepared.target.translation_unit.default_entrypoint.linearization:
+        if isinstance(item, EnterLoop):
+            nest = [] if item.iname == "kt" else [*nest, item.iname]
+        if isinstance(item, RunInstruction) and item.insn_id == "insn_kb_kt_update":
+            return nest
+    raise AssertionError("no update of GEMM's accumulators")
+
+
+def test_the_default_nest_is_the_register_tile_order_measured_fastest(session):
+    """Rows, columns, then the vector components, b's innermost: the order the fixed hash
+    seed gave the default configuration before the nest was a parameter, and measured
+    fastest on an H200 (b's components outermost ran 1.27-1.40x slower)."""
+    problem = get_problem("gemm")
+    args = problem.normalise_args({"n": 4096, "m": 4096, "k": 4096})
+    prepared = problem.prepare(args, problem.default_config(args), session.info)
+    assert _register_nest(prepared) == ["ti_reg", "tj_reg", "ti_vec", "tj_vec"]
+
+
+def _nests() -> tuple[str, ...]:
+    from tunefleet.problems.gemm import NESTS
+
+    return NESTS
+
+
+@pytest.mark.parametrize("nest", _nests())
+def test_every_gemm_nest_nests_its_loops_so_and_computes_the_product(session, nest):
+    """Each of the 24 nests, on a register tile whose four loops all have two iterations
+    (vector loads of a's and b's local tiles included): the loops are nested as named, and
+    the numbers validate."""
+    from tunefleet.problems.gemm import NEST_AXES
+
+    problem = get_problem("gemm")
+    args = problem.normalise_args({"n": 16, "m": 16, "k": 8})
+    config = {
+        **problem.default_config(args),
+        **{"wg_i": 2, "wg_j": 2, "reg_i": 4, "reg_j": 4, "vec_i": 2, "vec_j": 2, "tile_k": 4},
+        "nest": nest,
+    }
+    prepared = problem.prepare(args, config, session.info)
+    assert _register_nest(prepared) == [NEST_AXES[axis] for axis in nest.split(",")]
+    outcome = problem.measure(prepared, session, PROTOCOL)
+    assert outcome.state == "done", outcome.error
+    assert outcome.validation["passed"] and outcome.validation["args"] == args
+
+
+#: Hash seeds of the processes whose code must agree: 3 is the seed the code generation was
+#: pinned to before its code stopped depending on one.
+HASH_SEEDS = ("0", "1", "2", "3", "17")
+#: Seeded-random legal configurations per problem besides its default.
+SAMPLED = 8
+
+CODEGEN_SCRIPT = r"""
+import hashlib, json, sys
+from tunefleet.devices import DeviceInfo
+from tunefleet.errors import InvalidConfiguration
+from tunefleet.problems.kernel import KernelProblem
 from tunefleet.problems.registry import get_problem
-from tunefleet.worker.device import list_devices
 
-problem = get_problem("gemm")
-args = problem.normalise_args({"n": 4096, "m": 4096, "k": 4096})
-config = problem.default_config(args)
-with lp.CacheMode(False):
-    knl = linearize(lp.preprocess_kernel(problem.build(args, config, list_devices()[0])))
-nest = []  # the loops entered since the k loop of one tile, around its update
-for item in knl.default_entrypoint.linearization:
-    if isinstance(item, EnterLoop):
-        nest = [] if item.iname == "kt" else [*nest, item.iname]
-    if isinstance(item, RunInstruction) and item.insn_id == "insn_kb_kt_update":
-        break
-print("NEST " + ">".join(nest))
+device = DeviceInfo("none", "none", "no device", "0")  # no limits: only the problems' rules
+out = []
+for name, args, config in json.loads(sys.stdin.read()):
+    problem = get_problem(name)
+    try:  # the target size only: validation builds the same code at another size
+        source = KernelProblem._build(problem, args, config, device).source
+    except InvalidConfiguration:
+        source = "invalid"
+    out.append(hashlib.sha256(source.encode()).hexdigest())
+print("RESULT " + json.dumps({"hash": hash("tunefleet"), "sources": out}))
 """
 
 
-def test_the_code_generation_seed_nests_the_gemm_register_tile_as_measured_fastest():
-    """Loopy nests ILP loops in the order it iterates a set of their names, so the code
-    generation's hash seed decides GEMM's register tile order. On an H200 seed 0's order (b's
-    vector components outermost) ran 1.27-1.40x slower than the orders with them innermost;
-    CODEGEN_HASH_SEED is one of those. A change of Python or loopy that moves it fails here."""
-    from tunefleet.problems.base import codegen_environment
+def _codegen_cases() -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """Every built-in kernel problem at its SMALL size: its default configuration and
+    SAMPLED seeded-random ones that pass its rules. Left out for the time their code generation
+    takes: loopy-unrolled loops (unrolling orders nothing) and register tiles of more than the
+    default GEMM's 64 values (larger ones unroll the same loops, only more of them)."""
+    cases = []
+    for name in sorted(SMALL):
+        problem = get_problem(name)
+        args = problem.normalise_args(SMALL[name])
+        space = problem.space(args)
+        rng = random.Random(50)
+        configs = [problem.default_config(args)]
+        while len(configs) <= SAMPLED:
+            config = space.sample(rng)
+            if "full" in config.values():
+                continue
+            if math.prod(v for k, v in config.items() if k.startswith("reg")) > 64:
+                continue
+            try:
+                configs.append(problem.check_config(args, config))
+            except InvalidConfiguration:
+                continue
+        cases += [(name, args, config) for config in configs]
+    return cases
 
-    nest, _ = _script(NEST_SCRIPT, codegen_environment(), tag="NEST")
-    assert nest == "ti_reg>tj_reg>ti_vec>tj_vec"
+
+@pytest.mark.timeout(900)  # five processes of code generation, ~20 s of CPU each
+def test_code_generation_does_not_depend_on_the_hash_seed(tmp_path):
+    """Loopy 2025.2 takes some orders from iterating Python sets of names (the nest of ILP
+    loops, the axes of privatised accumulators), and Python's string hashing is seeded per
+    process: one configuration built to other kernels, at other speeds, in processes with
+    other seeds. Every built-in's default and a sample of its configurations must generate
+    the same code in fresh processes (caches of their own) under five hash seeds."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    cases = _codegen_cases()
+    procs = {}
+    for seed in HASH_SEEDS:
+        env = {**os.environ, "PYTHONHASHSEED": seed, "XDG_CACHE_HOME": str(tmp_path / seed)}
+        procs[seed] = subprocess.Popen(
+            [sys.executable, "-c", CODEGEN_SCRIPT],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    results = {}
+    for seed, proc in procs.items():
+        out, err = proc.communicate(json.dumps(cases), timeout=840)
+        lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+        assert proc.returncode == 0 and lines, err[-3000:]
+        assert "in an order tunefleet did not fix" not in err, err[-3000:]
+        results[seed] = json.loads(lines[-1][len("RESULT ") :])
+    # The processes really hashed strings differently.
+    assert len({r["hash"] for r in results.values()}) == len(HASH_SEEDS)
+    differ = [
+        f"{name} {json.dumps(config, sort_keys=True)}: "
+        + ", ".join(f"seed {s} {results[s]['sources'][i][:12]}" for s in HASH_SEEDS)
+        for i, (name, _, config) in enumerate(cases)
+        if len({r["sources"][i] for r in results.values()}) > 1
+    ]
+    assert not differ, f"{len(differ)} of {len(cases)} configurations:\n" + "\n".join(differ)
+    invalid = hashlib.sha256(b"invalid").hexdigest()
+    assert sum(h != invalid for h in results["0"]["sources"]) >= len(cases) - 3

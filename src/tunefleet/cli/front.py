@@ -529,8 +529,7 @@ def _measure_in_child(
     protocol: Any,
 ) -> Any:
     """Generate, build and time the configuration in a child process started as a worker
-    starts its own (the code generation's hash seed, so the kernel is the one a run measured;
-    with ``--cold`` also caches of its own, as a confirmation)."""
+    starts its own (with ``--cold`` with caches of its own, as a confirmation)."""
     import tempfile
 
     from tunefleet.worker.supervise import Child, Measure, Open, cold_environment

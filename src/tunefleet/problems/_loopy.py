@@ -2,14 +2,30 @@
 
 Every function imports loopy itself, so this module imports (and its names can be looked up)
 on machines without loopy; only calling a helper needs it.
+
+**One kernel per configuration, whatever the hash seed.** Loopy 2025.2 takes two orders from
+iterating Python sets of iname names, whose order follows the process's string-hash seed: the
+nest of ILP loops (its scheduler tries them innermost, one set member after the other; loop
+priorities do not reach them) and the axes it adds to a temporary written inside ILP or
+vector loops (a reduction's accumulator, privatised per ILP iteration). One configuration
+then built to several kernels, 1.27-1.40x apart in speed on an H200. :func:`preprocess` and
+:func:`linearize` fix both orders from the kernel itself (:func:`nest_order`): the kernel's
+loop priorities where they order those inames (``lp.prioritize_loops``; a problem makes the
+nest a parameter that way), then the names. Nothing of tunefleet's code generation depends on
+the hash seed (tests/integration/test_kernel_problems.py builds every built-in under five).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import heapq
+import itertools
+import logging
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
+
+_log = logging.getLogger(__name__)
 
 #: Loopy language version of every built-in kernel.
 LANG_VERSION = (2018, 2)
@@ -182,10 +198,172 @@ def pad_innermost(knl: Any, temporary: str, pad: int = 1) -> Any:
     )
 
 
+def nest_order(kernel: Any, inames: Iterable[str]) -> list[str]:
+    """``inames`` outermost first: as the kernel's loop priorities order them (every chain of
+    ``kernel.loop_priority``, restricted to ``inames``), the rest by name. LoopyError when the
+    priorities contradict each other."""
+    from loopy.diagnostic import LoopyError
+
+    names = set(inames)
+    inner: dict[str, set[str]] = {name: set() for name in names}
+    for chain in kernel.loop_priority:
+        present = [name for name in chain if name in names]
+        for outer, nested in itertools.pairwise(present):
+            inner[outer].add(nested)
+    waiting = {name: 0 for name in names}
+    for nested in inner.values():
+        for name in nested:
+            waiting[name] += 1
+    ready = [name for name, count in waiting.items() if count == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        name = heapq.heappop(ready)
+        order.append(name)
+        for nested in inner[name]:
+            waiting[nested] -= 1
+            if waiting[nested] == 0:
+                heapq.heappush(ready, nested)
+    if len(order) != len(names):
+        raise LoopyError(f"the loop priorities of {', '.join(sorted(names))} form a cycle")
+    return order
+
+
+def _ilp_and_vec_inames(kernel: Any) -> tuple[set[str], set[str]]:
+    from loopy.kernel.data import IlpBaseTag, VectorizeTag, filter_iname_tags_by_type
+
+    ilp = {
+        n for n, iname in kernel.inames.items() if filter_iname_tags_by_type(iname.tags, IlpBaseTag)
+    }
+    vec = {
+        n
+        for n, iname in kernel.inames.items()
+        if filter_iname_tags_by_type(iname.tags, VectorizeTag)
+    }
+    return ilp, vec
+
+
+def _privatize_in_nest_order(kernel: Any) -> Any:
+    """What loopy's ``realize_ilp`` does (a temporary written inside ILP or vector loops it
+    does not index by gets an axis per such loop, decided by its first writer), with the axes
+    in :func:`nest_order` (vector loops last, as loopy nests them) instead of a set's order:
+    one loop at a time, each call appending its axis."""
+    import loopy as lp
+
+    ilp, vec = _ilp_and_vec_inames(kernel)
+    if not ilp | vec:
+        return kernel
+    writers = kernel.writer_map()
+    axes_of: dict[str, frozenset[str]] = {}
+    for name in sorted(kernel.temporary_variables):
+        for insn_id in sorted(writers.get(name, ())):
+            insn = kernel.id_to_insn[insn_id]
+            axes = (insn.within_inames & (ilp | vec)) - insn.write_dependency_names()
+            if axes:
+                axes_of[name] = frozenset(axes)
+            break  # loopy's own pass, which runs next, checks the other writers
+    for name, axes in axes_of.items():
+        for iname in nest_order(kernel, axes & ilp) + nest_order(kernel, axes & vec):
+            kernel = lp.privatize_temporaries_with_inames(kernel, iname, only_var_names={name})
+    return kernel
+
+
+def preprocess(t_unit: Any) -> Any:
+    """``lp.preprocess_kernel`` with the privatised axes in nest order: the steps it takes
+    before it privatises (the same, in its order: callables, types, substitutions, default
+    dependencies, reductions), then :func:`_privatize_in_nest_order`, then loopy's own
+    preprocessing, whose privatisation then finds nothing left to do."""
+    import loopy as lp
+    from loopy.kernel import KernelState
+    from loopy.kernel.creation import apply_single_writer_dependency_heuristic
+    from loopy.transform.realize_reduction import realize_reduction
+    from loopy.transform.subst import expand_subst
+    from loopy.translation_unit import for_each_kernel, resolve_callables
+
+    if t_unit.state >= KernelState.PREPROCESSED:
+        return t_unit
+    t_unit = resolve_callables(t_unit)
+    t_unit = lp.infer_unknown_types(t_unit, expect_completion=False)
+    t_unit = expand_subst(t_unit)
+    t_unit = apply_single_writer_dependency_heuristic(t_unit)
+    t_unit = realize_reduction(t_unit, unknown_types_ok=False)
+    t_unit = for_each_kernel(_privatize_in_nest_order)(t_unit)
+    return lp.preprocess_kernel(t_unit)
+
+
+def _nest_ilp_loops(kernel: Any) -> Any:
+    """The linearised ``kernel`` with every perfectly nested run of ILP loops (entered one
+    after the other, left together) reordered into :func:`nest_order`. Loopy enters such
+    loops innermost, in a set's order; their iterations are independent (that is what ILP
+    means), so any order is a legal interchange. A run that is not all in nest order after
+    that (an instruction between its loops' leaves) is logged: its order may follow the hash
+    seed."""
+    from loopy.schedule import EnterLoop, LeaveLoop
+
+    ilp, _ = _ilp_and_vec_inames(kernel)
+    items = list(kernel.linearization)
+    changed = False
+    start = 0
+    while start < len(items):
+        end = start
+        while end < len(items) and isinstance(items[end], EnterLoop) and items[end].iname in ilp:
+            end += 1
+        if end - start > 1:
+            leave = _leave_of(items, end)
+            # The innermost loops of the run that are left together right after its body; an
+            # outer one left later (an instruction between the leaves) keeps its place.
+            size = end - start
+            while size > 1 and not _left_together(items, leave, items[end - size : end]):
+                size -= 1
+            if size > 1:
+                inner = [item.iname for item in items[end - size : end]]
+                order = nest_order(kernel, inner)
+                if order != inner:
+                    items[end - size : end] = [EnterLoop(iname=name) for name in order]
+                    items[leave : leave + size] = [LeaveLoop(iname=n) for n in order[::-1]]
+                    changed = True
+            run = [item.iname for item in items[start:end]]
+            if run != nest_order(kernel, run):
+                _log.warning(
+                    "%s: loopy nested the ILP loops %s in an order tunefleet did not fix; "
+                    "its code may depend on the hash seed",
+                    kernel.name,
+                    ", ".join(run),
+                )
+        start = max(end, start + 1)
+    return kernel.copy(linearization=items) if changed else kernel
+
+
+def _left_together(items: list[Any], leave: int, entered: list[Any]) -> bool:
+    """The loops ``entered`` (outermost first) are left at ``leave`` and right after it."""
+    from loopy.schedule import LeaveLoop
+
+    left = items[leave : leave + len(entered)]
+    return all(isinstance(item, LeaveLoop) for item in left) and [item.iname for item in left] == [
+        item.iname for item in reversed(entered)
+    ]
+
+
+def _leave_of(items: list[Any], body: int) -> int:
+    """The position of the LeaveLoop of the loop entered just before ``items[body]``."""
+    from loopy.schedule import EnterLoop, LeaveLoop
+
+    depth = 0
+    for pos in range(body, len(items)):
+        if isinstance(items[pos], EnterLoop):
+            depth += 1
+        elif isinstance(items[pos], LeaveLoop):
+            if depth == 0:
+                return pos
+            depth -= 1
+    raise ValueError("a loop of the linearisation is never left")
+
+
 def linearize(t_unit: Any) -> Any:
     """``lp.linearize`` without loopy's interactive scheduler debugger (which waits for a key
-    press when no schedule exists: a worker must never block on its terminal). A kernel without
-    a schedule raises LoopyError."""
+    press when no schedule exists: a worker must never block on its terminal), with every
+    perfectly nested run of ILP loops in :func:`nest_order`. A kernel without a schedule raises
+    LoopyError."""
     import loopy as lp
     from constantdict import constantdict
     from loopy.check import pre_schedule_checks
@@ -220,6 +398,6 @@ def linearize(t_unit: Any) -> Any:
                         del schedules
                 if lp.CACHING_ENABLED:
                     schedule_cache.store_if_not_present(key, scheduled)
-            clbl = clbl.copy(subkernel=scheduled)
+            clbl = clbl.copy(subkernel=_nest_ilp_loops(scheduled))
         callables[name] = clbl
     return t_unit.copy(callables_table=constantdict(callables))

@@ -15,8 +15,6 @@ Everything here is importable without loopy or OpenCL.
 from __future__ import annotations
 
 import hashlib
-import os
-import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -31,44 +29,6 @@ from tunefleet.space import Config, Space, canonical_json
 #: event-timed launches, or ``feinsum-wall-mean``: feinsum's own timing (its wall-clock mean per
 #: launch, with its own warm-up and launch counts), which only the feinsum problem offers.
 STATISTICS = ("median", "min", "feinsum-wall-mean")
-
-
-#: Loopy generates code whose details follow Python's string hashing, which is randomised per
-#: process: its scheduler nests ILP loops in the order it iterates a set of their names (loop
-#: priorities do not apply to them), and privatised accumulators are numbered likewise. One
-#: configuration then builds to different kernels in different processes, at different speeds:
-#: three GEMM configurations on an H200 under seeds 0-3 gave 3-4 sources each, the slowest
-#: 1.27-1.40x the fastest (benchmarks/published/codegen_variants_h200.json). Every process
-#: that generates code for tunefleet (a worker's code-generation, device and cold-build
-#: processes, ``tunefleet measure``) runs with this fixed seed, so a configuration has one
-#: kernel everywhere. Its value is the first that nests GEMM's register tile rows, columns,
-#: then vector components (b's innermost, each loaded vector feeding its FMAs back to back):
-#: seed 0 nested b's components outermost and was the slowest variant of all three
-#: (tests/integration/test_kernel_problems.py holds the nest).
-CODEGEN_HASH_SEED = "3"
-#: ... and with loopy's and pyopencl's persistent caches in a directory of their own (under the
-#: cache home) that only such processes fill: an entry written under another seed would
-#: answer with its own variant of the kernel.
-CODEGEN_CACHE = f"tunefleet-codegen-seed{CODEGEN_HASH_SEED}"
-
-
-def codegen_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment variables a process generating code must start with (the hash seed is
-    read once, when the interpreter starts)."""
-    env = os.environ if environ is None else environ
-    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    if os.path.basename(os.path.normpath(base)) != CODEGEN_CACHE:
-        base = os.path.join(base, CODEGEN_CACHE)
-    return {"PYTHONHASHSEED": CODEGEN_HASH_SEED, "XDG_CACHE_HOME": base}
-
-
-def canonical_codegen() -> bool:
-    """This process hashes strings with :data:`CODEGEN_HASH_SEED` (so the code it generates
-    is a configuration's one kernel). The interpreter keeps no record of its seed beyond the
-    variable it started with: ``sys.flags.hash_randomization`` is 0 only for seed 0."""
-    return (
-        sys.flags.hash_randomization == 1 and os.environ.get("PYTHONHASHSEED") == CODEGEN_HASH_SEED
-    )
 
 
 #: A measurement's protocol records ``cold_build: true`` when it was built and timed in a fresh

@@ -9,10 +9,18 @@ and ``b`` can be staged in local memory (``prefetch_a``/``prefetch_b``), ``a`` t
 ``k``-major so that a work-item reads its rows as vectors; ``vec_j > 1`` makes ``b``, its local
 tile and ``c`` OpenCL vector types (``float4`` loads and stores). The inner ``k`` loop is
 unrolled by loopy (``full``), by the OpenCL compiler (``hint``), or not at all.
+
+A work-item's register tile is four unrolled ILP loops, one per parameter that sets its
+extent: its chunks of rows (``reg_i / vec_i`` of them) and of columns (``reg_j / vec_j``), and
+the rows (``vec_i``) and columns (``vec_j``) of a chunk. Their ``nest``, outermost first,
+orders the multiply-adds of each ``k`` (and the accumulators' layout); it is searched, since
+the orders run at different speeds (1.27-1.40x apart on an H200). The default nests rows,
+columns, then the vector components, b's innermost: the order measured fastest there.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,6 +33,15 @@ from tunefleet.space import Bool, Choice, Config, PowerOfTwo, Space, require
 
 #: Accumulator budget per work-item: more would spill registers on every GPU we know.
 MAX_ACCUMULATOR_BYTES = 512
+
+#: The register tile's loops by the parameter that sets each one's extent: chunks of rows,
+#: chunks of columns, rows and columns of a chunk.
+NEST_AXES = {"reg_i": "ti_reg", "reg_j": "tj_reg", "vec_i": "ti_vec", "vec_j": "tj_vec"}
+#: Every order of them, outermost first, written ``reg_i,reg_j,vec_i,vec_j``. The first is the
+#: default: the nest the default configuration had when a fixed hash seed chose it, before the
+#: nest was a parameter (its code, the same then and now, is the one
+#: benchmarks/published/reproduce_gemm_h200.json timed).
+NESTS = tuple(",".join(order) for order in itertools.permutations(NEST_AXES))
 
 
 class Gemm(KernelProblem):
@@ -50,8 +67,17 @@ class Gemm(KernelProblem):
                 Bool("prefetch_a"),
                 Bool("prefetch_b"),
                 Choice("unroll_k", ("hint", "full", "none")),
+                Choice("nest", NESTS),
             ]
         )
+
+    def check_config(self, args: Mapping[str, Any], config: Mapping[str, Any]) -> Config:
+        # A configuration from before the nest was a parameter (a run created then proposes
+        # them still, a recording holds them) gets the default nest: the default
+        # configuration's code is the same as it was then.
+        if isinstance(config, Mapping) and "nest" not in config:
+            config = {**config, "nest": NESTS[0]}
+        return super().check_config(args, config)
 
     def default_config(self, args: Mapping[str, Any]) -> Config:
         # The best of a 300 s search on an H200 (float32, n = 4096), 3.27 ms in the run and
@@ -74,6 +100,7 @@ class Gemm(KernelProblem):
             "prefetch_a": True,
             "prefetch_b": True,
             "unroll_k": "hint",
+            "nest": NESTS[0],
         }
 
     def config_rules(self, args: Mapping[str, Any], config: Config) -> None:
@@ -107,6 +134,18 @@ class Gemm(KernelProblem):
             config["wg_i"] * config["vec_i"] <= args["n"],
             f"wg_i*vec_i = {config['wg_i'] * config['vec_i']} rows per column of work-items "
             f"exceed n={args['n']}",
+        )
+        # A loop of one iteration (vec_i = 1, or reg_i = vec_i: one chunk) orders nothing, so
+        # nests that differ only in where it stands build one kernel: only the first of them,
+        # in NESTS' order, is a configuration of its own.
+        first = first_equivalent_nest(config)
+        single = _single_iterations(config)
+        require(
+            config["nest"] == first,
+            f"nest={config['nest']} builds the kernel of nest={first}: "
+            + "; ".join(single.values())
+            + ", and a loop of one iteration orders nothing (only the first of such nests, "
+            "in the order of the values, is searched)",
         )
 
     def validation_args(self, args: Mapping[str, Any], config: Config) -> dict[str, Any]:
@@ -202,6 +241,11 @@ class Gemm(KernelProblem):
                 knl = lp.tag_array_axes(knl, "b_tile", "c,c,vec")
                 knl = lp.tag_inames(knl, {"fb_v": "vec"})
             knl = distribute_flat(knl, existing(knl, ["fb_k", "fb_j"]), (wg_j, wg_i), "fb")
+        # Loopy ignores priorities of ILP loops; tunefleet's code generation nests them (and
+        # lays out their accumulators) by them (tunefleet.problems._loopy.nest_order).
+        nest = existing(knl, [NEST_AXES[axis] for axis in config["nest"].split(",")])
+        if len(nest) > 1:
+            knl = lp.prioritize_loops(knl, ",".join(nest))
         return tag_unroll(knl, "kt", config["unroll_k"])
 
     def make_inputs(self, args: Mapping[str, Any], rng: np.random.Generator) -> dict[str, Any]:
@@ -220,6 +264,35 @@ class Gemm(KernelProblem):
     def byte_count(self, args: Mapping[str, Any]) -> float:
         n, m, k = args["n"], args["m"], args["k"]
         return float(np.dtype(args["dtype"]).itemsize * (n * k + k * m + n * m))
+
+
+def _single_iterations(config: Mapping[str, Any]) -> dict[str, str]:
+    """The register tile's loops of one iteration, in NEST_AXES order, each with why."""
+    out = {}
+    for d, what in (("i", "rows"), ("j", "columns")):
+        reg, vec = config[f"reg_{d}"], config[f"vec_{d}"]
+        if reg == vec:
+            out[f"reg_{d}"] = f"one chunk of {what} (reg_{d} = vec_{d} = {reg})"
+        if vec == 1:
+            out[f"vec_{d}"] = f"chunks of one of the {what} (vec_{d} = 1)"
+    return {axis: out[axis] for axis in NEST_AXES if axis in out}
+
+
+def first_equivalent_nest(config: Mapping[str, Any]) -> str:
+    """The first nest of NESTS that builds the same kernel as ``config["nest"]``: the loops of
+    more than one iteration in the same order, each loop of one iteration as far out as that
+    allows (ahead of every loop after it in NEST_AXES)."""
+    single = _single_iterations(config)
+    rank = {axis: i for i, axis in enumerate(NEST_AXES)}
+    looped = [axis for axis in config["nest"].split(",") if axis not in single]
+    free = list(single)  # in NEST_AXES order
+    out = []
+    while looped or free:
+        if free and (not looped or rank[free[0]] < rank[looped[0]]):
+            out.append(free.pop(0))
+        else:
+            out.append(looped.pop(0))
+    return ",".join(out)
 
 
 def _at_most(value: int, limit: int) -> int:

@@ -9,12 +9,11 @@ axis and in total, local memory), linearise it and generate its OpenCL code; and
 small validation size only where the reference at the target size is too costly
 (:meth:`KernelProblem.target_reference_affordable`). Returns a picklable
 :class:`PreparedKernel`: the OpenCL C of each kernel with its parameters in signature order,
-sizes and arrays, no loopy objects. Loopy's output depends on Python's string hashing: only a
-process started with ``PYTHONHASHSEED`` = :data:`~tunefleet.problems.base.CODEGEN_HASH_SEED`
-builds a configuration's one kernel (the worker starts its children so, ``tunefleet measure``
-its evaluation; elsewhere prepare says so once). **prebuild** (also in the pool, on its own
-session of the same device) compiles that source, so the device process's build of the same
-text is an answer of the driver's cache.
+sizes and arrays, no loopy objects. A configuration builds to one kernel in every process,
+whatever its hash seed: the orders loopy would take from iterating sets (ILP loop nests,
+privatised accumulators' axes) are fixed from the kernel (:mod:`tunefleet.problems._loopy`).
+**prebuild** (also in the pool, on its own session of the same device) compiles that source
+and hands over the driver's binary, so the device process loads it instead of compiling.
 
 **measure** (in the worker's device process, on an open ``DeviceSession``; it never imports
 loopy):
@@ -97,14 +96,7 @@ import numpy as np
 from tunefleet import agreement
 from tunefleet.devices import DeviceInfo
 from tunefleet.errors import DeviceError, InvalidConfiguration, first_line
-from tunefleet.problems.base import (
-    CODEGEN_HASH_SEED,
-    Outcome,
-    Problem,
-    Protocol,
-    canonical_codegen,
-    normalise_with_specs,
-)
+from tunefleet.problems.base import Outcome, Problem, Protocol, normalise_with_specs
 from tunefleet.space import Config, Space, canonical_json
 from tunefleet.timeline import Phase
 from tunefleet.vocabulary import TrialState
@@ -262,7 +254,6 @@ class KernelProblem(Problem):
 
     # --- prepare: CPU only -------------------------------------------------------------------
     def prepare(self, args: Mapping[str, Any], config: Config, device: DeviceInfo) -> Any:
-        _say_if_not_canonical()
         t0 = time.perf_counter()
         full = self.normalise_args(args)
         checked = self.check_config(full, config)
@@ -285,13 +276,13 @@ class KernelProblem(Problem):
         import loopy as lp
         from loopy.diagnostic import LoopyError
 
-        from tunefleet.problems._loopy import linearize
+        from tunefleet.problems._loopy import linearize, preprocess
 
         t0 = time.perf_counter()
         try:
             tu = self.build(args, config, device)
             (entry,) = tuple(tu.entrypoints)
-            tu = lp.preprocess_kernel(tu)
+            tu = preprocess(tu)
             # Device limits first: they are cheap to check and save scheduling and codegen.
             knl = tu[entry]
             gexprs, lexprs = knl.get_grid_size_upper_bounds_as_exprs(tu.callables_table)
@@ -1229,24 +1220,6 @@ def _local_mem_bytes(knl: Any) -> int:
         if tv.address_space == AddressSpace.LOCAL:
             total += _as_int(tv.nbytes, f"size of {tv.name}")
     return total
-
-
-_said_not_canonical = False
-
-
-def _say_if_not_canonical() -> None:
-    """Once per process: code generated here may be another variant of a configuration's
-    kernel than tunefleet's workers build (:data:`~tunefleet.problems.base.CODEGEN_HASH_SEED`)."""
-    global _said_not_canonical
-    if _said_not_canonical or canonical_codegen():
-        return
-    _said_not_canonical = True
-    _log.warning(
-        "this process hashes strings with a random seed, so loopy may build another variant "
-        "of a configuration's kernel than tunefleet's workers and `tunefleet measure` do; "
-        "start Python with PYTHONHASHSEED=%s for the same code",
-        CODEGEN_HASH_SEED,
-    )
 
 
 def _as_int(value: Any, what: str) -> int:
