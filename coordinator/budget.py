@@ -15,17 +15,20 @@ first and last result). So ``n`` re-measurements queued now take about
 ``turnaround + (n - 1) / throughput``. Before them the search's trials still running must
 drain, and they end with the *slowest* of them, not at the throughput's pace: the trial a
 worker claimed last still has a whole turnaround ahead of it, so the drain takes at least
-the run's slow turnaround (its 90th percentile). The search therefore stops proposing when
-the time left is :func:`confirm_reserve`; the confirmation queues only what
-:func:`confirmations_that_fit` the time left, and starts while the search's last trials are
-still out when their drain runs past its plan (:func:`confirm_while_draining`); at the
-deadline whatever is still in flight is handed back (cancelled, and revived by a resume),
-never waited for.
+the run's slow turnaround (its 90th percentile). The confirmation does not wait for that
+drain: a worker prepares a cold build in a process of its own, beside the search's last
+trials, and holds the device only to time it. So the search stops proposing when the time
+left is :func:`confirm_reserve`, the longer of the drain and the confirmation; the
+confirmation starts at once with the best so far, queues only what
+:func:`confirmations_that_fit` the time left (a trial that lands later and ranks among the
+best is confirmed too if it still fits); at the deadline whatever is still in flight is
+handed back (cancelled, and revived by a resume), never waited for.
 
 A confirmation is no search trial: it is a cold build, in a fresh process that shares no
-cache with the search (code generation again, build, timing), one at a time on a worker,
-with none of the search's pipelining: :meth:`Speed.confirms` plans it from the run's
-confirmations so far, or from the search's code generation time before the first.
+cache with the search (code generation again, build, timing), planned one after another on
+a worker (a worker of many cores prepares several at once, which only leaves time over):
+:meth:`Speed.confirms` plans it from the run's confirmations so far, or from the search's
+code generation time before the first.
 """
 
 from __future__ import annotations
@@ -133,23 +136,14 @@ def speed(pace: Pace, in_flight: int, workers: int = 1) -> Speed | None:
 
 
 def confirm_reserve(pace: Speed | None, confirm: int, running: int) -> float:
-    """Seconds before the deadline at which the search stops proposing trials: the ``running``
-    trials of the search drain (:meth:`Speed.drains`), then ``confirm`` re-measurements run.
-    0 without confirmation or before there is a pace to plan from."""
+    """Seconds before the deadline at which the search stops proposing trials: the longer of
+    the drain of its ``running`` trials (:meth:`Speed.drains`) and ``confirm``
+    re-measurements (:meth:`Speed.confirms`), which start at once, beside the drain, plus one
+    trial's share of the device for the one that lands last. 0 without confirmation or
+    before there is a pace to plan from."""
     if pace is None or confirm <= 0:
         return 0.0
-    return pace.drains(running) + pace.confirms(confirm)
-
-
-def confirm_while_draining(pace: Speed | None, want: int, left_s: float | None) -> bool:
-    """Whether the confirmation must start now, before the search's last trials are back:
-    waiting for them any longer would leave its ``want`` re-measurements less time than they
-    take (one result's interval added, for the slot a busy worker frees to claim one). The
-    drain's plan (:meth:`Speed.drains`) is an estimate; this is its safety net, so a drain
-    that runs long costs the confirmation of what lands last, not the whole confirmation."""
-    if left_s is None or pace is None or want <= 0:
-        return False
-    return left_s <= pace.confirms(want) + 1.0 / pace.throughput
+    return max(pace.drains(running), pace.confirms(confirm)) + 1.0 / pace.throughput
 
 
 def confirmations_that_fit(pace: Speed | None, want: int, left_s: float) -> int:

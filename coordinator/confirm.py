@@ -21,11 +21,10 @@ and the run's own report read that one decision.
 Within a time budget (``max_seconds``) the confirmation is part of the run: the search stopped
 early enough to leave it its time (:mod:`.budget`), the phase queues only the confirmations
 that still come back before the deadline (:func:`.budget.confirmations_that_fit`, counting
-those in flight), starts without waiting for the search's last trials when they outlast the
-drain the plan gave them (:func:`.budget.confirm_while_draining`; a trial that lands after
-that is ranked, and confirmed too if it still fits), waits for another worker only within
-the time to spare, and ends at the deadline whatever is still in flight (the session then
-hands it back).
+those in flight), starts at once without waiting for the search's last trials (a worker
+prepares a cold build beside them; a trial that lands later is ranked, and confirmed too if
+it still fits), waits for another worker only within the time to spare, and ends at the
+deadline whatever is still in flight (the session then hands it back).
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ from tunefleet import agreement
 from tunefleet.queries import search as q
 from tunefleet.vocabulary import TrialPurpose, TrialState
 
-from .budget import Speed, avoid_seconds, confirm_while_draining, confirmations_that_fit
+from .budget import Speed, avoid_seconds, confirmations_that_fit
 from .phase import Confirmed
 from .settings import CoordinatorSettings
 
@@ -160,8 +159,10 @@ class Confirmation:
             return Confirmed()
         draining = bool(s.flights)
         if draining:
-            if not confirm_while_draining(s.speed(), s.settings.confirm, left):
-                return 0  # the search's last trials first: they are ranked too
+            if left is None:
+                return 0  # no deadline: the search's last trials first, they are ranked too
+            # Within a budget the confirmation starts at once: its cold builds prepare beside
+            # the drain, and a trial that lands later and ranks is confirmed too if it fits.
             self._confirm_early(left)
         want = s.settings.confirm
         candidates = q.confirmation_candidates(s.conn, s.run_id, want)
@@ -213,8 +214,8 @@ class Confirmation:
             return
         self._said_early = True
         _log.info(
-            "run %d: %.1f s of the time budget left, what the confirmation needs: confirming "
-            "the best so far while %d search trial(s) are still out",
+            "run %d: %.1f s of the time budget left: confirming the best so far while %d "
+            "search trial(s) are still out",
             self.session.run_id,
             left or 0.0,
             len(self.session.flights),

@@ -11,7 +11,6 @@ from tunefleet.coordinator.budget import (
     Speed,
     avoid_seconds,
     confirm_reserve,
-    confirm_while_draining,
     confirmations_that_fit,
     speed,
 )
@@ -38,7 +37,9 @@ def test_a_deep_prefetch_worker_does_not_stop_the_search_at_its_first_result():
     assert pace is not None
     reserve = confirm_reserve(pace, confirm=3, running=8)
     cold = COLD_START_S + 4.0 + 1 / 0.3  # a fresh process, code generation, the device
-    assert reserve == pytest.approx(max(8 / 0.3, 30.0) + 3 * cold)
+    # The confirmation starts at once, beside the drain: the longer of the two, and one
+    # trial's share of the device for the last to land.
+    assert reserve == pytest.approx(max(max(8 / 0.3, 30.0), 3 * cold) + 1 / 0.3)
     assert reserve < 110.0
 
 
@@ -57,8 +58,9 @@ def test_the_last_trial_in_flight_drains_no_sooner_than_a_slow_one():
     assert pace.drains(0) == 0.0
     # Many trials in flight at a low throughput: the throughput decides.
     assert pace.drains(100) == pytest.approx(100 / pace.throughput)
+    step = 1 / pace.throughput
     assert confirm_reserve(pace, confirm=3, running=16) == pytest.approx(
-        18.9 + 3 * (COLD_START_S + 1 / pace.throughput)
+        max(18.9, 3 * (COLD_START_S + step)) + step
     )
 
 
@@ -79,25 +81,7 @@ def test_confirmations_are_cold_builds_one_at_a_time_per_worker():
     assert [two.confirms(n) for n in (0, 1, 2, 3)] == [0.0, 9.0, 9.0, 18.0]
     assert confirmations_that_fit(two, 3, 17.9) == 2  # one round of two
     assert confirmations_that_fit(two, 3, 18.0) == 3
-    assert confirm_reserve(two, confirm=3, running=0) == 18.0
-
-
-@pytest.mark.parametrize(
-    ("pace", "want", "left_s", "now"),
-    [
-        (None, 3, 5.0, False),  # no pace: wait for the search's last trials
-        (Speed(6.0, 0.5), 3, None, False),  # no time budget: wait
-        (Speed(6.0, 0.5), 0, 1.0, False),  # nothing to confirm
-        (Speed(6.0, 0.5), 3, 30.0, False),  # time to spare: the last trials first
-        (Speed(6.0, 0.5), 3, 12.0, True),  # 6 + 2 / 0.5 + 1 / 0.5 = 12: start now
-        (Speed(6.0, 0.5), 1, 8.5, False),
-        (Speed(6.0, 0.5), 1, 8.0, True),
-    ],
-)
-def test_the_confirmation_starts_before_the_drain_ends_when_waiting_would_cut_it(
-    pace, want, left_s, now
-):
-    assert confirm_while_draining(pace, want, left_s) is now
+    assert confirm_reserve(two, confirm=3, running=0) == pytest.approx(18.0 + 1 / two.throughput)
 
 
 def test_n_trials_take_one_turnaround_then_one_throughput_step_each():
@@ -110,8 +94,10 @@ def test_n_trials_take_one_turnaround_then_one_throughput_step_each():
     [
         (None, 3, 2, 0.0),  # nothing to plan from: the deadline alone bounds the run
         (Speed(6.0, 0.25), 0, 2, 0.0),  # no confirmation: the search may run to the end
-        (Speed(6.0, 0.25), 3, 0, 14.0),
-        (Speed(6.0, 0.25), 3, 2, 22.0),  # the running trials drain first
+        (Speed(6.0, 0.25), 3, 0, 14.0 + 4.0),
+        # The running trials drain while the confirmation runs: the longer of 8 s and 14 s.
+        (Speed(6.0, 0.25), 3, 2, 14.0 + 4.0),
+        (Speed(6.0, 0.25), 3, 20, 80.0 + 4.0),  # a long drain decides
     ],
 )
 def test_the_search_stops_the_reserve_before_the_deadline(pace, confirm, running, reserve):
