@@ -143,6 +143,9 @@ class DeviceSession:
     context: Any
     queue: Any
     device: Any
+    #: The racing bound of the measurement in hand (:func:`tunefleet.problems.kernel.
+    #: time_launches`): set by the device process from its request, ``None``: no racing.
+    race_above_s: float | None = None
 
 
 def open_session(info: DeviceInfo) -> DeviceSession | None:

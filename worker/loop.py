@@ -108,6 +108,10 @@ CLAIM_BACKOFF_S = 60.0
 MAX_SKIPS_IN_ROW = 3
 #: A worker of the same host counts as sharing its cores while its heartbeat is this fresh.
 PEER_ALIVE_S = 60.0
+#: A search trial whose first launch takes this many times the best this worker measured of
+#: its run is raced: a couple of timed launches, not the protocol's count (kernels of a GEMM
+#: space span three orders of magnitude; a 3 s kernel took 39 s of a 60 s run in full).
+RACE_FACTOR = 5.0
 #: Stages of the held trials a graceful stop releases (all but the one being timed).
 RELEASED_ON_STOP = (Stage.CLAIMED, Stage.PREPARING, Stage.PREPARED, Stage.SUSPECT)
 
@@ -168,6 +172,9 @@ class Worker:
         self.claimed = 0
         #: Seconds this worker's device spent timing kernels, from the timelines it sent.
         self.timed_s = 0.0
+        #: The fastest median this worker measured per run: a search trial far slower than it
+        #: is raced (:data:`RACE_FACTOR`).
+        self.best_s: dict[int, float] = {}
         self.outcomes: Counter[str] = Counter()
         self.next_claim_at = 0.0
         self.next_reap_at = 0.0
@@ -527,8 +534,11 @@ class Worker:
             with self.liveness.blocking(DEVICE_START_TIMEOUT_S):
                 self.device_child.start()
                 self._open_device()
+        race = self._race_above(c)
         if inline:
-            self.device_child.submit(self._measure(c, inline_prepare=True), self._timeout(c), c.key)
+            self.device_child.submit(
+                self._measure(c, inline_prepare=True, race_above_s=race), self._timeout(c), c.key
+            )
         else:
             # Timing gets what code generation left of the evaluation's one limit (never more
             # than the trial's own): a slow build followed by a slow timing is one slow
@@ -536,7 +546,7 @@ class Worker:
             limit, left = self._evaluation_limit(c), self._evaluation_limit(c) - held.spent_s
             own = self._timeout(c)
             self.device_child.submit(
-                self._measure(c, prepared=held.prepared, inline_prepare=False),
+                self._measure(c, prepared=held.prepared, inline_prepare=False, race_above_s=race),
                 min(own, left),
                 tag=c.key,
                 limit_s=limit if left < own else own,
@@ -585,6 +595,12 @@ class Worker:
         self.colds.timing(c.trial_id)
         held.stage, held.child = Stage.MEASURING, child
         held.marks.measure_sent = time.monotonic()
+
+    def _race_above(self, c: ClaimedTrial) -> float | None:
+        """The racing bound of claim ``c``: :data:`RACE_FACTOR` times the best this worker
+        measured of its run (a confirmation is a cold build, never raced)."""
+        best = self.best_s.get(c.run_id)
+        return None if best is None else RACE_FACTOR * best
 
     def _measure(self, c: ClaimedTrial, **how: Any) -> Measure:
         """The request that times claim ``c`` on this worker's device (``how``: the prepared
@@ -949,6 +965,9 @@ class Worker:
         else:
             self.outcomes[str(held.state)] += 1
             self.timed_s += timeline.get(Phase.TIMING, 0.0)
+            if held.measurement is not None and not held.cold:
+                run, median = c.run_id, held.measurement.median_s
+                self.best_s[run] = min(self.best_s.get(run, median), median)
             log.info(
                 "trial %s attempt %s: %s%s -> trial %s",
                 c.trial_id,

@@ -94,6 +94,9 @@ class Measure:
     cold: bool = False
     #: Time what this child's ``Prepare(keep=True)`` kept.
     kept: bool = False
+    #: Race the timing above this many seconds a launch (a kernel far slower than the run's
+    #: best gets a couple of launches, not the protocol's count); ``None``: time in full.
+    race_above_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -267,6 +270,8 @@ def _handle(state: _ChildState, request: Any) -> Any:
             started = time.perf_counter()
             prepared = problem.prepare(request.args, request.config, request.device)
             state.phases[Phase.CODEGEN] = time.perf_counter() - started
+        if state.session is not None:
+            state.session.race_above_s = request.race_above_s
         if problem.needs_opencl and state.session is None:
             raise NeedsDevice(
                 f"problem {request.problem!r} needs an OpenCL device, but this worker serves "

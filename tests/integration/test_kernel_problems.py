@@ -487,6 +487,28 @@ def test_the_reference_is_made_once_per_size_and_beside_the_device_where_it_can_
         assert calls[0].startswith("tunefleet-reference") == (where is elsewhere), calls
 
 
+def test_a_kernel_far_slower_than_the_runs_best_is_raced_and_says_so(session, broken):
+    """A first launch above the worker's racing bound (a multiple of the run's best) ends the
+    timing after a couple of launches, and the measurement's protocol records the bound; below
+    it, or without one, the protocol's full count of launches is timed."""
+    from tunefleet.problems.kernel import RACE_LAUNCHES, RACED_KEY
+
+    config = {"wg": 16, "bug": "none"}
+    full = _evaluate(broken, {"small_first": 0}, config, session)
+    assert full.state == "done" and len(full.samples_s) >= PROTOCOL.min_launches
+    assert RACED_KEY not in full.protocol
+    try:
+        session.race_above_s = 1e-12  # every kernel is slower than that
+        raced = _evaluate(broken, {"small_first": 0}, config, session)
+        session.race_above_s = 3600.0  # none is
+        kept = _evaluate(broken, {"small_first": 0}, config, session)
+    finally:
+        session.race_above_s = None
+    assert raced.state == "done" and len(raced.samples_s) == RACE_LAUNCHES
+    assert raced.protocol[RACED_KEY] == 1e-12 and raced.median_s > 0
+    assert len(kept.samples_s) >= PROTOCOL.min_launches and RACED_KEY not in kept.protocol
+
+
 def test_an_input_changed_on_the_device_is_caught_and_replaced(session, broken):
     """The worker keeps a size's inputs on the device from one configuration to the next. A
     kernel that stored into one (out of bounds) would hand every later configuration other

@@ -466,14 +466,19 @@ class KernelProblem(Problem):
             arrays.restore()
             return launcher.launch()
 
+        race = getattr(session, "race_above_s", None)
         try:
             with watch(Phase.TIMING):
-                samples = time_launches(launch if arrays.restores else launcher.launch, protocol)
+                samples, raced = time_launches(
+                    launch if arrays.restores else launcher.launch, protocol, race
+                )
         except _cl_errors() as exc:
             _check_device_alive(session, exc)
             return invalid(
                 f"kernel launch failed at the target size: {first_line(exc)[:500]}", verdict
             )
+        if raced:  # recorded only where it happens, as the restored arguments are
+            measured_protocol[RACED_KEY] = race
         watch.switch(Phase.CHECK)
         # 2. The inputs are as they were, and the outputs of the last timed launch agree with
         # the reference at the target size (or, where it is too costly, are finite).
@@ -878,6 +883,11 @@ def _wrong_reason(name: str, err: float, tol: float, dtype: Any) -> str:
     )
 
 
+#: The protocol key of a raced timing (:func:`time_launches`): the bound its first launch
+#: passed, in seconds; and how many launches such a timing takes.
+RACED_KEY = "raced_above_s"
+RACE_LAUNCHES = 2
+
 #: The protocol key naming the arguments restored before each launch (in-place updates).
 RESTORED_KEY = "restored_before_each_launch"
 
@@ -915,14 +925,30 @@ def next_batch(samples: list[float], protocol: Protocol) -> int:
     return max(1, min(need, protocol.max_launches - n))
 
 
-def time_launches(launch: Callable[[], Any], protocol: Protocol) -> list[float]:
-    """Kernel seconds of each timed launch, by the protocol. ``launch()`` enqueues one launch
-    and returns its profiling event."""
+def time_launches(
+    launch: Callable[[], Any], protocol: Protocol, race_above_s: float | None = None
+) -> tuple[list[float], bool]:
+    """Kernel seconds of each timed launch, by the protocol, and whether the timing was
+    *raced*. ``launch()`` enqueues one launch and returns its profiling event.
+
+    Racing: when the first warm-up launch alone takes more than ``race_above_s`` (the worker
+    passes a multiple of the run's best time), the kernel is no contender; it gets
+    :data:`RACE_LAUNCHES` timed launches and no more warm-ups, so a configuration a thousand
+    times slower than the best costs seconds, not the protocol's full count of launches."""
     import pyopencl as cl
 
+    def seconds(event: Any) -> float:
+        return float((event.profile.end - event.profile.start) * 1e-9)
+
     last = None
-    for _ in range(protocol.warmup):
+    for index in range(protocol.warmup):
         last = launch()
+        if index == 0 and race_above_s is not None:
+            last.wait()
+            if seconds(last) > race_above_s:
+                events = [launch() for _ in range(RACE_LAUNCHES)]
+                cl.wait_for_events(events)
+                return [seconds(e) for e in events], True
     if last is not None:
         last.wait()
     samples: list[float] = []
@@ -930,9 +956,9 @@ def time_launches(launch: Callable[[], Any], protocol: Protocol) -> list[float]:
     while batch:
         events = [launch() for _ in range(batch)]
         cl.wait_for_events(events)
-        samples.extend((e.profile.end - e.profile.start) * 1e-9 for e in events)
+        samples.extend(seconds(e) for e in events)
         batch = next_batch(samples, protocol)
-    return samples
+    return samples, False
 
 
 def check_device_limits(local_size: tuple[int, ...], local_mem: int, device: DeviceInfo) -> None:
@@ -1232,6 +1258,7 @@ def _as_int(value: Any, what: str) -> int:
 
 
 __all__ = [
+    "RACED_KEY",
     "RESTORED_KEY",
     "TOLERANCES",
     "ArrayInfo",
