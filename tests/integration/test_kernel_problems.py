@@ -583,12 +583,19 @@ def test_the_nest_order_of_loops_is_their_priorities_then_their_names():
         nest_order(cycle, ["a", "b"])
 
 
-def _register_nest(prepared: PreparedKernel) -> list[str]:
-    """The loops entered since the k loop of one tile, around GEMM's update."""
+def _register_nest(
+    problem: Any, args: dict[str, Any], config: dict[str, Any], device: Any
+) -> list[str]:
+    """The loops entered since the k loop of one tile, around GEMM's update, in the
+    linearised kernel code generation builds (a prepared kernel holds only its source)."""
     from loopy.schedule import EnterLoop, RunInstruction
 
+    from tunefleet.problems._loopy import linearize, preprocess
+
+    checked = problem.check_config(args, config)
+    tu = linearize(preprocess(problem.build(args, checked, device)))
     nest: list[str] = []
-    for item in prepared.target.translation_unit.default_entrypoint.linearization:
+    for item in tu.default_entrypoint.linearization:
         if isinstance(item, EnterLoop):
             nest = [] if item.iname == "kt" else [*nest, item.iname]
         if isinstance(item, RunInstruction) and item.insn_id == "insn_kb_kt_update":
@@ -602,8 +609,8 @@ def test_the_default_nest_is_the_register_tile_order_measured_fastest(session):
     fastest on an H200 (b's components outermost ran 1.27-1.40x slower)."""
     problem = get_problem("gemm")
     args = problem.normalise_args({"n": 4096, "m": 4096, "k": 4096})
-    prepared = problem.prepare(args, problem.default_config(args), session.info)
-    assert _register_nest(prepared) == ["ti_reg", "tj_reg", "ti_vec", "tj_vec"]
+    nest = _register_nest(problem, args, problem.default_config(args), session.info)
+    assert nest == ["ti_reg", "tj_reg", "ti_vec", "tj_vec"]
 
 
 def _nests() -> tuple[str, ...]:
@@ -626,8 +633,10 @@ def test_every_gemm_nest_nests_its_loops_so_and_computes_the_product(session, ne
         **{"wg_i": 2, "wg_j": 2, "reg_i": 4, "reg_j": 4, "vec_i": 2, "vec_j": 2, "tile_k": 4},
         "nest": nest,
     }
+    assert _register_nest(problem, args, config, session.info) == [
+        NEST_AXES[axis] for axis in nest.split(",")
+    ]
     prepared = problem.prepare(args, config, session.info)
-    assert _register_nest(prepared) == [NEST_AXES[axis] for axis in nest.split(",")]
     outcome = problem.measure(prepared, session, PROTOCOL)
     assert outcome.state == "done", outcome.error
     assert outcome.validation["passed"] and outcome.validation["args"] == args
