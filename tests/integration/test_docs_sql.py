@@ -50,6 +50,7 @@ EXPECTED: dict[str, set[str]] = {
     "workers standing aside": {"run_id", "host", "worker_state", "reason"},
     "confirmations of a run": {"trial_id", "confirmed_ms", "spread_pct", "noise_pct", "disagrees"},
     "confirmed best per run": {"run_id", "confirmed", "confirmed_gflops", "spread_pct"},
+    "where the time went": {"run_id", "attempts", "window_s", "timing_pct", "codegen_s"},
 }
 
 
@@ -155,6 +156,11 @@ def test_documented_sql_returns_rows(real_db: str, block: str) -> None:
         if title == "best configuration per problem and device":
             assert {r["problem"] for r in rows} == {"synthetic", "gemm"}
             assert len({r["device_class"] for r in rows if r["problem"] == "gemm"}) == 2
+        if title == "where the time went":
+            # Run 1's workers (the synthetic problem times by sleeping) reported every
+            # evaluation's timeline, and timed for part of their window.
+            (row,) = rows
+            assert row["attempts"] >= 16 and 0 < row["timing_pct"] <= 100
         if title == "GFLOP/s distribution of a run":
             assert rows[0]["measured"] == _scalar(conn, f"SELECT count(*) {run1} AND state='done'")
             assert float(rows[0]["best"]) == pytest.approx(
