@@ -241,6 +241,20 @@ class CpuMeter:
 
 
 # --- numbers ----------------------------------------------------------------------------------
+def tunefleet(env: dict[str, str], *argv: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``tunefleet ARGV`` as a user types it, in this interpreter, with ``env``; its output
+    captured, no input."""
+    return subprocess.run(
+        [sys.executable, "-m", "tunefleet", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+
+
 def quantile(values: Sequence[float], q: float) -> float:
     """The ``q`` quantile (linear interpolation); NaN for no values."""
     if not values:

@@ -80,16 +80,7 @@ SHOWN = tuple(p for p in Phase if p not in (Phase.DEVICE_OTHER,))
 DEVICE_WORK = ("setup", "build", "validation", "reference", "check", "device_other")
 
 
-def tunefleet(env: dict[str, str], *argv: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tunefleet", *argv],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        stdin=subprocess.DEVNULL,
-    )
+tunefleet = h.tunefleet
 
 
 def run_arm(

@@ -146,16 +146,7 @@ class Arm:
     configs: list[dict[str, Any]] = field(default_factory=list)
 
 
-def tunefleet(env: dict[str, str], *argv: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tunefleet", *argv],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        stdin=subprocess.DEVNULL,
-    )
+tunefleet = h.tunefleet
 
 
 def run_arm(arm: Arm, budget: float, max_trials: int | None, device: str | None) -> None:

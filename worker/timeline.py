@@ -56,39 +56,50 @@ class Marks:
     def phases(self, now: float) -> dict[str, float]:
         """The timeline from the claim to ``now`` (the moment the result is sent)."""
         acc: dict[Phase, float] = {}
-
-        def add(phase: Phase, seconds: float) -> None:
-            if seconds > 0:
-                acc[phase] = acc.get(phase, 0.0) + seconds
-
         cursor = self.claimed
         if self.prepare_sent is not None:
-            add(Phase.WAIT_CODEGEN, self.prepare_sent - cursor)
-            cursor = self.prepare_sent
-            end = self.prepared if self.prepared is not None else now
-            span = end - cursor
-            child = min(self.prepare_child_s, span) if self.prepared is not None else span
-            left = child
-            for name, seconds in self.preparation.items():
-                share = min(seconds, left)
-                add(Phase(name), share)
-                left -= share
-            add(Phase.CODEGEN, left)
-            add(Phase.HANDOFF, span - child)
-            cursor = end
+            cursor = _request(
+                acc, cursor, self.prepare_sent, self.prepared, self.prepare_child_s,
+                self.preparation, Phase.WAIT_CODEGEN, Phase.CODEGEN, now,
+            )  # fmt: skip
         if self.measure_sent is not None:
-            add(Phase.WAIT_DEVICE, self.measure_sent - cursor)
-            cursor = self.measure_sent
-            end = self.measured if self.measured is not None else now
-            span = end - cursor
-            child = min(self.measure_child_s, span) if self.measured is not None else span
-            left = child
-            for name, seconds in self.device.items():
-                share = min(seconds, left)
-                add(Phase(name), share)
-                left -= share
-            add(Phase.DEVICE_OTHER, left)
-            add(Phase.HANDOFF, span - child)
-            cursor = end
-        add(Phase.REPORT, now - cursor)
+            cursor = _request(
+                acc, cursor, self.measure_sent, self.measured, self.measure_child_s,
+                self.device, Phase.WAIT_DEVICE, Phase.DEVICE_OTHER, now,
+            )  # fmt: skip
+        _add(acc, Phase.REPORT, now - cursor)
         return {p.value: round(acc[p], 6) for p in Phase if p in acc}
+
+
+def _add(acc: dict[Phase, float], phase: Phase, seconds: float) -> None:
+    if seconds > 0:
+        acc[phase] = acc.get(phase, 0.0) + seconds
+
+
+def _request(
+    acc: dict[Phase, float],
+    cursor: float,
+    sent: float,
+    answered: float | None,
+    child_s: float,
+    told: dict[str, float],
+    wait: Phase,
+    rest: Phase,
+    now: float,
+) -> float:
+    """Book one request to a child from ``cursor`` (when the trial was last seen here): the
+    wait until it was ``sent``, then its span, split as the child ``told`` (what it leaves of
+    its ``child_s`` is ``rest``) and the hand-off around it; a request never answered (the
+    child killed or dead) is all ``rest`` until ``now``. Returns where the span ended."""
+    _add(acc, wait, sent - cursor)
+    end = answered if answered is not None else now
+    span = end - sent
+    child = min(child_s, span) if answered is not None else span
+    left = child
+    for name, seconds in told.items():
+        share = min(seconds, left)
+        _add(acc, Phase(name), share)
+        left -= share
+    _add(acc, rest, left)
+    _add(acc, Phase.HANDOFF, span - child)
+    return end

@@ -164,6 +164,29 @@ def test_gpu_tuning_runs_its_gemm_part_on_any_opencl_device(tmp_path: Path) -> N
         assert data["ratio_to_cublas"] is None
 
 
+def test_eval_rate_reports_each_arms_timeline_and_a_second_tree(tmp_path: Path) -> None:
+    """The evaluation-rate script's README case on PoCL, three trials: a real ``tunefleet
+    tune`` with a fresh home, its rate, its devices' timing share and every attempt's
+    timeline; ``--tree`` runs another install (here this checkout again) beside it."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    out = tmp_path / "rate.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "eval_rate.py"), "--cases", "readme",
+         "--quick", "--tree", f"again={ROOT / 'src'}", "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert [a["tree"] for a in data["arms"]] == ["again", "current"]
+    for arm in data["arms"]:
+        assert arm["exit"] == 0 and arm["evaluations"] >= 1, arm
+        assert 0 < arm["timing_share"] <= 1 and arm["median_s"]["timing"] > 0
+        assert all(sum(a["timeline"].values()) > 0 for a in arm["attempts"])
+    assert "| readme |" in proc.stdout
+
+
 def test_self_sizing_runs_both_arms_through_tune(tmp_path: Path) -> None:
     """The self-sizing script's code-generation-bound synthetic case, four trials: both arms
     are real ``tunefleet tune`` runs on their own embedded servers, and the second one's
