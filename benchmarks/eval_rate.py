@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness as h
 
 from tunefleet.db.engine import connect
-from tunefleet.timeline import Phase, clean
+from tunefleet.timeline import DEVICE_WORK, Phase, clean
 
 
 @dataclass(frozen=True)
@@ -76,8 +76,6 @@ CASES = {
 
 #: The phases shown in the table, in the order a trial meets them.
 SHOWN = tuple(p for p in Phase if p not in (Phase.DEVICE_OTHER,))
-#: The device process's phases other than timing: what the device could have spent timing.
-DEVICE_WORK = ("setup", "build", "validation", "reference", "check", "device_other")
 
 
 tunefleet = h.tunefleet

@@ -1,6 +1,7 @@
-"""Owns the timeline of one evaluation: the phases a trial's wall time is split into, how a
-worker builds them from the moments it saw, and the one definition of the device's *timing
-share* that ``status``, the dashboard, the Python API and the benchmarks quote.
+"""Owns the timeline of one evaluation: the phases a trial's wall time is split into (a worker
+builds each attempt's from the moments it saw: :mod:`tunefleet.worker.timeline`), and the one
+definition of the device's *timing share* that ``status``, the dashboard, the Python API and
+the benchmarks quote.
 
 A worker stores one timeline per attempt (``attempt.timeline``, migration 0015_timeline): the
 seconds of each phase below, from the moment its claim returned to the moment it sends the
@@ -77,6 +78,17 @@ DEVICE_PHASES: tuple[Phase, ...] = (
     Phase.CHECK,
 )
 
+#: The device process's work other than timing: what ``status`` and the benchmarks count as
+#: the device's other work (the rest of its window beside timing is idle).
+DEVICE_WORK: tuple[Phase, ...] = (
+    Phase.SETUP,
+    Phase.BUILD,
+    Phase.VALIDATION,
+    Phase.REFERENCE,
+    Phase.CHECK,
+    Phase.DEVICE_OTHER,
+)
+
 #: Largest number of seconds one phase may claim (a week): a worker sending more is wrong.
 MAX_PHASE_S = 7 * 86400.0
 
@@ -110,12 +122,3 @@ def timing_share(timing_s: float, window_s: float) -> float | None:
 def share_text(share: float | None) -> str:
     """A timing share as every report writes it: ``63% timing``."""
     return "-" if share is None else f"{100 * share:.0f}% timing"
-
-
-def summed(timelines: Iterable[Mapping[str, Any]]) -> dict[str, float]:
-    """Phase seconds summed over many timelines, in phase order."""
-    acc: dict[str, float] = {}
-    for t in timelines:
-        for key, seconds in clean(t).items():
-            acc[key] = acc.get(key, 0.0) + seconds
-    return {p.value: acc[p.value] for p in Phase if p.value in acc}

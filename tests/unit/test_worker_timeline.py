@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from tunefleet.timeline import DEVICE_PHASES, Phase, clean, summed, timing_share
+from tunefleet.timeline import DEVICE_PHASES, Phase, clean, timing_share
 from tunefleet.worker.supervise import Reply
 from tunefleet.worker.timeline import Marks
 from tunefleet.worker.vocabulary import ReplyKind
@@ -96,16 +96,12 @@ def test_a_device_process_may_not_report_the_workers_own_waits():
     assert m.phases(now=1.0) == pytest.approx({"timing": 0.5, "device_other": 0.5})
 
 
-def test_clean_summed_and_the_timing_share():
+def test_clean_and_the_timing_share():
     assert clean({"timing": 1, "check": "0.5", "x": 1, "build": True, "report": math.inf}) == {
         "timing": 1.0,
         "check": 0.5,
     }
     assert clean({"report": 1.0, "timing": 2.0}, DEVICE_PHASES) == {"timing": 2.0}
-    assert summed([{"timing": 1.0, "codegen": 2.0}, {"timing": 0.5}]) == {
-        "codegen": 2.0,
-        "timing": 1.5,
-    }
     assert timing_share(30.0, 60.0) == 0.5
     assert timing_share(1.0, 0.0) is None
     assert timing_share(70.0, 60.0) == 1.0

@@ -414,10 +414,7 @@ class KernelProblem(Problem):
                 try:
                     launcher.launch().wait()
                 except _cl_errors() as exc:
-                    _check_device_alive(session, exc)
-                    return invalid(
-                        f"kernel launch failed at the validation size: {first_line(exc)[:500]}"
-                    )
+                    return invalid(_launch_failed(session, exc, "the validation size"))
                 verdict = self.compare(expected, {k: arrays.outputs[k].get() for k in expected})
                 verdict["args"] = small.args
             if not verdict["passed"]:
@@ -441,10 +438,7 @@ class KernelProblem(Problem):
                 try:
                     launcher.launch().wait()
                 except _cl_errors() as exc:
-                    _check_device_alive(session, exc)
-                    return invalid(
-                        f"kernel launch failed at the target size: {first_line(exc)[:500]}"
-                    )
+                    return invalid(_launch_failed(session, exc, "the target size"))
             with watch(Phase.REFERENCE):
                 reference = inputs.reference(self, needed=True)
             assert reference is not None
@@ -473,10 +467,7 @@ class KernelProblem(Problem):
                     launch if arrays.restores else launcher.launch, protocol, race
                 )
         except _cl_errors() as exc:
-            _check_device_alive(session, exc)
-            return invalid(
-                f"kernel launch failed at the target size: {first_line(exc)[:500]}", verdict
-            )
+            return invalid(_launch_failed(session, exc, "the target size"), verdict)
         if raced:  # recorded only where it happens, as the restored arguments are
             measured_protocol[RACED_KEY] = race
         watch.switch(Phase.CHECK)
@@ -1129,6 +1120,13 @@ def _cl_errors() -> tuple[type[BaseException], ...]:
     import pyopencl as cl
 
     return (cl.Error,)
+
+
+def _launch_failed(session: Any, exc: BaseException, where: str) -> str:
+    """The reason of a launch that failed at ``where`` (an ``invalid`` configuration), once
+    the context is known to have survived it (:func:`_check_device_alive`)."""
+    _check_device_alive(session, exc)
+    return f"kernel launch failed at {where}: {first_line(exc)[:500]}"
 
 
 def _check_device_alive(session: Any, cause: BaseException) -> None:

@@ -35,7 +35,7 @@ from tunefleet.text.output import (
     table,
     trial_counts,
 )
-from tunefleet.timeline import Phase, clean, share_text
+from tunefleet.timeline import DEVICE_WORK, Phase, clean, share_text
 from tunefleet.vocabulary import (
     ANY_DEVICE_CLASS,
     FAULT_TRIAL_STATES,
@@ -186,18 +186,6 @@ def status_text(conn: Any, run_id: int | None) -> str:
     return "\n".join(lines)
 
 
-#: Phases the device process spends on other things than timing (its share of a device's
-#: window that is neither timing nor idle).
-_DEVICE_WORK = (
-    Phase.SETUP,
-    Phase.BUILD,
-    Phase.VALIDATION,
-    Phase.REFERENCE,
-    Phase.CHECK,
-    Phase.DEVICE_OTHER,
-)
-
-
 def timeline_lines(run: Row | None, attempts: list[Row]) -> list[str]:
     """Where a run's wall time went (``status RUN``): the devices' timing share with what
     else their device processes did and how long they stood idle, and each phase's median
@@ -209,7 +197,7 @@ def timeline_lines(run: Row | None, attempts: list[Row]) -> list[str]:
     def pct(x: float) -> str:
         return f"{100 * x / window:.0f}%"
 
-    work = sorted(((p, float(run[f"{p}_s"] or 0.0)) for p in _DEVICE_WORK), key=lambda w: -w[1])
+    work = sorted(((p, float(run[f"{p}_s"] or 0.0)) for p in DEVICE_WORK), key=lambda w: -w[1])
     busy = sum(s for _, s in work)
     idle = max(window - float(run["timing_s"] or 0.0) - busy, 0.0)
     told = ", ".join(f"{p.value} {pct(s)}" for p, s in work if s >= 0.005 * window)
