@@ -213,9 +213,6 @@ def random_configs(spec: str, args: dict[str, Any], count: int, seed: int) -> li
             problem.check_config(args, cfg)
         except InvalidConfiguration:
             continue
-        # Keep code generation short: loopy-unrolled inner loops of huge tiles take minutes.
-        if cfg.get("unroll_k") == "full" and cfg["reg_i"] * cfg["reg_j"] * cfg["tile_k"] > 1024:
-            continue
         out.append(cfg)
     return out
 

@@ -1,17 +1,18 @@
 """The confirmation phase: re-measure a run's best configurations before it reports its best.
 
-When a stop rule ends the search (not a user's stop), the session runs this phase in its
-tick (:mod:`.phase`): it cancels the pending search trials, waits for the running ones, and
-re-measures the ``confirm`` best configurations (default 3): one ``confirm`` trial each,
-queued ahead of everything, with fresh inputs (another input seed), for another worker of
-the class than the one that measured it where one is live (the claim leaves it to the others
-for :data:`CONFIRM_AVOID_S`), never answered from the cache. While a confirmation moves a
-configuration out of the top ``confirm``, the next one is confirmed too (at most
-``2 * confirm`` per ending, and past those the best itself, one at a time, until the best is
-one that was re-measured). Only then is the run finished; its best is the best by confirmed
-figure (``best_per_run``). Confirmations are not trials of the search: the search never hears
-of them and they do not count against ``max_trials``. With no live worker the phase ends with
-what is confirmed so far.
+When a stop rule ends the search (not a user's stop), the session runs this phase in its tick
+(:mod:`.phase`): it cancels the pending search trials (a trial budget's, whose every trial is
+queued when the search ends, are kept: they count), waits for the others (and ranks them), and
+meanwhile re-measures the ``confirm`` best configurations (default 3): one ``confirm`` trial
+each, queued ahead of everything, with fresh inputs (another input seed), for another worker
+of the class than the one that measured it where one is live (the claim leaves it to the
+others for :data:`CONFIRM_AVOID_S`), never answered from the cache. While a confirmation moves
+a configuration out of the top ``confirm``, the next one is confirmed too (at most ``2 *
+confirm`` per ending, and past those the best itself, one at a time, until the best is one
+that was re-measured). Only then is the run finished; its best is the best by confirmed figure
+(``best_per_run``). Confirmations are not trials of the search: the search never hears of them
+and they do not count against ``max_trials``. With no live worker the phase ends with what is
+confirmed so far.
 
 Each done confirmation is judged here, once, by :func:`tunefleet.agreement.compare` on the
 two measurements' samples (a rank test behind a floor for the protocol's resolution), and the
@@ -24,7 +25,8 @@ that still come back before the deadline (:func:`.budget.confirmations_that_fit`
 those in flight), starts at once without waiting for the search's last trials (a worker
 prepares a cold build beside them; a trial that lands later is ranked, and confirmed too if
 it still fits), waits for another worker only within the time to spare, and ends at the
-deadline whatever is still in flight (the session then hands it back).
+deadline whatever is still in flight (the session then hands it back). Without a time budget
+it starts at once too, and waits for the search's last trials before it ends.
 """
 
 from __future__ import annotations
@@ -111,8 +113,11 @@ class Confirmation:
 
     notices_unserved = False
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, keep_search: bool = False) -> None:
         self.session = session
+        #: The search's trials still queued are part of its budget (a trial budget whose
+        #: every trial is queued): they are waited for and ranked, never cancelled.
+        self.keep_search = keep_search
         #: Confirmations queued so far (fresh or revived): at most ``2 * confirm``, and past
         #: those only the best's.
         self.enqueued = 0
@@ -126,8 +131,10 @@ class Confirmation:
     def settle(self) -> None:
         s = self.session
         # The search is over: nothing of it waits in the queue (a released trial would come
-        # back as pending), and what still runs is waited for, then ranked too.
-        self.cancelled += q.cancel_pending(s.conn, s.run_id, TrialPurpose.SEARCH)
+        # back as pending), and what still runs is waited for, then ranked too; unless the
+        # queued ones are the trial budget's own last trials.
+        if not self.keep_search:
+            self.cancelled += q.cancel_pending(s.conn, s.run_id, TrialPurpose.SEARCH)
         s.refresh_flights()
 
     def step(self, now: float) -> int | Confirmed:
@@ -159,10 +166,10 @@ class Confirmation:
             return Confirmed()
         draining = bool(s.flights)
         if draining:
-            if left is None:
-                return 0  # no deadline: the search's last trials first, they are ranked too
-            # Within a budget the confirmation starts at once: its cold builds prepare beside
-            # the drain, and a trial that lands later and ranks is confirmed too if it fits.
+            # The confirmation starts at once: its cold builds prepare beside the drain (a
+            # worker's device waits on the last trials' code generation anyway: 25 s of a
+            # README run), and a trial that lands later and ranks is confirmed too (if it
+            # still fits a time budget).
             self._confirm_early(left)
         want = s.settings.confirm
         candidates = q.confirmation_candidates(s.conn, s.run_id, want)
@@ -214,10 +221,9 @@ class Confirmation:
             return
         self._said_early = True
         _log.info(
-            "run %d: %.1f s of the time budget left: confirming the best so far while %d "
-            "search trial(s) are still out",
+            "run %d: %sconfirming the best so far while %d search trial(s) are still out",
             self.session.run_id,
-            left or 0.0,
+            "" if left is None else f"{left:.1f} s of the time budget left: ",
             len(self.session.flights),
         )
 

@@ -450,7 +450,9 @@ class _Session:
             end = self._run(_Search(self))
             cancelled = 0
             if isinstance(end, RuleHolds) and self.settings.confirm > 0:
-                confirmation = self.confirmation = Confirmation(self)
+                # A trial budget whose every trial is queued: the last ones still count.
+                keep = end.reason == "max_trials"
+                confirmation = self.confirmation = Confirmation(self, keep_search=keep)
                 confirmed = self._run(confirmation)
                 cancelled = confirmation.cancelled
                 if not isinstance(confirmed, Confirmed):
@@ -924,7 +926,24 @@ class _Search:
         reason = stop_reason(s.budget, s.stats, s.budget_elapsed(), s.space_size, len(s.flights))
         if reason is None and self._leave_time_to_confirm():
             reason = "max_seconds"
+        if reason is None and self._all_proposed():
+            reason = "max_trials"
         return RuleHolds(reason) if reason else s.dispatch(now)
+
+    def _all_proposed(self) -> bool:
+        """Whether every trial of a trial budget is finished or queued, so that the
+        confirmation may start beside the last ones (they are waited for, not cancelled,
+        and ranked too: the budget stays exact). A time budget has its own plan for that
+        (:meth:`_leave_time_to_confirm`), and its deadline still ends the run."""
+        s = self.session
+        max_trials = s.budget.max_trials
+        return (
+            max_trials is not None
+            and s.budget.max_seconds is None
+            and s.settings.confirm > 0
+            and bool(s.flights)
+            and s.stats.finished + len(s.flights) >= max_trials
+        )
 
     def _leave_time_to_confirm(self) -> bool:
         """Whether the search must stop now so that its running trials and the confirmation

@@ -78,9 +78,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--listen",
         action="store_true",
         default=None,
-        help="while idle, LISTEN for new trials (picked up at once instead of within --poll); "
-        "for small fleets: a notification wakes every idle listener at once (default "
-        "$TUNEFLEET_WORKER_LISTEN, else off; never behind a transaction pooler)",
+        help="while the device waits, LISTEN for new trials (picked up at once instead of "
+        "within --poll); for small fleets: a notification wakes every listener at once "
+        "(default $TUNEFLEET_WORKER_LISTEN, else off, on for tune's own workers; never behind "
+        "a transaction pooler)",
     )
     p.add_argument(
         "-v",

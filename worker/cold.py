@@ -23,15 +23,18 @@ from dataclasses import dataclass
 from .supervise import Child, cold_environment
 
 #: Cold builds prepared at once by one worker (each a fresh process with its own imports and
-#: caches, a core's work): a run confirms a handful of configurations. A worker of few cores
-#: prepares fewer at once (one per :data:`CORES_PER_COLD`), beside the search's last trials.
+#: caches, a core's work): a run confirms a handful of configurations. Beside the search's
+#: trials a worker prepares one per :data:`CORES_PER_COLD` cores; the cores of its idle
+#: code-generation processes (the search is over, or waits on the coordinator) take more.
 COLD_AT_ONCE = 4
 CORES_PER_COLD = 4.0
 
 
-def at_once(cores: float) -> int:
-    """How many cold builds a worker with ``cores`` cores prepares at once."""
-    return max(1, min(COLD_AT_ONCE, int(cores // CORES_PER_COLD)))
+def at_once(cores: float, idle_codegen: int = 0) -> int:
+    """How many cold builds a worker with ``cores`` cores prepares at once while
+    ``idle_codegen`` of its code-generation processes have nothing to do (on two cores at the
+    end of a run: two at once, not one after the other)."""
+    return min(COLD_AT_ONCE, max(1, int(cores // CORES_PER_COLD)) + max(0, idle_codegen))
 
 
 @dataclass

@@ -465,7 +465,7 @@ class Worker:
         now = time.monotonic()
         if limit <= 0 or now < self.next_claim_at or not self._db_ready():
             return
-        listen_first = self.wake.wants_listen(len(self.held))
+        listen_first = self.wake.wants_listen(self._ready_for_device())
         try:
             claims = self.link.run(
                 queue.claim_trials,
@@ -490,8 +490,9 @@ class Worker:
             self._take(claims, now)
         else:
             self._found_nothing(now)
-        self.next_claim_at = self.wake.after_claim(now, len(claims), limit, len(self.held))
-        if self.wake.wants_unlisten(len(self.held)):
+        ready = self._ready_for_device()
+        self.next_claim_at = self.wake.after_claim(now, len(claims), limit, ready)
+        if self.wake.wants_unlisten(ready):
             try:
                 self.link.run(queue.unlisten)
                 self.wake.listening = False
@@ -516,7 +517,8 @@ class Worker:
             )
             held.stage, held.child = Stage.PREPARING, child
             held.marks.prepare_sent = time.monotonic()
-        while len(self.colds) < at_once(self.pool.resources.cores):
+        idle = sum(not child.busy for child in self.pool.active())
+        while len(self.colds) < at_once(self.pool.resources.cores, idle):
             held = self._first(Stage.CLAIMED, cold=True)
             if held is None:
                 break
@@ -554,6 +556,11 @@ class Worker:
         held.stage, held.child, held.prepared = Stage.MEASURING, self.device_child, None
         held.marks.measure_sent = time.monotonic()
         log.debug("timing trial %s", c.trial_id)
+
+    def _ready_for_device(self) -> int:
+        """The trials held ready for the device or on it: none means the device waits (on
+        code generation, or for work), and ``wake`` may listen for the next batch."""
+        return sum(h.stage in (Stage.PREPARED, Stage.MEASURING) for h in self.held.values())
 
     def _next_to_time(self, inline: bool) -> Held | None:
         """The held trial the device takes next: a prepared cold build first (a

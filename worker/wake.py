@@ -26,13 +26,15 @@ state the claim after each completion finds one. The cost is an idle fleet's pol
 workers: about N / 3.75 empty claims a second at the default 5 s) and up to one polling
 interval before an idle worker sees a new run.
 
-With ``listen`` (``--listen``, for small fleets that want the next run at once) an **idle**
-worker (it holds no trial: its device waits), where its route keeps a session, claims once
+With ``listen`` (``--listen``, for small fleets that want the next run at once; ``tune``'s
+own workers listen) a worker whose **device waits** (it holds no trial ready to time: none at
+all, or only ones still in code generation, as at the end of a run's search), where its route
+keeps a session, claims once
 more at once with ``LISTEN`` in the same round trip (committed first: a batch committed after
 it is notified, one committed before it is seen by that claim), is woken by the next batch,
 and claims after a random delay of up to :data:`WAKE_SPREAD_S`; it sends ``UNLISTEN`` once it
-holds a trial again. Behind a transaction pooler (no LISTEN: the route does not keep a
-session) it only polls.
+holds a trial ready for its device again. Behind a transaction pooler (no LISTEN: the route
+does not keep a session) it only polls.
 """
 
 from __future__ import annotations
@@ -61,24 +63,27 @@ class Wakeups:
     #: Claims in a row that came back short (0 after one that got all it asked for).
     short_claims: int = 0
 
-    def wants_listen(self, held: int) -> bool:
+    def wants_listen(self, ready: int) -> bool:
         """Should the next claim start listening first (``LISTEN`` in the same round trip)?
-        Only for an idle worker (it holds nothing) whose last claim came back short."""
-        return self.listen and not self.listening and held == 0 and self.short_claims > 0
+        Only for a worker whose device waits (``ready``: the trials it holds ready for or on
+        its device, none) and whose last claim came back short."""
+        return self.listen and not self.listening and ready == 0 and self.short_claims > 0
 
-    def wants_unlisten(self, held: int) -> bool:
-        """Listening while it holds a trial again: stop being woken (``UNLISTEN``)."""
-        return self.listening and held > 0
+    def wants_unlisten(self, ready: int) -> bool:
+        """Listening while it holds a trial ready for its device again: stop being woken
+        (``UNLISTEN``)."""
+        return self.listening and ready > 0
 
-    def after_claim(self, now: float, got: int, asked: int, held: int) -> float:
+    def after_claim(self, now: float, got: int, asked: int, ready: int) -> float:
         """When to claim next after a claim that got ``got`` of ``asked`` trials, the worker
-        now holding ``held``: at once after a full one (the caller claims only while it has
-        room), else after the wait described in the module docstring."""
+        now holding ``ready`` ready for or on its device: at once after a full one (the
+        caller claims only while it has room), else after the wait described in the module
+        docstring."""
         if got >= asked:
             self.short_claims = 0
             return now
         self.short_claims += 1
-        if self.wants_listen(held):
+        if self.wants_listen(ready):
             return now  # idle: LISTEN, then claim again, in one round trip
         return now + self.wait_s()
 

@@ -22,7 +22,7 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any] | None]] = [
     ("gemm", GEMM_4096, None),
     ("gemm", {**GEMM_4096, "dtype": "float64"}, None),
     ("gemm", GEMM_4096, {"tile_k": 16}),
-    ("gemm", GEMM_4096, {"unroll_k": "full"}),
+    ("gemm", GEMM_4096, {"unroll_k": "full", "tile_k": 16}),
     ("gemm", GEMM_4096, {"wg_i": 8, "reg_j": 4, "tile_k": 16}),
     ("face_mass", {}, None),
     ("face_mass", {}, {"prefetch_op": False}),

@@ -345,3 +345,57 @@ def test_a_drain_that_outlasts_its_plan_still_leaves_the_best_confirmed(
     # Confirmed while the straggler was still out; the straggler was handed back after.
     assert by_id[slow.trial_id]["state"] == "cancelled"
     assert by_id[slow.trial_id]["finished_at"] > confirm_row["finished_at"]
+
+
+def test_without_a_deadline_the_confirmation_starts_beside_the_last_trials_and_ranks_them(
+    db_url: str, db: Any
+) -> None:
+    """A trial budget (no time budget): the confirmation of the best so far is queued while
+    the search's last trial still runs (its cold build prepares beside it, where the device
+    would wait on that trial's code generation), and a last trial that lands better is
+    confirmed too and becomes the run's best."""
+    s = settings(max_trials=2, confirm=1, seed_configs=SEEDS)
+    run_id = create_run(s, db_url)
+    worker, secret = _claiming_worker(db)
+    first, last = queue.claim_trials(
+        db, worker_id=worker, secret=secret, device_classes=["any"], limit=5, lease_s=300
+    )
+    outcome: dict[str, Any] = {}
+
+    def coordinate() -> None:
+        try:
+            outcome["result"] = Coordinator(s, db_url).run(run_id)
+        except BaseException as exc:  # the test thread reports it
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=coordinate, daemon=True)
+    thread.start()
+    with connect(db_url, autocommit=True) as conn:
+        _complete(conn, worker, first, 2e-3)
+
+        def claim_confirmation() -> list[queue.ClaimedTrial]:
+            return queue.claim_trials(
+                conn, worker_id=worker, secret=secret, device_classes=["any"], limit=1,
+                lease_s=300,
+            )  # fmt: skip
+
+        [early] = wait_until(claim_confirmation, timeout=40, what="the first trial's confirmation")
+        state = conn.execute(
+            "SELECT state FROM tunefleet.trial WHERE id = %s", (last.trial_id,)
+        ).fetchone()
+        assert state is not None and state["state"] == "running"  # beside the last trial
+        _complete(conn, worker, early, 2e-3)
+        _complete(conn, worker, last, 1e-3)  # lands better than the confirmed one
+        [late] = wait_until(claim_confirmation, timeout=40, what="the last trial's confirmation")
+        _complete(conn, worker, late, 1e-3)
+    thread.join(timeout=60)
+    assert not thread.is_alive() and "error" not in outcome, outcome
+    result = outcome["result"]
+    assert (result.state, result.stop_reason) == ("finished", "max_trials")
+    assert result.confirmed and result.best_trial_id == last.trial_id
+    confirms = db.execute(
+        "SELECT confirms_trial_id FROM tunefleet.trial"
+        " WHERE run_id = %s AND purpose = 'confirm' AND state = 'done' ORDER BY id",
+        (run_id,),
+    ).fetchall()
+    assert [r["confirms_trial_id"] for r in confirms] == [first.trial_id, last.trial_id]

@@ -99,6 +99,19 @@ def test_rules_without_a_device_name_the_rule():
     with pytest.raises(InvalidConfiguration, match=r"wg_i\*vec_i = 32 rows .* exceed n=16"):
         gemm.check_config(small, {**wide, "wg_i": 8, "wg_j": 16})
     assert gemm.check_config(small, {**wide, "wg_j": 16})  # 64 columns: as wide as m
+
+
+def test_gemm_rules_out_loopy_unrolling_huge_k_blocks():
+    """loopy's code generation of ``unroll_k=full`` grows with the unrolled multiply-adds (a
+    minute and more past 2,048): past MAX_UNROLLED_MADS the rule rejects it before code
+    generation, naming the count and the way out; at the cap, and with ``hint``, it passes."""
+    gemm = get_problem("gemm")
+    args = gemm.normalise_args({"n": 4096, "m": 4096, "k": 4096})
+    default = gemm.default_config(args)  # reg 8 x 8, tile_k 32: 2,048 multiply-adds
+    with pytest.raises(InvalidConfiguration, match=r"unroll_k=full unrolls .* = 2048 .*hint"):
+        gemm.check_config(args, {**default, "unroll_k": "full"})
+    assert gemm.check_config(args, {**default, "unroll_k": "full", "tile_k": 16})  # 1,024
+    assert gemm.check_config(args, {**default, "unroll_k": "hint", "tile_k": 64})
     fm = get_problem("face_mass")
     fargs = fm.normalise_args({})
     with pytest.raises(InvalidConfiguration, match="accumulators of float64"):

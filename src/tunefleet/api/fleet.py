@@ -118,6 +118,10 @@ class LocalWorkers:
         # The workers share this machine's cores: each sizes its code generation for its part
         # from the start, before the others have registered in the database.
         env = {**os.environ, "TUNEFLEET_WORKER_PEERS": str(max(len(devices), 1))}
+        # A handful of workers on one machine: no herd to fear, and a worker whose device
+        # waits (the end of a run's search) claims the confirmations the moment they are
+        # queued rather than at its next backed-off poll (seconds on a two-core laptop).
+        env.setdefault("TUNEFLEET_WORKER_LISTEN", "1")
         for i, device in enumerate(devices):
             log = self.log_dir / f"worker-{i}.log"
             cmd = [sys.executable, "-m", "tunefleet", "worker", "--db", self.url]

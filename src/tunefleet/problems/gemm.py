@@ -33,6 +33,13 @@ from tunefleet.space import Bool, Choice, Config, PowerOfTwo, Space, require
 
 #: Accumulator budget per work-item: more would spill registers on every GPU we know.
 MAX_ACCUMULATOR_BYTES = 512
+#: Multiply-adds of one k-block (``reg_i * reg_j * tile_k``) that loopy may unroll
+#: (``unroll_k=full``). Its code generation grows with them: about 9 s at 1,024 on a laptop
+#: core, 60-140 s at 2,048-4,096 on an H100 node, a whole README run's worth of one core; and
+#: among 1,715 H100/H200 trials of 4096³ GEMMs no such configuration came within 11 % of the
+#: best (3.58 ms against 3.21 ms), nor on PoCL. ``unroll_k=hint`` asks the OpenCL compiler to
+#: unroll the same loop.
+MAX_UNROLLED_MADS = 1024
 
 #: The register tile's loops by the parameter that sets each one's extent: chunks of rows,
 #: chunks of columns, rows and columns of a chunk.
@@ -110,6 +117,13 @@ class Gemm(KernelProblem):
             acc * itemsize <= MAX_ACCUMULATOR_BYTES,
             f"reg_i*reg_j = {acc} accumulators of {args['dtype']} per work-item exceed the "
             f"register budget of {MAX_ACCUMULATOR_BYTES} bytes",
+        )
+        mads = acc * config["tile_k"]
+        require(
+            config["unroll_k"] != "full" or mads <= MAX_UNROLLED_MADS,
+            f"unroll_k=full unrolls reg_i*reg_j*tile_k = {mads} multiply-adds in loopy's code "
+            f"generation (minutes above {MAX_UNROLLED_MADS}); use unroll_k=hint (the OpenCL "
+            "compiler unrolls the same loop) or a smaller tile",
         )
         require(
             config["reg_i"] % config["vec_i"] == 0,
