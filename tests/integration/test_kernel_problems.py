@@ -694,49 +694,19 @@ def test_pad_a_lengthens_the_rows_of_as_local_tile_by_one_vector():
     assert "__local float a_tile[32 * 65];" in scalar and "a_tile[65 * kt + lid(1)]" in scalar
 
 
-#: Configurations of every new GEMM parameter's non-default values, at sizes whose tiles
-#: leave remainders (n = 40 is 3 tiles of 12 rows and 4 more): each must compute the product.
+#: A small register tile (4 x 4 outputs, k-blocks of 8).
+_SMALL_TILE = {"wg_i": 4, "wg_j": 4, "reg_i": 4, "reg_j": 4, "vec_j": 2, "tile_k": 8}
+#: Configurations of every new GEMM parameter's non-default values, a's tile of each vector
+#: width, at sizes whose tiles leave remainders (with wg_i_scale=3/4, n = 40 is 3 tiles of 12
+#: rows and 4 more): each must compute the product.
 NEW_GEMM_CONFIGS = [
     ({"n": 64, "m": 64, "k": 16}, {"pad_a": 1}),
-    (
-        {"n": 64, "m": 64, "k": 32},
-        {
-            "wg_i": 4,
-            "wg_j": 8,
-            "reg_i": 4,
-            "reg_j": 4,
-            "vec_i": 1,
-            "tile_k": 16,
-            "pad_a": 1,
-            "prefetch_b": False,
-        },
-    ),
-    (
-        {"n": 40, "m": 48, "k": 20},
-        {
-            "wg_i": 4,
-            "wg_j": 4,
-            "reg_i": 4,
-            "reg_j": 4,
-            "vec_i": 2,
-            "vec_j": 2,
-            "tile_k": 8,
-            "wg_i_scale": "3/4",
-        },
-    ),
-    (
-        {"n": 100, "m": 64, "k": 24},
-        {
-            "wg_i": 8,
-            "wg_j": 8,
-            "reg_i": 4,
-            "reg_j": 4,
-            "tile_k": 8,
-            "wg_i_scale": "3/4",
-            "pad_a": 1,
-        },
-    ),
-]
+    ({"n": 64, "m": 64, "k": 32}, {**_SMALL_TILE, "vec_i": 1, "pad_a": 1, "prefetch_b": False}),
+    ({"n": 40, "m": 48, "k": 20}, {**_SMALL_TILE, "vec_i": 2, "pad_a": 1}),
+    ({"n": 40, "m": 48, "k": 20}, {**_SMALL_TILE, "vec_i": 2, "wg_i_scale": "3/4"}),
+    ({"n": 100, "m": 64, "k": 24}, {**_SMALL_TILE, "wg_i": 8, "wg_j": 8, "vec_i": 4,
+                                    "vec_j": 4, "wg_i_scale": "3/4", "pad_a": 1}),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
