@@ -52,8 +52,8 @@ NESTS = tuple(",".join(order) for order in itertools.permutations(NEST_AXES))
 
 #: Unused elements (vectors of ``vec_i``, where a's tile is vector-typed) after each row of
 #: a's k-major local tile. The fetch transposes: consecutive work-items store consecutive k,
-#: rows ``wg_i*reg_i`` values apart, a multiple of 32 banks (every store of a warp in one
-#: bank); one more vector spreads them over the banks.
+#: rows ``wg_i*reg_i`` values apart, for power-of-two tiles of 32 rows or more a multiple of
+#: 32 banks (every store of a warp in one bank); one more vector spreads them over the banks.
 PAD_A = (0, 1)
 
 #: Parameters added after configurations were recorded, with the value that builds the
@@ -98,11 +98,10 @@ class Gemm(KernelProblem):
         )
 
     def check_config(self, args: Mapping[str, Any], config: Mapping[str, Any]) -> Config:
-        # A configuration from before the nest was a parameter (a run created then proposes
-        # them still, a recording holds them) gets the default nest: the default
-        # configuration's code is the same as it was then.
-        # Likewise a configuration from before a's local tile could be padded: unpadded, as
-        # it was built then.
+        # A configuration from before the nest (a's padding, the work-group's scale) was a
+        # parameter (a run created then proposes them still, a recording holds them) gets the
+        # value that builds the kernel it built then (ADDED_DEFAULTS): the default nest,
+        # unpadded, unscaled.
         if isinstance(config, Mapping):
             config = {**ADDED_DEFAULTS, **config}
         return super().check_config(args, config)
