@@ -459,3 +459,29 @@ def test_codegen_variants_times_one_configuration_under_several_seeds(tmp_path: 
     assert [v["seed"] for v in entry["variants"]] == ["0", "3"]
     assert all(v["state"] == "done" and len(v["sha256"]) == 64 for v in entry["variants"])
     assert entry["distinct_sources"] == 1  # seeds 0 and 3 nested GEMM's register tile apart
+
+
+def test_gemm_variants_times_each_transformation_alone_against_the_default(tmp_path: Path) -> None:
+    """benchmarks/gemm_variants.py --quick on PoCL: the default and three variants (a's tile
+    padded, 3/4 of the work-items along i, the best H100 configuration padded), each in a
+    fresh process; each is done, with one source of its own, and a ratio to the default."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    out = tmp_path / "gemm_variants.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gemm_variants.py"), "--quick", "--out",
+         str(out)],
+        env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"wrote {out}" in proc.stdout and "time/default" in proc.stdout
+    data = json.loads(out.read_text())
+    entries = {e["name"]: e for e in data["variants"]}
+    assert list(entries) == ["default", "default+pad_a", "default+wg_i_scale", "best+pad_a"]
+    assert entries["default"]["changes"] == {} and entries["default"]["over_default"] == 1.0
+    assert entries["default+pad_a"]["changes"] == {"pad_a": 1}
+    for entry in entries.values():
+        assert [r["state"] for r in entry["runs"]] == ["done"], entry["runs"]
+        assert len(entry["sources"]) == 1 and entry["over_default"] > 0
+    assert len({e["sources"][0] for e in entries.values()}) == 4

@@ -642,6 +642,86 @@ def test_every_gemm_nest_nests_its_loops_so_and_computes_the_product(session, ne
     assert outcome.validation["passed"] and outcome.validation["args"] == args
 
 
+#: The default GEMM's source at n = m = k = 4096, byte for byte: float32 is the code that
+#: benchmarks/published/reproduce_gemm_h200.json and the H100 reproductions timed. A new
+#: parameter's default must build it unchanged (and so must a configuration without it).
+DEFAULT_GEMM_SOURCES = {
+    "float32": "8e580bb28255f479ca1f0004fecb3023ae54f4ad6dcaed82376a458454502da5",
+    "float64": "4977326b9bd3522de5af8913491e7dee545d4d4fb7b1f07c672836f35d04a571",
+}
+
+
+@pytest.mark.parametrize("dtype", sorted(DEFAULT_GEMM_SOURCES))
+def test_the_default_gemm_builds_to_the_code_it_always_built(dtype):
+    from tunefleet.devices import DeviceInfo
+    from tunefleet.problems.gemm import ADDED_DEFAULTS
+
+    problem = get_problem("gemm")
+    args = problem.normalise_args({"n": 4096, "m": 4096, "k": 4096, "dtype": dtype})
+    device = DeviceInfo("none", "none", "no device", "0")  # no limits: only the rules
+    config = problem.default_config(args)
+    old = {k: v for k, v in config.items() if k not in ADDED_DEFAULTS}
+    for given in (config, old):
+        source = KernelProblem._build(problem, args, problem.check_config(args, given), device)
+        assert hashlib.sha256(source.source.encode()).hexdigest() == DEFAULT_GEMM_SOURCES[dtype]
+
+
+def test_pad_a_lengthens_the_rows_of_as_local_tile_by_one_vector():
+    """The default's a tile at 4096 is float4 a_tile[32 * 16], k-major: the fetch stores a
+    row (one k) per work-item, 16 vectors apart, every store of a warp in one bank; pad_a=1
+    makes the rows 17 vectors long (vectors whole: the inner loop still reads float4), and a
+    scalar tile 65 values long."""
+    from tunefleet.devices import DeviceInfo
+
+    problem = get_problem("gemm")
+    args = problem.normalise_args({"n": 4096, "m": 4096, "k": 4096})
+    device = DeviceInfo("none", "none", "no device", "0")
+    base = problem.default_config(args)
+
+    def source(**change: Any) -> str:
+        config = problem.check_config(args, {**base, **change})
+        return KernelProblem._build(problem, args, config, device).source
+
+    plain, padded = source(), source(pad_a=1)
+    assert "__local float4 a_tile[32 * 16];" in plain
+    assert "a_tile[16 * lid(0) + 8 * fa_loop + lid(1)].s0 = " in plain
+    assert "__local float4 a_tile[32 * 17];" in padded
+    assert "a_tile[17 * lid(0) + 8 * fa_loop + lid(1)].s0 = " in padded
+    assert "a_tile[17 * kt + lid(1)].s0 * b_tile[64 * kt + lid(0)].s0" in padded
+    # Nothing else changes: the b tile, the work-group, the register tile.
+    assert padded.replace("17 * ", "16 * ").replace("32 * 17]", "32 * 16]") == plain
+    scalar = source(vec_i=1, pad_a=1)
+    assert "__local float a_tile[32 * 65];" in scalar and "a_tile[65 * kt + lid(1)]" in scalar
+
+
+#: A small register tile (4 x 4 outputs, k-blocks of 8).
+_SMALL_TILE = {"wg_i": 4, "wg_j": 4, "reg_i": 4, "reg_j": 4, "vec_j": 2, "tile_k": 8}
+#: Configurations of every new GEMM parameter's non-default values, a's tile of each vector
+#: width, at sizes whose tiles leave remainders (with wg_i_scale=3/4, n = 40 is 3 tiles of 12
+#: rows and 4 more): each must compute the product.
+NEW_GEMM_CONFIGS = [
+    ({"n": 64, "m": 64, "k": 16}, {"pad_a": 1}),
+    ({"n": 64, "m": 64, "k": 32}, {**_SMALL_TILE, "vec_i": 1, "pad_a": 1, "prefetch_b": False}),
+    ({"n": 40, "m": 48, "k": 20}, {**_SMALL_TILE, "vec_i": 2, "pad_a": 1}),
+    ({"n": 40, "m": 48, "k": 20}, {**_SMALL_TILE, "vec_i": 2, "wg_i_scale": "3/4"}),
+    ({"n": 100, "m": 64, "k": 24}, {**_SMALL_TILE, "wg_i": 8, "wg_j": 8, "vec_i": 4,
+                                    "vec_j": 4, "wg_i_scale": "3/4", "pad_a": 1}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize(("size", "change"), NEW_GEMM_CONFIGS)
+def test_new_gemm_transformations_compute_the_product(session, size, change, dtype):
+    problem = get_problem("gemm")
+    args = problem.normalise_args({**size, "dtype": dtype})
+    config = problem.check_config(args, {**problem.default_config(args), **change})
+    outcome = _evaluate(problem, args, config, session)
+    assert outcome.state == "done", outcome.error
+    assert outcome.validation["passed"] and outcome.validation["args"] == args
+    (verdict,) = outcome.validation["outputs"].values()
+    assert verdict["checked"] == verdict["elements"] == args["n"] * args["m"]
+
+
 #: Hash seeds of the processes whose code must agree: 3 is the seed the code generation was
 #: pinned to before its code stopped depending on one.
 HASH_SEEDS = ("0", "1", "2", "3", "17")
@@ -691,6 +771,12 @@ def _codegen_cases() -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
             except InvalidConfiguration:
                 continue
         cases += [(name, args, config) for config in configs]
+    # Each transformation's non-default value at least once, whatever the sample drew.
+    gemm = get_problem("gemm")
+    args = gemm.normalise_args(SMALL["gemm"])
+    for change in ({"pad_a": 1}, {"wg_i_scale": "3/4", "pad_a": 1}, {"wg_i_scale": "3/4"}):
+        config = gemm.check_config(args, {**gemm.default_config(args), **change})
+        cases.append(("gemm", args, config))
     return cases
 
 

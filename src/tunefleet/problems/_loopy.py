@@ -20,6 +20,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -186,6 +187,50 @@ def pad_innermost(knl: Any, temporary: str, pad: int = 1) -> Any:
     for axis in range(len(storage) - 2, -1, -1):
         strides[axis] = strides[axis + 1] * storage[axis + 1]
     knl = lp.tag_array_axes(knl, temporary, ",".join(f"stride:{s}" for s in strides))
+    kernel = knl.default_entrypoint
+    tv = kernel.temporary_variables[temporary]
+    return knl.with_kernel(
+        kernel.copy(
+            temporary_variables={
+                **kernel.temporary_variables,
+                temporary: tv.copy(storage_shape=tuple(storage)),
+            }
+        )
+    )
+
+
+def pad_rows(knl: Any, temporary: str, pad: int) -> Any:
+    """Lengthen the innermost axis of a local temporary that is not a vector axis by ``pad``
+    unused elements of it (vectors, where a vector axis follows): the axes outside it then
+    stride by a number of banks that spreads a transposing fetch's stores over the banks.
+    Unlike :func:`pad_innermost`, a vector-typed temporary (``float4 a_tile[...]``) keeps its
+    vectors whole and aligned. ``pad = 0`` leaves the kernel as it is."""
+    import loopy as lp
+    from loopy.kernel.array import VectorArrayDimTag
+
+    if pad == 0:
+        return knl
+    kernel = knl.default_entrypoint
+    tv = kernel.temporary_variables[temporary]
+    shape = [int(s) for s in tv.shape]
+    is_vec = [isinstance(tag, VectorArrayDimTag) for tag in tv.dim_tags]
+    plain = [axis for axis in range(len(shape)) if not is_vec[axis]]
+    if any(is_vec[: len(plain)]):
+        raise ValueError(f"{temporary}: pad_rows needs its vector axis innermost")
+    if len(plain) < 2:
+        return knl
+    storage = list(shape)
+    storage[plain[-1]] += pad
+    # Strides in scalars: the vector axis is contiguous; the others nest outward in order.
+    stride = math.prod(shape[len(plain) :])
+    strides: dict[int, int] = {}
+    for axis in reversed(plain):
+        strides[axis] = stride
+        stride *= storage[axis]
+    tags = ",".join(
+        "vec" if is_vec[axis] else f"stride:{strides[axis]}" for axis in range(len(shape))
+    )
+    knl = lp.tag_array_axes(knl, temporary, tags)
     kernel = knl.default_entrypoint
     tv = kernel.temporary_variables[temporary]
     return knl.with_kernel(

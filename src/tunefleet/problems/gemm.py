@@ -16,6 +16,13 @@ the rows (``vec_i``) and columns (``vec_j``) of a chunk. Their ``nest``, outermo
 orders the multiply-adds of each ``k`` (and the accumulators' layout); it is searched, since
 the orders run at different speeds (1.27-1.40x apart on an H200). The default nests rows,
 columns, then the vector components, b's innermost: the order measured fastest there.
+
+Two transformations fast SGEMMs use (issue 50; docs/problems.md, "GEMM's transformations"):
+``pad_a`` lengthens each row of a's k-major local tile by one vector, so the fetch's
+transposing stores (one ``k`` per work-item, rows a multiple of 32 banks apart) spread over
+the banks; ``wg_i_scale = "3/4"`` runs three quarters of ``wg_i`` work-items along i, tiles
+that do not divide a power of two (loopy guards the partial last row of work-groups). Their
+defaults build the kernel the default configuration always built, byte for byte.
 """
 
 from __future__ import annotations
@@ -50,6 +57,23 @@ NEST_AXES = {"reg_i": "ti_reg", "reg_j": "tj_reg", "vec_i": "ti_vec", "vec_j": "
 #: benchmarks/published/reproduce_gemm_h200.json timed).
 NESTS = tuple(",".join(order) for order in itertools.permutations(NEST_AXES))
 
+#: Unused elements (vectors of ``vec_i``, where a's tile is vector-typed) after each row of
+#: a's k-major local tile. The fetch transposes: consecutive work-items store consecutive k,
+#: rows ``wg_i*reg_i`` values apart, for power-of-two tiles of 32 rows or more a multiple of
+#: 32 banks (every store of a warp in one bank); one more vector spreads them over the banks.
+PAD_A = (0, 1)
+
+#: Parameters added after configurations were recorded, with the value that builds the
+#: kernel those configurations built (check_config fills them in).
+ADDED_DEFAULTS = {"nest": NESTS[0], "pad_a": 0, "wg_i_scale": "1"}
+
+#: Work-items along i per ``wg_i``: all of them, or three quarters (3, 6, 12, 24 for
+#: ``wg_i`` = 4, 8, 16, 32). The second gives work-groups of 3 x 2^k work-items and tiles of
+#: ``c`` that do not divide a power of two: the last row of work-groups is partial, and loopy
+#: guards its rows. Occupancy (work-groups per compute unit, set by registers per
+#: work-item) and the last wave of work-groups then fall otherwise.
+WG_I_SCALES = ("1", "3/4")
+
 
 class Gemm(KernelProblem):
     name = "gemm"
@@ -75,15 +99,18 @@ class Gemm(KernelProblem):
                 Bool("prefetch_b"),
                 Choice("unroll_k", ("hint", "full", "none")),
                 Choice("nest", NESTS),
+                Choice("pad_a", PAD_A),
+                Choice("wg_i_scale", WG_I_SCALES),
             ]
         )
 
     def check_config(self, args: Mapping[str, Any], config: Mapping[str, Any]) -> Config:
-        # A configuration from before the nest was a parameter (a run created then proposes
-        # them still, a recording holds them) gets the default nest: the default
-        # configuration's code is the same as it was then.
-        if isinstance(config, Mapping) and "nest" not in config:
-            config = {**config, "nest": NESTS[0]}
+        # A configuration from before the nest (a's padding, the work-group's scale) was a
+        # parameter (a run created then proposes them still, a recording holds them) gets the
+        # value that builds the kernel it built then (ADDED_DEFAULTS): the default nest,
+        # unpadded, unscaled.
+        if isinstance(config, Mapping):
+            config = {**ADDED_DEFAULTS, **config}
         return super().check_config(args, config)
 
     def default_config(self, args: Mapping[str, Any]) -> Config:
@@ -108,6 +135,8 @@ class Gemm(KernelProblem):
             "prefetch_b": True,
             "unroll_k": "hint",
             "nest": NESTS[0],
+            "pad_a": 0,
+            "wg_i_scale": "1",
         }
 
     def config_rules(self, args: Mapping[str, Any], config: Config) -> None:
@@ -145,9 +174,20 @@ class Gemm(KernelProblem):
             f"exceed m={args['m']}",
         )
         require(
-            config["wg_i"] * config["vec_i"] <= args["n"],
-            f"wg_i*vec_i = {config['wg_i'] * config['vec_i']} rows per column of work-items "
-            f"exceed n={args['n']}",
+            config["wg_i_scale"] == "1" or config["wg_i"] >= 4,
+            f"wg_i_scale=3/4 runs 3*wg_i/4 work-items along i, not a whole number for "
+            f"wg_i={config['wg_i']}: set wg_i >= 4, or wg_i_scale=1",
+        )
+        rows = work_items_i(config) * config["vec_i"]
+        scaled = "" if config["wg_i_scale"] == "1" else f" (wg_i_scale={config['wg_i_scale']})"
+        require(
+            rows <= args["n"],
+            f"wg_i*vec_i = {rows}{scaled} rows per column of work-items exceed n={args['n']}",
+        )
+        require(
+            config["pad_a"] == 0 or config["prefetch_a"],
+            f"pad_a={config['pad_a']} pads a's local tile, and prefetch_a=False has none: "
+            "set pad_a=0, or prefetch_a=True",
         )
         # A loop of one iteration (vec_i = 1, or reg_i = vec_i: one chunk) orders nothing, so
         # nests that differ only in where it stands build one kernel: only the first of them,
@@ -164,7 +204,7 @@ class Gemm(KernelProblem):
 
     def validation_args(self, args: Mapping[str, Any], config: Config) -> dict[str, Any]:
         # Two tiles plus the same remainder as the target: the same code paths, small sizes.
-        ti = config["wg_i"] * config["reg_i"]
+        ti = work_items_i(config) * config["reg_i"]
         tj = config["wg_j"] * config["reg_j"]
         tk = config["tile_k"]
         return {
@@ -183,13 +223,14 @@ class Gemm(KernelProblem):
             global_array,
             indexing,
             make_kernel,
+            pad_rows,
             split_thread_axis,
             tag_unroll,
             vector_view,
         )
 
         n, m, k, dtype = args["n"], args["m"], args["k"], args["dtype"]
-        wg_i, wg_j = config["wg_i"], config["wg_j"]
+        wg_i, wg_j = work_items_i(config), config["wg_j"]
         vec_i, vec_j, tk = config["vec_i"], config["vec_j"], config["tile_k"]
         ti, tj = wg_i * config["reg_i"], wg_j * config["reg_j"]
 
@@ -238,6 +279,9 @@ class Gemm(KernelProblem):
                     knl, "fa_i", vec_i, inner_iname="fa_iv", outer_iname="fa_ic", inner_tag="unr"
                 )
                 fetch = ["fa_ic", "fa_k"]
+            # Rows of the tile (one k each) a vector longer: the fetch's stores, one k per
+            # work-item, then fall in distinct banks (pad_a = 0: all in one, on 32 banks).
+            knl = pad_rows(knl, "a_tile", config["pad_a"])
             # k fastest: consecutive work-items read consecutive addresses of a row of a.
             knl = distribute_flat(knl, existing(knl, fetch), (wg_j, wg_i), "fa")
         if config["prefetch_b"]:
@@ -278,6 +322,12 @@ class Gemm(KernelProblem):
     def byte_count(self, args: Mapping[str, Any]) -> float:
         n, m, k = args["n"], args["m"], args["k"]
         return float(np.dtype(args["dtype"]).itemsize * (n * k + k * m + n * m))
+
+
+def work_items_i(config: Mapping[str, Any]) -> int:
+    """Work-items of a work-group along i: ``wg_i``, times ``wg_i_scale``."""
+    wg_i = int(config["wg_i"])
+    return wg_i * 3 // 4 if config.get("wg_i_scale", "1") == "3/4" else wg_i
 
 
 def _single_iterations(config: Mapping[str, Any]) -> dict[str, str]:
