@@ -91,6 +91,11 @@ class Session(Protocol):
         """The ids of the run's confirmations pending or running."""
         ...
 
+    @property
+    def search_pending(self) -> int:
+        """The run's search trials pending (not claimed yet)."""
+        ...
+
     def refresh_flights(self) -> None:
         """Bring ``flights`` and ``confirming`` to what the database has in flight now."""
         ...
@@ -127,6 +132,7 @@ class Confirmation:
         self.wanted = 0
         self._said_no_time = False
         self._said_early = False
+        self._said_waiting = False
 
     def settle(self) -> None:
         s = self.session
@@ -165,6 +171,18 @@ class Confirmation:
             )
             return Confirmed()
         draining = bool(s.flights)
+        if self.keep_search and s.search_pending:
+            # A trial budget's last trials not claimed yet: confirmations would go ahead of
+            # them in the queue, and the run would end later, not sooner.
+            if not self._said_waiting:
+                self._said_waiting = True
+                _log.info(
+                    "run %d: every trial of its budget is queued; confirming its best once "
+                    "the last %d are claimed",
+                    s.run_id,
+                    s.search_pending,
+                )
+            return 0
         if draining:
             # The confirmation starts at once: its cold builds prepare beside the drain (a
             # worker's device waits on the last trials' code generation anyway: 25 s of a

@@ -424,6 +424,8 @@ class _Session:
         self.flights: dict[str, _Flight] = {}
         #: Confirmation trials of the run pending or running (their ids).
         self.confirming: set[int] = set()
+        #: Search trials of the run pending (not claimed), as of ``refresh_flights``.
+        self.search_pending = 0
         self.live_workers = 0
         self.live_capacity = 0
         self.rate = Rate()
@@ -585,14 +587,16 @@ class _Session:
 
     def refresh_flights(self) -> None:
         """Keep ``flights`` and ``confirming`` to what the database has in flight now."""
-        search, confirming = set(), set()
+        search, confirming, pending = set(), set(), 0
         for trial in q.in_flight_trials(self.conn, self.run_id):
             if trial.purpose == TrialPurpose.CONFIRM:
                 confirming.add(trial.id)
             else:
                 search.add(trial.config_hash)
+                pending += trial.state == TrialState.PENDING
         self.flights = {h: f for h, f in self.flights.items() if h in search}
         self.confirming = confirming
+        self.search_pending = pending
 
     def trial_timeout(self) -> float | None:
         """The evaluation timeout of a trial queued now (None: the workers' default)."""

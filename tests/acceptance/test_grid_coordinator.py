@@ -63,6 +63,6 @@ def test_a_box_too_big_for_the_grid_is_one_line_and_stores_nothing(db_url, db, c
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("tunefleet: error: "), done.stderr
-    assert "the space has 54,432,000 configurations, more than the grid technique" in lines[0]
+    assert "the space has 27,216,000 configurations, more than the grid technique" in lines[0]
     assert "fix some parameters to narrow it, or pick another --technique" in lines[0]
     assert db.execute("SELECT count(*) AS n FROM tunefleet.run").fetchone()["n"] == 0

@@ -6,6 +6,7 @@ whose claims the test makes itself (so what is in flight at the deadline is know
 
 from __future__ import annotations
 
+import logging
 import shlex
 import subprocess
 import threading
@@ -399,3 +400,63 @@ def test_without_a_deadline_the_confirmation_starts_beside_the_last_trials_and_r
         (run_id,),
     ).fetchall()
     assert [r["confirms_trial_id"] for r in confirms] == [first.trial_id, last.trial_id]
+
+
+def test_a_trial_budgets_unclaimed_last_trial_goes_ahead_of_the_confirmation(
+    db_url: str, db: Any, caplog: Any
+) -> None:
+    """Every trial of the budget is queued, one not claimed yet: the confirmation waits for
+    that claim (queued ahead of it, the confirmation would delay it, and the run's end with
+    it), and the run still ends with the budget spent and its best confirmed."""
+    s = settings(max_trials=2, confirm=1, seed_configs=SEEDS)
+    run_id = create_run(s, db_url)
+    worker, secret = _claiming_worker(db)
+    [first] = queue.claim_trials(
+        db, worker_id=worker, secret=secret, device_classes=["any"], limit=1, lease_s=300
+    )
+    outcome: dict[str, Any] = {}
+
+    def coordinate() -> None:
+        try:
+            outcome["result"] = Coordinator(s, db_url).run(run_id)
+        except BaseException as exc:  # the test thread reports it
+            outcome["error"] = exc
+
+    caplog.set_level(logging.INFO, logger="tunefleet.coordinator")
+    thread = threading.Thread(target=coordinate, daemon=True)
+    thread.start()
+    with connect(db_url, autocommit=True) as conn:
+        _complete(conn, worker, first, 1e-3)
+
+        def confirmation_waits() -> bool:
+            return any("once the last 1 are claimed" in r.getMessage() for r in caplog.records)
+
+        wait_until(confirmation_waits, timeout=40, what="the confirmation phase, waiting")
+        [nxt] = queue.claim_trials(
+            conn, worker_id=worker, secret=secret, device_classes=["any"], limit=1, lease_s=300
+        )
+        purpose = conn.execute(
+            "SELECT purpose FROM tunefleet.trial WHERE id = %s", (nxt.trial_id,)
+        ).fetchone()
+        assert purpose is not None and purpose["purpose"] == "search"  # not a confirmation
+        _complete(conn, worker, nxt, 2e-3)
+
+        def claim_confirmation() -> list[queue.ClaimedTrial]:
+            return queue.claim_trials(
+                conn, worker_id=worker, secret=secret, device_classes=["any"], limit=1,
+                lease_s=300,
+            )  # fmt: skip
+
+        [confirmation] = wait_until(claim_confirmation, timeout=40, what="the confirmation")
+        _complete(conn, worker, confirmation, 1e-3)
+    thread.join(timeout=60)
+    assert not thread.is_alive() and "error" not in outcome, outcome
+    result = outcome["result"]
+    assert (result.state, result.stop_reason) == ("finished", "max_trials")
+    assert result.confirmed and result.best_trial_id == first.trial_id
+    counts = db.execute(
+        "SELECT purpose, count(*) AS n FROM tunefleet.trial WHERE run_id = %s AND state = 'done'"
+        " GROUP BY purpose",
+        (run_id,),
+    ).fetchall()
+    assert {r["purpose"]: r["n"] for r in counts} == {"search": 2, "confirm": 1}

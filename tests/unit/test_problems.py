@@ -184,21 +184,19 @@ def test_gemm_rejects_a_nest_that_orders_a_loop_of_one_iteration():
     assert gemm.check_config(args, {**gemm.default_config(args), "nest": "vec_j,vec_i,reg_j,reg_i"})
 
 
-@pytest.mark.parametrize("added", [("nest",), ("pad_a", "wg_i_scale"), ("nest", "pad_a")])
+@pytest.mark.parametrize("added", [("nest",), ("pad_a",), ("nest", "pad_a")])
 def test_a_gemm_configuration_from_before_a_parameter_gets_its_old_value(added):
-    """Runs created before the nest (a's padding, the work-group's scale) was a parameter go
-    on proposing configurations without it, and recordings hold them: they are checked (and
-    built) with the value that builds the kernel they built then."""
+    """Runs created before the nest (a's padding) was a parameter go on proposing
+    configurations without it, and recordings hold them: they are checked (and built) with
+    the value that builds the kernel they built then (the unpadded tile, whatever today's
+    default pads)."""
     gemm = get_problem("gemm")
     args = gemm.normalise_args({})
     config = gemm.default_config(args)
-    assert {k: config[k] for k in ("nest", "pad_a", "wg_i_scale")} == {
-        "nest": "reg_i,reg_j,vec_i,vec_j",
-        "pad_a": 0,
-        "wg_i_scale": "1",
-    }
-    old = {k: v for k, v in config.items() if k not in added}
-    assert gemm.check_config(args, old) == config
+    assert (config["nest"], config["pad_a"]) == ("reg_i,reg_j,vec_i,vec_j", 1)
+    then = {**config, "pad_a": 0}
+    old = {k: v for k, v in then.items() if k not in added}
+    assert gemm.check_config(args, old) == then
     # A value given is kept, and an unknown key is still an error.
     assert gemm.check_config(args, {**old, "pad_a": 1})["pad_a"] == 1
     with pytest.raises(InvalidConfiguration, match="unknown"):
@@ -226,40 +224,6 @@ def test_gemm_pads_as_local_tile_only_where_there_is_one():
         gemm.check_config(args, {**base, "pad_a": 1, "prefetch_a": False})
     with pytest.raises(InvalidConfiguration, match="pad_a"):
         gemm.check_config(args, {**base, "pad_a": 2})
-
-
-def test_gemm_scales_its_work_items_along_i_by_three_quarters_where_that_is_whole():
-    """wg_i_scale=3/4 runs 3*wg_i/4 work-items along i (3, 6, 12, 24): legal from wg_i = 4;
-    below, rejected with the fix; the rule on rows wider than the matrix counts the scaled
-    work-items; the validation size keeps the remainder of the scaled tile."""
-    from tunefleet.problems.gemm import work_items_i
-
-    gemm = get_problem("gemm")
-    args = gemm.normalise_args({})
-    base = gemm.default_config(args)
-    assert gemm.space(args).param("wg_i_scale").values() == ["1", "3/4"]
-    for wg_i, items in ((4, 3), (8, 6), (16, 12), (32, 24)):
-        config = gemm.check_config(args, {**base, "wg_i": wg_i, "wg_i_scale": "3/4"})
-        assert work_items_i(config) == items
-        assert work_items_i({**config, "wg_i_scale": "1"}) == wg_i
-    for wg_i in (1, 2):
-        with pytest.raises(
-            InvalidConfiguration,
-            match=rf"^wg_i_scale=3/4 runs 3\*wg_i/4 work-items along i, not a whole number for "
-            rf"wg_i={wg_i}: set wg_i >= 4, or wg_i_scale=1$",
-        ):
-            gemm.check_config(args, {**base, "wg_i": wg_i, "vec_i": 1, "wg_i_scale": "3/4"})
-    small = gemm.normalise_args({"n": 20, "m": 64})
-    tall = {**gemm.default_config(small), "wg_i": 8, "wg_j": 16, "vec_i": 4, "reg_i": 4}
-    with pytest.raises(InvalidConfiguration, match=r"24 \(wg_i_scale=3/4\) rows .* exceed n=20"):
-        gemm.check_config(small, {**tall, "wg_i_scale": "3/4"})
-    with pytest.raises(InvalidConfiguration, match=r"= 32 rows .* exceed n=20"):
-        gemm.check_config(small, tall)
-    assert gemm.check_config(small, {**tall, "wg_i": 4, "wg_i_scale": "3/4"})  # 12 rows
-    # 6 work-items of 8 rows: tiles of 48 rows, 4096 = 85 x 48 + 16.
-    big = gemm.normalise_args({"n": 4096, "m": 4096, "k": 4096})
-    scaled = gemm.check_config(big, {**gemm.default_config(big), "wg_i_scale": "3/4"})
-    assert gemm.validation_args(big, scaled)["n"] == 2 * 48 + 16
 
 
 @pytest.mark.parametrize(

@@ -17,12 +17,10 @@ orders the multiply-adds of each ``k`` (and the accumulators' layout); it is sea
 the orders run at different speeds (1.27-1.40x apart on an H200). The default nests rows,
 columns, then the vector components, b's innermost: the order measured fastest there.
 
-Two transformations fast SGEMMs use (issue 50; docs/problems.md, "GEMM's transformations"):
 ``pad_a`` lengthens each row of a's k-major local tile by one vector, so the fetch's
 transposing stores (one ``k`` per work-item, rows a multiple of 32 banks apart) spread over
-the banks; ``wg_i_scale = "3/4"`` runs three quarters of ``wg_i`` work-items along i, tiles
-that do not divide a power of two (loopy guards the partial last row of work-groups). Their
-defaults build the kernel the default configuration always built, byte for byte.
+the banks (docs/problems.md, "GEMM's transformations"); ``pad_a = 0`` builds the kernel the
+default configuration built before it, byte for byte.
 """
 
 from __future__ import annotations
@@ -65,14 +63,7 @@ PAD_A = (0, 1)
 
 #: Parameters added after configurations were recorded, with the value that builds the
 #: kernel those configurations built (check_config fills them in).
-ADDED_DEFAULTS = {"nest": NESTS[0], "pad_a": 0, "wg_i_scale": "1"}
-
-#: Work-items along i per ``wg_i``: all of them, or three quarters (3, 6, 12, 24 for
-#: ``wg_i`` = 4, 8, 16, 32). The second gives work-groups of 3 x 2^k work-items and tiles of
-#: ``c`` that do not divide a power of two: the last row of work-groups is partial, and loopy
-#: guards its rows. Occupancy (work-groups per compute unit, set by registers per
-#: work-item) and the last wave of work-groups then fall otherwise.
-WG_I_SCALES = ("1", "3/4")
+ADDED_DEFAULTS = {"nest": NESTS[0], "pad_a": 0}
 
 
 class Gemm(KernelProblem):
@@ -100,7 +91,6 @@ class Gemm(KernelProblem):
                 Choice("unroll_k", ("hint", "full", "none")),
                 Choice("nest", NESTS),
                 Choice("pad_a", PAD_A),
-                Choice("wg_i_scale", WG_I_SCALES),
             ]
         )
 
@@ -120,7 +110,8 @@ class Gemm(KernelProblem):
         # generation. A k-block of 32 would overflow 48 KiB of local memory in float64, so
         # float64 blocks by 16. Below 256 columns the previous default's narrower tile, and
         # on small matrices no wider a row (column) of work-items than the matrix (the rule in
-        # config_rules).
+        # config_rules). a's local tile padded (pad_a): the same kernel took 3.11 ms against
+        # 3.28 ms unpadded on an H100 (benchmarks/published/gemm_variants_h100.json).
         n, m = args.get("n", 2048), args.get("m", 2048)
         wg_i, wg_j = (8, 32) if m >= 256 else (16, 16)
         return {
@@ -135,8 +126,7 @@ class Gemm(KernelProblem):
             "prefetch_b": True,
             "unroll_k": "hint",
             "nest": NESTS[0],
-            "pad_a": 0,
-            "wg_i_scale": "1",
+            "pad_a": 1,
         }
 
     def config_rules(self, args: Mapping[str, Any], config: Config) -> None:
@@ -174,15 +164,9 @@ class Gemm(KernelProblem):
             f"exceed m={args['m']}",
         )
         require(
-            config["wg_i_scale"] == "1" or config["wg_i"] >= 4,
-            f"wg_i_scale=3/4 runs 3*wg_i/4 work-items along i, not a whole number for "
-            f"wg_i={config['wg_i']}: set wg_i >= 4, or wg_i_scale=1",
-        )
-        rows = work_items_i(config) * config["vec_i"]
-        scaled = "" if config["wg_i_scale"] == "1" else f" (wg_i_scale={config['wg_i_scale']})"
-        require(
-            rows <= args["n"],
-            f"wg_i*vec_i = {rows}{scaled} rows per column of work-items exceed n={args['n']}",
+            config["wg_i"] * config["vec_i"] <= args["n"],
+            f"wg_i*vec_i = {config['wg_i'] * config['vec_i']} rows per column of work-items "
+            f"exceed n={args['n']}",
         )
         require(
             config["pad_a"] == 0 or config["prefetch_a"],
@@ -204,7 +188,7 @@ class Gemm(KernelProblem):
 
     def validation_args(self, args: Mapping[str, Any], config: Config) -> dict[str, Any]:
         # Two tiles plus the same remainder as the target: the same code paths, small sizes.
-        ti = work_items_i(config) * config["reg_i"]
+        ti = config["wg_i"] * config["reg_i"]
         tj = config["wg_j"] * config["reg_j"]
         tk = config["tile_k"]
         return {
@@ -230,7 +214,7 @@ class Gemm(KernelProblem):
         )
 
         n, m, k, dtype = args["n"], args["m"], args["k"], args["dtype"]
-        wg_i, wg_j = work_items_i(config), config["wg_j"]
+        wg_i, wg_j = config["wg_i"], config["wg_j"]
         vec_i, vec_j, tk = config["vec_i"], config["vec_j"], config["tile_k"]
         ti, tj = wg_i * config["reg_i"], wg_j * config["reg_j"]
 
@@ -322,12 +306,6 @@ class Gemm(KernelProblem):
     def byte_count(self, args: Mapping[str, Any]) -> float:
         n, m, k = args["n"], args["m"], args["k"]
         return float(np.dtype(args["dtype"]).itemsize * (n * k + k * m + n * m))
-
-
-def work_items_i(config: Mapping[str, Any]) -> int:
-    """Work-items of a work-group along i: ``wg_i``, times ``wg_i_scale``."""
-    wg_i = int(config["wg_i"])
-    return wg_i * 3 // 4 if config.get("wg_i_scale", "1") == "3/4" else wg_i
 
 
 def _single_iterations(config: Mapping[str, Any]) -> dict[str, str]:
