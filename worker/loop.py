@@ -34,6 +34,11 @@ What this module decides itself is only the order of things and the database's a
 
 ``results``  a held trial (:class:`~tunefleet.worker.results.Held`) and how a child's reply
              ends it (verdict, error, measurement row)
+``outbox``   what a finished trial leaves in the database (the fenced completion, a
+             hand-back, a stand-aside row) and the books of what was written (``complete``)
+``cold``     a confirmation's cold build: a fresh process that prepares beside the device's
+             work and then times what it kept (``dispatch``)
+``timeline`` the moments a held trial passed here, and the phases they add up to
 ``judge``    whether an error is the configuration's or this worker's environment's (a
              trial may be held as a *suspect*; the worker may stand aside from a run): pure,
              the loop executes its decisions
@@ -41,7 +46,8 @@ What this module decides itself is only the order of things and the database's a
              (``size``; the decisions are ``sizing``'s)
 ``signals``  the stop request (SIGTERM, SIGINT, SIGUSR1) and the wake-up pipe
 ``wake``     when to claim next (polling with jittered backoff) and whether to LISTEN
-             meanwhile (only while idle, and only on a route that keeps a session)
+             meanwhile (only while the device waits, and only on a route that keeps a
+             session)
 ``quiet``    the code-generation processes stopped while a CPU device times (``isolate``)
 ``heartbeat`` the heartbeat thread on the worker's one session, and the main loop's liveness
              (a stuck loop stops its heartbeats, so its leases expire)
@@ -56,7 +62,6 @@ import os
 import random
 import socket
 import time
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 from uuid import UUID, uuid4
@@ -77,7 +82,7 @@ from tunefleet.errors import (
 )
 from tunefleet.queries import queue
 from tunefleet.queries.queue import ClaimedTrial
-from tunefleet.timeline import Phase, timing_share
+from tunefleet.timeline import timing_share
 from tunefleet.version import __version__
 from tunefleet.vocabulary import ANY_DEVICE_CLASS, TrialState
 
@@ -86,6 +91,7 @@ from .cold import ColdBuilds, at_once
 from .heartbeat import Heartbeat, HeldLeases, Liveness
 from .judge import Decision, Judge, Trial, cannot_serve
 from .link import DatabaseDown, Link
+from .outbox import Outbox, Sent
 from .pool import CodegenPool
 from .quiet import Quiet, shares_host_cores
 from .results import Held
@@ -162,20 +168,14 @@ class Worker:
         self.heartbeat: Heartbeat | None = None
         self.signals = Signals(settings.lease_s, self._children)
         self.judge = Judge(settings.stand_aside_after)
-        #: Runs stood aside from whose ``stand_aside`` row is not written yet (the database
-        #: was away), with the reason.
-        self.unrecorded: dict[int, str] = {}
         self.drained = False
         self.idle = False
         #: A graceful stop has checked its leases once (:meth:`_beat_for_stop`).
         self._stop_beaten = False
         self.claimed = 0
-        #: Seconds this worker's device spent timing kernels, from the timelines it sent.
-        self.timed_s = 0.0
-        #: The fastest median this worker measured per run: a search trial far slower than it
-        #: is raced (:data:`RACE_FACTOR`).
-        self.best_s: dict[int, float] = {}
-        self.outcomes: Counter[str] = Counter()
+        #: The finished trials' writes, and the books of them: outcomes, seconds timed, the
+        #: fastest median per run (a search trial far slower is raced: :data:`RACE_FACTOR`).
+        self.outbox = Outbox(self.link, self.worker_id)
         self.next_claim_at = 0.0
         self.next_reap_at = 0.0
         self.exit_code = 0
@@ -243,7 +243,7 @@ class Worker:
         conn = self.link.connect_now()  # finds the route (on_connect)
         try:
             self.device_id = queue.register_device(conn, self.device)
-            self.worker_secret = queue.register_worker(
+            self.worker_secret = self.outbox.secret = queue.register_worker(
                 conn,
                 worker_id=self.worker_id,
                 host=self.host,
@@ -414,7 +414,7 @@ class Worker:
             if held.child is not None:
                 held.child.kill()  # the evaluation is someone else's business now
             self._forget(held)
-            self.outcomes["lost"] += 1
+            self.outbox.outcomes["lost"] += 1
 
     def step_start_next(self) -> None:
         if self.device_child.alive and not self._device_busy():
@@ -423,14 +423,18 @@ class Worker:
     def step_complete(self) -> None:
         """Send every finished trial: its result through the fenced completion, or, after an
         environment fault, the trial itself back uncounted."""
-        if not self._record_stand_asides():
+        if not self.outbox.record_stand_asides():
             return
         for held in [h for h in self.held.values() if h.stage == Stage.FINISHED]:
             if not self._db_ready():
                 return
-            sent = self._hand_back(held) if held.state == Verdict.HANDBACK else self._send(held)
-            if not sent:
+            handback = held.state == Verdict.HANDBACK
+            sent = self.outbox.hand_back(held) if handback else self.outbox.send(held)
+            if sent is Sent.LATER:
                 return  # the database went away: tried again after reconnecting
+            if sent is Sent.GONE:
+                self._forget(held)
+                self.next_claim_at = 0.0  # room for another trial
 
     def step_reap(self) -> None:
         now = time.monotonic()
@@ -606,7 +610,7 @@ class Worker:
     def _race_above(self, c: ClaimedTrial) -> float | None:
         """The racing bound of claim ``c``: :data:`RACE_FACTOR` times the best this worker
         measured of its run (a confirmation is a cold build, never raced)."""
-        best = self.best_s.get(c.run_id)
+        best = self.outbox.best_s.get(c.run_id)
         return None if best is None else RACE_FACTOR * best
 
     def _measure(self, c: ClaimedTrial, **how: Any) -> Measure:
@@ -669,7 +673,7 @@ class Worker:
         for held in waiting:
             if held.claim.trial_id in released:
                 log.info("released trial %s (back to pending)", held.claim.trial_id)
-                self.outcomes["released"] += 1
+                self.outbox.outcomes["released"] += 1
             self._forget(held)
 
     def _beat_for_stop(self) -> None:
@@ -748,7 +752,8 @@ class Worker:
             self.link.run(queue.stop_worker, self.worker_id, self.worker_secret)
         except DatabaseDown:
             log.warning("could not mark worker %s stopped: database unreachable", self.worker_id)
-        summary = ", ".join(f"{k} {v}" for k, v in sorted(self.outcomes.items())) or "nothing"
+        outcomes = sorted(self.outbox.outcomes.items())
+        summary = ", ".join(f"{k} {v}" for k, v in outcomes) or "nothing"
         log.info("worker %s exiting: %s", self.worker_id, summary)
 
     # --- claims --------------------------------------------------------------------------------
@@ -891,7 +896,7 @@ class Worker:
             self.held[trial_id].finish(Verdict.HANDBACK, reason)
         if decision.stand_aside is not None:
             run, reason = decision.stand_aside.run_id, decision.stand_aside.reason
-            self.unrecorded[run] = reason
+            self.outbox.unrecorded[run] = reason
             log.warning(
                 "standing aside from run %s: worker %s on %s cannot run this problem: %s",
                 run,
@@ -916,119 +921,7 @@ class Worker:
         except DatabaseDown:
             return None
 
-    # --- writing results -----------------------------------------------------------------------
-    def _send(self, held: Held) -> bool:
-        """The fenced completion of one finished trial; False while the database is away
-        (the trial stays finished and is sent again, while the lease may still be ours)."""
-        c = held.claim
-        held.sends += 1
-        timeline = held.marks.phases(time.monotonic())
-        try:
-            state = self.link.run(
-                queue.complete_trial,
-                trial_id=c.trial_id,
-                attempt=c.attempt,
-                token=c.lease_token,
-                worker_id=self.worker_id,
-                state=held.state,
-                error=held.error,
-                measurement=held.measurement,
-                timeline=timeline,
-            )
-        except DatabaseDown:
-            return False
-        except psycopg.DatabaseError as exc:
-            # The result itself cannot be stored (a value the table refuses): record the
-            # attempt as failed rather than crash; the fence still applies.
-            reason = first_line(exc, repr(exc))
-            if held.state == Verdict.DONE:
-                held.finish(Verdict.FAILED, f"the result could not be stored: {reason}")
-                return True
-            log.error("trial %s: completion failed (%s); dropping it", c.trial_id, reason)
-            self._forget(held)
-            return True
-        if state is None and held.sends > 1:
-            # The first send may have committed before the connection broke.
-            try:
-                recorded = self.link.run(
-                    queue.attempt_outcome,
-                    trial_id=c.trial_id,
-                    attempt=c.attempt,
-                    worker_id=self.worker_id,
-                )
-            except DatabaseDown:
-                return False
-            if recorded == held.state:
-                state = "recorded"
-        if state is None:
-            log.warning(
-                "completion rejected: trial %s attempt %s is no longer ours (lease lost); "
-                "dropping its %s result",
-                c.trial_id,
-                c.attempt,
-                held.state,
-            )
-            self.outcomes["dropped"] += 1
-        else:
-            self.outcomes[str(held.state)] += 1
-            self.timed_s += timeline.get(Phase.TIMING, 0.0)
-            if held.measurement is not None and not held.cold:
-                run, median = c.run_id, held.measurement.median_s
-                self.best_s[run] = min(self.best_s.get(run, median), median)
-            log.info(
-                "trial %s attempt %s: %s%s -> trial %s",
-                c.trial_id,
-                c.attempt,
-                held.state,
-                f" ({held.error})" if held.error else "",
-                state,
-            )
-        self._forget(held)
-        self.next_claim_at = 0.0  # room for another trial
-        return True
-
-    def _hand_back(self, held: Held) -> bool:
-        """Release one trial uncounted after an environment fault; False while the database
-        is away (tried again later)."""
-        c = held.claim
-        try:
-            released = self.link.run(
-                queue.release_trials,
-                worker_id=self.worker_id,
-                held=[c.key],
-                reason=f"{queue.ENVIRONMENT_PREFIX}{held.error}",
-            )
-        except DatabaseDown:
-            return False
-        except psycopg.DatabaseError as exc:
-            # The trial's lease expires and the reaper requeues it; we go on.
-            log.error("trial %s: could not hand it back: %s", c.trial_id, first_line(exc))
-            released = set()
-        if c.trial_id in released:
-            log.info("trial %s handed back (not counted): %s", c.trial_id, held.error)
-            self.outcomes["handed back"] += 1
-        self._forget(held)
-        self.next_claim_at = 0.0
-        return True
-
-    def _record_stand_asides(self) -> bool:
-        """Write the stand-aside rows not written yet; False while the database is away."""
-        for run, reason in list(self.unrecorded.items()):
-            try:
-                self.link.run(
-                    queue.stand_aside,
-                    worker_id=self.worker_id,
-                    secret=self.worker_secret,
-                    run_id=run,
-                    reason=reason,
-                )
-            except DatabaseDown:
-                return False
-            except psycopg.DatabaseError as exc:  # e.g. the run was deleted meanwhile
-                log.error("could not record standing aside from run %s: %s", run, first_line(exc))
-            del self.unrecorded[run]
-        return True
-
+    # --- the sizing report ---------------------------------------------------------------------
     def _report(
         self, conn: psycopg.Connection[Any], initial: bool = False, force: bool = False
     ) -> None:
@@ -1063,7 +956,9 @@ class Worker:
         """The share of the time since the first claim that the device spent timing kernels
         (what ``status`` shows as TIMING; the pool's own books size the pool)."""
         first = self.pool.first_claim_at
-        return None if first is None or now <= first else timing_share(self.timed_s, now - first)
+        if first is None or now <= first:
+            return None
+        return timing_share(self.outbox.timed_s, now - first)
 
     # --- shutdown ------------------------------------------------------------------------------
     def _give_back_everything(self) -> None:

@@ -86,6 +86,13 @@ def test_tune_synthetic_then_every_read_command(home, tmp_path):
     # one best everywhere: the headline is the re-measured figure, and says so
     assert re.search(r"\nbest: trial \d+, .* GFLOP/s, median .*: confirmed by a cold", out), out
     assert "\nsearch: " in out and "cold build, same code" not in out  # synthetic: no code
+    # what tuning gained: the best against the default configuration, measured first
+    gained = re.search(
+        r"\nover the default configuration: (?:(\d+\.\d\d)x faster \(the default, trial "
+        r"(\d+): median .*\)|the best is the default itself)\n",
+        out,
+    )
+    assert gained, out
 
     with embedded_conn(home) as conn:
         counts = conn.execute(

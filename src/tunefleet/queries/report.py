@@ -206,6 +206,21 @@ def trial_detail(conn: Conn, run_id: int, trial_id: int) -> Row | None:
     )
 
 
+def search_trial_of(conn: Conn, run_id: int, config_hash: str) -> Row | None:
+    """The run's search trial of one configuration (by its hash), with its state and
+    measured median, or ``None`` when the run never queued it. Read-only, no locks."""
+    return _one(
+        conn,
+        """
+        SELECT t.id AS trial_id, t.state, m.median_s
+          FROM tunefleet.trial t
+          LEFT JOIN tunefleet.measurement m ON m.trial_id = t.id
+         WHERE t.run_id = %(run_id)s AND t.config_hash = %(hash)s AND t.purpose = 'search'
+        """,
+        {"run_id": run_id, "hash": config_hash},
+    )
+
+
 def trial_attempts(conn: Conn, trial_id: int) -> list[Row]:
     """The claim history of one trial (who, when, how each attempt ended), oldest first.
 

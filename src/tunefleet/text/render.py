@@ -329,6 +329,8 @@ class BestOfRun:
     best: list[Row]
     #: The run's progress row (``run_progress``): its trial counts.
     progress: Row
+    #: The run's trial of the problem's default configuration (the baseline), if any.
+    default: Row | None = None
 
 
 def read_best(conn: Any, run_id: int, top: int = 1) -> BestOfRun:
@@ -339,7 +341,44 @@ def read_best(conn: Any, run_id: int, top: int = 1) -> BestOfRun:
     assert progress is not None  # the run exists
     for b in best:
         b["reproduce"] = reproduce_command(run, b)
-    return BestOfRun(run, best, progress)
+    default = _default_trial(conn, run)
+    return BestOfRun(run, best, progress, default)
+
+
+def _default_trial(conn: Any, run: Row) -> Row | None:
+    """The run's trial of its problem's default configuration (``tune`` measures it first,
+    as the baseline), or None: not queued, or the problem cannot be loaded here (a user
+    problem that lives on the workers)."""
+    from tunefleet.errors import TunefleetError
+    from tunefleet.problems.registry import get_problem
+    from tunefleet.space import config_hash
+
+    try:
+        problem = get_problem(run["problem"])
+        args = problem.normalise_args(run["problem_args"])
+        default = problem.check_config(args, problem.default_config(args))
+    except (TunefleetError, ImportError):
+        return None
+    return report.search_trial_of(conn, run["id"], config_hash(default))
+
+
+def baseline_text(best: Row, default: Row | None) -> str | None:
+    """How the best compares with the problem's default configuration (the figure a run is
+    worth: what tuning gained), or None when the run has no default measured."""
+    if default is None:
+        return None
+    if default["trial_id"] == best["trial_id"]:
+        return "over the default configuration: the best is the default itself"
+    if default["state"] != TrialState.DONE or not default.get("median_s"):
+        return (
+            f"over the default configuration: not comparable (its trial {default['trial_id']} "
+            f"is {default['state']})"
+        )
+    best_s = _figures(best)["headline_median_s"]
+    return (
+        f"over the default configuration: {default['median_s'] / best_s:.2f}x faster (the "
+        f"default, trial {default['trial_id']}: median {seconds(default['median_s'])})"
+    )
 
 
 def best_text(found: BestOfRun) -> str:
@@ -362,7 +401,7 @@ def best_text(found: BestOfRun) -> str:
         + ")",
         *headline(top),
         confirmation_text(top),
-        *filter(None, [noise_text(top)]),
+        *filter(None, [noise_text(top), baseline_text(top, found.default)]),
         f"device: {top['device_name'] or '-'} (driver {top['driver_version'] or '-'})",
         "configuration:",
     ]
