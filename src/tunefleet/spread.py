@@ -17,19 +17,22 @@ apart *processes* measure one kernel, estimated from the finalists themselves:
   ``(slower - faster) / faster``. The median, so that one outlying process (a confirmation
   timed while three others built beside it) does not set the yardstick it is judged by. It
   needs :data:`MIN_PAIRS` pairs from at least two finalists; with fewer there is no estimate.
-- **tolerance**: ``max(agreement.FLOOR, FACTOR * typical)``. For normally distributed log
-  times, the 95 % bound of the difference of two processes is about 2.9 times its median, so
-  a second process of the same kernel lands within the tolerance about 19 times in 20. With
-  no estimate it is the floor, and the rank test decides beside it as before (a GPU's
-  processes agree to well under the floor, so GPU verdicts are unchanged).
+- **tolerance**: ``FACTOR * typical`` between ``agreement.FLOOR`` and :data:`CEILING`. For
+  normally distributed log times, the 95 % bound of the difference of two processes is about
+  2.9 times its median, so a second process of the same kernel lands within the tolerance
+  about 19 times in 20. With no estimate it is the floor, and the rank test decides beside
+  it as before (a GPU's processes agree to well under the floor, so GPU verdicts are
+  unchanged). The ceiling is there because the finalists are chosen for measuring fast: when
+  most of them were lucky in the search, their pairs are luck, not process noise, and an
+  uncapped estimate would let every one of them agree.
 
 A **finalist agrees** when a majority of its processes are consistent with its *reference*
 process (the one whose median is nearest the median of its process medians): within the
-tolerance, or not told apart by the rank test (:func:`tunefleet.agreement.compare` with the
-tolerance as its floor). With two processes both must be consistent; with three, two. Its
-**figure** is the median of its consistent processes' medians (an outlying process is left
-out); a finalist that does not agree keeps the median of all of them, and ranks after every
-configuration that agrees or is unconfirmed.
+tolerance (without an estimate: within the floor, or not told apart by the rank test,
+:func:`tunefleet.agreement.compare`). With two processes both must be consistent; with
+three, two. Its **figure** is the median of its consistent processes' medians (an outlying
+process is left out); a finalist that does not agree keeps the median of all of them, and
+ranks after every finalist that agrees (among the rest, by figure).
 
 The **shoot-out** (:func:`challengers`) re-measures, in one more fresh process each, only
 what could change the headline: a finalist that does not agree and whose fastest process
@@ -53,6 +56,8 @@ from tunefleet import agreement
 
 #: The tolerance is this many times the typical spread (see the module's text).
 FACTOR = 3.0
+#: The tolerance never exceeds this: two processes 50 % apart never agree.
+CEILING = 0.5
 #: Pairs of processes (from at least two finalists) the typical spread needs.
 MIN_PAIRS = 3
 #: A configuration is timed in at most this many processes (the search's and fresh ones).
@@ -64,7 +69,8 @@ class Standing(StrEnum):
 
     #: A majority of its processes are consistent: its figure can be quoted.
     AGREES = "agrees"
-    #: Its processes do not agree, or a re-measurement failed: ranked after the rest.
+    #: Its processes do not agree, or a re-measurement failed: ranked after every finalist
+    #: that agrees (a failed one after every other).
     DISAGREES = "disagrees"
 
 
@@ -94,7 +100,7 @@ class Spread:
 
     #: Median relative difference of two processes of one configuration (None: too few).
     typical: float | None
-    #: What a confirmation must stay within: ``max(FLOOR, FACTOR * typical)``.
+    #: What a confirmation must stay within: ``FACTOR * typical`` within [FLOOR, CEILING].
     tolerance: float
     #: Pairs of processes the estimate rests on.
     pairs: int
@@ -142,10 +148,12 @@ def estimate(finalists: Sequence[Finalist]) -> Spread:
     if len(diffs) < MIN_PAIRS or len(timed_twice) < 2:
         return Spread(None, agreement.FLOOR, len(diffs), processes)
     typical = agreement.median(diffs)
-    return Spread(typical, max(agreement.FLOOR, FACTOR * typical), len(diffs), processes)
+    tolerance = min(CEILING, max(agreement.FLOOR, FACTOR * typical))
+    return Spread(typical, tolerance, len(diffs), processes)
 
 
-def _consistent(a: Process, b: Process, spread: Spread) -> bool:
+def consistent(a: Process, b: Process, spread: Spread) -> bool:
+    """Whether two processes of one configuration time it alike under ``spread``."""
     if relative(a.median_s, b.median_s) <= spread.tolerance:
         return True
     if spread.estimated or not a.samples or not b.samples:
@@ -161,15 +169,15 @@ def judge(finalist: Finalist, spread: Spread) -> Judged:
     procs = finalist.processes
     mid = agreement.median([p.median_s for p in procs])
     ref = min(procs, key=lambda p: abs(math.log(p.median_s / mid)))
-    consistent = [p for p in procs if p is ref or _consistent(ref, p, spread)]
-    agrees = len(procs) >= 2 and 2 * len(consistent) > len(procs) and not finalist.failed
-    used = consistent if agrees else list(procs)
+    alike = [p for p in procs if p is ref or consistent(ref, p, spread)]
+    agrees = len(procs) >= 2 and 2 * len(alike) > len(procs) and not finalist.failed
+    used = alike if agrees else list(procs)
     return Judged(
         trial_id=finalist.trial_id,
         standing=Standing.AGREES if agrees else Standing.DISAGREES,
         figure_s=agreement.median([p.median_s for p in used]),
         processes=len(procs),
-        consistent=tuple(p.trial_id for p in consistent),
+        consistent=tuple(p.trial_id for p in alike),
         failed=finalist.failed,
     )
 

@@ -131,3 +131,14 @@ def test_the_separation_shrinks_with_more_processes():
     two = spread.judge(finalist(1, 500, 510), s)
     three = spread.judge(finalist(2, 500, 510, 505), s)
     assert spread.separation(three, three, s) < spread.separation(two, two, s) < s.tolerance
+
+
+def test_finalists_that_were_mostly_lucky_do_not_make_every_confirmation_agree():
+    # Two of three finalists measured 7x fast in the search (lucky inputs): their pairs are
+    # luck, not process noise; the tolerance stops at the ceiling and both disagree.
+    fs = [finalist(1, 100, 790), finalist(2, 110, 860), finalist(3, 700, 720)]
+    s = spread.estimate(fs)
+    assert s.typical is not None and s.typical > 6 and s.tolerance == spread.CEILING
+    judged = [spread.judge(f, s) for f in fs]
+    assert [j.agrees for j in judged] == [False, False, True]
+    assert spread.rank(judged)[0].trial_id == 3
