@@ -31,6 +31,8 @@ from tunefleet.coordinator.engine import RunResult
 from tunefleet.coordinator.phase import Confirmed
 from tunefleet.coordinator.settings import CoordinatorSettings
 from tunefleet.queries import search as q
+from tunefleet.settings import DatabaseSettings
+from tunefleet.text.progress import ProgressReader
 from tunefleet.text.render import best_text, read_best
 
 Conn = psycopg.Connection[Any]
@@ -215,7 +217,7 @@ def _report(db: Conn, run: Run) -> tuple[str, str]:
     return text, final_line(result, confirm=3)
 
 
-def test_an_outlying_confirmation_is_re_timed_beside_the_best_and_the_search_was_right(db):
+def test_an_outlying_confirmation_is_re_timed_beside_the_best_and_the_search_was_right(db, db_url):
     # The run: trial A's search said 569 us, its cold confirmation 1 ms (three
     # finalists building at once on two cores); B and C's two processes agree.
     run = _run(db, [569, 600, 610, 900])
@@ -257,8 +259,15 @@ def test_an_outlying_confirmation_is_re_timed_beside_the_best_and_the_search_was
         (a,),
     ).fetchall()
     assert [v["disagrees"] for v in verdicts] == [True, False]
-    text, last = _report(db, run)
     tolerance = round(100 * best["spread_tolerance"])
+    # The live line quotes the same best, with its ±.
+    reader = ProgressReader(DatabaseSettings(url=db_url), db_url, run.run_id)
+    try:
+        line = reader.line(None)
+    finally:
+        reader.close()
+    assert line is not None and f"GFLOP/s ± {tolerance} % |" in line
+    text, last = _report(db, run)
     assert f"± {tolerance} % across 3 processes" in text
     assert f"best trial {a}: " in last and f"± {tolerance} % across 3 processes" in last
     assert "shoot-out timed 2 more fresh process(es)" in last

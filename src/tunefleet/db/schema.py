@@ -536,8 +536,8 @@ SELECT c.run_id,
     # computed for the best alone. ``same_source`` / ``cold_build``: its confirmation's
     # (``confirmations``, first round). Once the coordinator has judged a run's finalists
     # across processes (tunefleet.spread), one that agrees ranks before any other (the rest
-    # by ``figure_s`` where judged, the median of its processes, else as before);
-    # ``figure_s`` is the median of its consistent processes; ``figure_gflops`` is that figure's GFLOP/s, ``processes`` how
+    # by ``figure_s`` where judged, else as before); ``figure_s`` is the median of its
+    # consistent processes, ``figure_gflops`` that figure's GFLOP/s, ``processes`` how
     # many processes timed it, ``spread_tolerance`` / ``spread_typical`` the run's
     # between-process spread (the ± the best is quoted with), ``unseparated_trial_id`` the
     # runner-up it could not be told apart from (NULL: separated, or not judged).

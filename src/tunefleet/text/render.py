@@ -28,6 +28,7 @@ from tunefleet.text.output import (
     compact_json,
     finished_count,
     gflops,
+    plus_minus,
     remeasured_text,
     ruled_out_count,
     seconds,
@@ -282,7 +283,7 @@ def _progress_block(p: Row) -> str:
                 if extra
                 else []
             ),
-            f"  best      {gflops(p['best_gflops'])} GFLOP/s "
+            f"  best      {gflops(p['best_gflops'])} GFLOP/s{plus_minus(p)} "
             f"(median {seconds(p['best_median_s'])}){_best_status(p)}",
             f"  rate      {float(p['evaluations_per_minute']):.1f} evaluations/min",
             *_driver_line(p),
