@@ -28,11 +28,11 @@ apart *processes* measure one kernel, estimated from the finalists themselves:
 
 A **finalist agrees** when a majority of its processes are consistent with its *reference*
 process (the one whose median is nearest the median of its process medians): within the
-tolerance (without an estimate: within the floor, or not told apart by the rank test,
-:func:`tunefleet.agreement.compare`). With two processes both must be consistent; with
-three, two. Its **figure** is the median of its consistent processes' medians (an outlying
-process is left out); a finalist that does not agree keeps the median of all of them, and
-ranks after every finalist that agrees (among the rest, by figure).
+tolerance, or not told apart by the rank test on their samples (which can only make two
+processes agree: beyond the floor it is the old verdict). With two processes both must be
+consistent; with three, two. Its **figure** is the median of its consistent processes'
+medians (an outlying process is left out); a finalist that does not agree keeps the median
+of all of them, and ranks after every finalist that agrees (among the rest, by figure).
 
 The **shoot-out** (:func:`challengers`) re-measures, in one more fresh process each, only
 what could change the headline: a finalist that does not agree and whose fastest process
@@ -156,12 +156,13 @@ def consistent(a: Process, b: Process, spread: Spread) -> bool:
     """Whether two processes of one configuration time it alike under ``spread``."""
     if relative(a.median_s, b.median_s) <= spread.tolerance:
         return True
-    if spread.estimated or not a.samples or not b.samples:
-        # With an estimate the processes' own spread is the yardstick, and within-process
-        # samples cannot overrule it (they call 3 % significant where processes differ 25 %).
+    if not a.samples or not b.samples:
         return False
-    # No estimate yet: the floor and the rank test, as a single pair was always judged.
-    return agreement.compare(a.samples, b.samples, floor=spread.tolerance).agrees
+    # Beyond the tolerance the rank test may still not tell them apart (few, noisy samples):
+    # then they are alike, as a pair was always judged. It can only make two processes
+    # agree, never disagree: within-process samples call 3 % significant where processes
+    # differ by 25 %, and the tolerance already covers that.
+    return agreement.rank_test(a.samples, b.samples) >= agreement.ALPHA
 
 
 def judge(finalist: Finalist, spread: Spread) -> Judged:
