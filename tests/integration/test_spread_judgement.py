@@ -26,6 +26,7 @@ from tests.helpers.coordinator import settings
 from tests.helpers.queue_data import insert_run, insert_trials, synthetic_configs
 from tunefleet.api.tune import final_line
 from tunefleet.coordinator.budget import Speed
+from tunefleet.coordinator.cli import processes_line
 from tunefleet.coordinator.confirm import Confirmation
 from tunefleet.coordinator.engine import RunResult
 from tunefleet.coordinator.phase import Confirmed
@@ -187,7 +188,7 @@ def _rounds(db: Conn, run_id: int) -> list[tuple[int, int]]:
     return [(r["confirms_trial_id"], r["confirm_round"]) for r in rows]
 
 
-def _report(db: Conn, run: Run) -> tuple[str, str]:
+def _report(db: Conn, run: Run) -> tuple[str, str, RunResult]:
     db.execute("UPDATE tunefleet.run SET state = 'finished' WHERE id = %s", (run.run_id,))
     text = best_text(read_best(db, run.run_id, top=3))
     best = q.best_of_run(db, run.run_id)
@@ -214,7 +215,7 @@ def _report(db: Conn, run: Run) -> tuple[str, str]:
         unseparated_trial_id=best.unseparated_trial_id,
         shootout=run.phase.shootout,
     )
-    return text, final_line(result, confirm=3)
+    return text, final_line(result, confirm=3), result
 
 
 def test_an_outlying_confirmation_is_re_timed_beside_the_best_and_the_search_was_right(db, db_url):
@@ -267,8 +268,10 @@ def test_an_outlying_confirmation_is_re_timed_beside_the_best_and_the_search_was
     finally:
         reader.close()
     assert line is not None and f"GFLOP/s ± {tolerance} % |" in line
-    text, last = _report(db, run)
+    text, last, result = _report(db, run)
     assert f"± {tolerance} % across 3 processes" in text
+    # tunefleet coordinator's summary says the same.
+    assert f" ± {tolerance} % from 3 processes, agrees" in (processes_line(result) or "")
     assert f"best trial {a}: " in last and f"± {tolerance} % across 3 processes" in last
     assert "shoot-out timed 2 more fresh process(es)" in last
 
@@ -281,7 +284,7 @@ def test_finalists_closer_than_the_noise_are_named_not_re_timed(db):
     assert run.phase.shootout == 0
     best = _best(db, run.run_id)
     assert best["trial_id"] == a and best["unseparated_trial_id"] == b
-    text, last = _report(db, run)
+    text, last, _ = _report(db, run)
     assert f"settled: NO, trial {a} and trial {b} are closer than fresh processes" in text
     assert f"could NOT be separated from trial {b}" in last
 
@@ -304,7 +307,7 @@ def test_when_no_finalist_agrees_the_run_says_it_could_not_separate_them(db):
         (run.run_id,),
     ).fetchone()
     assert (status["best_status"], status["best_spread"]) == ("not reproduced", None)
-    text, last = _report(db, run)
+    text, last, _ = _report(db, run)
     assert "it could not separate its finalists" in text
     assert "is NOT reproduced" in last and "could not separate its finalists" in last
 

@@ -527,8 +527,8 @@ def _judged_line(result: RunResult) -> str:
         else ""
     )
     return (
-        f"{head}: {rate} ± {100 * tolerance:.0f} % across {result.processes} processes "
-        f"(median {seconds(result.figure_s)}; {how}){tie}{extra}"
+        f"{head}: {rate} ± {100 * tolerance:.0f} % across {result.processes} processes, "
+        f"confirmed (median {seconds(result.figure_s)}; {how}){tie}{extra}"
     )
 
 

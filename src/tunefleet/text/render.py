@@ -469,7 +469,7 @@ def headline(top: Row) -> list[str]:
         f"(min {seconds(top['min_s'])})"
     )
     if judged and status == BestStatus.CONFIRMED:
-        what = f"its processes agree (median of {top['processes']})"
+        what = "confirmed (its processes agree)"
     elif judged:
         what = f"NOT reproduced: its {top['processes']} processes disagree (see below)"
     if top.get("confirm_state") != TrialState.DONE and not judged:
