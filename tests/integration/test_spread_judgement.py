@@ -270,6 +270,8 @@ def test_an_outlying_confirmation_is_re_timed_beside_the_best_and_the_search_was
     assert line is not None and f"GFLOP/s ± {tolerance} % |" in line
     text, last, result = _report(db, run)
     assert f"± {tolerance} % across 3 processes" in text
+    # Its first re-measurement disagreed and was outvoted: said so, not "not reproducible".
+    assert "DISAGREES: the medians differ by 75.8" in text and "outvoted" in text
     # tunefleet coordinator's summary says the same.
     assert f" ± {tolerance} % from 3 processes, agrees" in (processes_line(result) or "")
     assert f"best trial {a}: " in last and f"± {tolerance} % across 3 processes" in last

@@ -565,7 +565,12 @@ def confirmation_text(best: Row) -> str:
             best.get("agreement_p"),
             best.get("same_source"),
         )
-    if best.get("disagrees"):
+    if best.get("disagrees") and best.get("standing") == "agrees":
+        # The shoot-out's further process sided with the search: this one was the outlier.
+        text += (
+            "; outvoted: its other processes agree, and the figure is their median without this one"
+        )
+    elif best.get("disagrees"):
         text += "; the figures are not reproducible to that precision"
     return text
 
