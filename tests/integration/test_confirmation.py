@@ -375,7 +375,7 @@ def test_confirmations_go_ahead_of_search_trials_and_search_claims_are_unchanged
     assert got[1].protocol["seed"] == 0  # a search trial keeps the run's inputs
 
 
-def test_a_search_trial_has_at_most_one_confirmation(db):
+def test_a_search_trial_has_at_most_one_confirmation_per_round(db):
     original = _worker(db)
     trial_id = _confirmation(db, avoid=original)
     row = db.execute(
@@ -402,6 +402,23 @@ def test_a_search_trial_has_at_most_one_confirmation(db):
         (row["confirms_trial_id"],),
     ).fetchone()
     assert n["n"] == 1
+    # The shoot-out's round 2 is a confirmation of its own, queued once however often asked.
+    item = {
+        "trial_id": row["confirms_trial_id"],
+        "config": OPTIMUM,
+        "config_hash": config_hash(OPTIMUM),
+        "avoid_worker": None,
+        "input_seed": 79,
+        "confirm_round": 2,
+    }
+    first = q.insert_confirmations(db, row["run_id"], "any", [item], avoid_s=0.0)
+    assert len(first) == 1
+    assert q.insert_confirmations(db, row["run_id"], "any", [item], avoid_s=0.0) == []
+    rounds = db.execute(
+        "SELECT confirm_round FROM tunefleet.trial WHERE confirms_trial_id = %s ORDER BY 1",
+        (row["confirms_trial_id"],),
+    ).fetchall()
+    assert [r["confirm_round"] for r in rounds] == [1, 2]
 
 
 def test_a_cache_that_answers_with_another_kernel_is_caught_by_the_cold_build(db_url, db, tmp_path):
