@@ -9,8 +9,9 @@ tell any two processes apart: the verdicts must come from the between-process sp
 confirmation phase is driven by its own ``step`` over a session stand-in on the test's
 connection. Failure modes named per test: an outlying confirmation (the issue's: the search
 was right), finalists closer than the noise, finalists none of which agree, a failed
-shoot-out process, a time budget with no room for the shoot-out, and one finalist alone
-(no estimate: the floor and the rank test, as before).
+shoot-out process, a time budget with no room for the shoot-out, one finalist alone
+(no estimate: the floor and the rank test, as before), and a first confirmation back before
+the rest of its round (not judged by the floor alone).
 """
 
 from __future__ import annotations
@@ -365,3 +366,25 @@ def test_one_finalist_alone_is_judged_by_the_floor_and_the_rank_test(db):
         (a,),
     ).fetchone()
     assert row["disagrees"] is True
+
+
+def test_the_first_confirmation_back_waits_for_its_round_before_it_is_judged(db):
+    # Judged alone it would meet only the 3 % floor and the rank test (its tight samples 5 %
+    # apart would disagree); with its round back, the finalists' spread judges it.
+    run = _run(db, [500, 600, 610, 900])
+    a, b, c, _ = run.ids
+    run.session.refresh_flights()
+    run.phase.step(0.0)
+    pending = {p["confirms_trial_id"]: p["id"] for p in _pending(db, run.run_id)}
+    assert set(pending) == {a, b, c}
+    _measure(db, pending[a], 525)
+    run.session.refresh_flights()
+    run.phase.step(0.0)
+    assert {s for s, _ in _standings(db, run.run_id).values()} == {None}
+    assert _best(db, run.run_id)["standing"] is None
+    _measure(db, pending[b], 640)
+    _measure(db, pending[c], 590)
+    run.session.refresh_flights()
+    run.phase.step(0.0)
+    standings = _standings(db, run.run_id)
+    assert [standings[t] for t in (a, b, c)] == [("agrees", 2)] * 3
