@@ -40,6 +40,22 @@ def confirmation_line(result: Any) -> str:
     return f"confirmed: {result.confirmed_median_s:.6g} s on re-measurement, {verdict}"
 
 
+def processes_line(result: Any) -> str | None:
+    """One line on the best judged across processes (:mod:`tunefleet.spread`), or None."""
+    if result.standing is None or result.figure_s is None:
+        return None
+    tolerance = f" ± {100 * result.spread_tolerance:.0f} %" if result.spread_tolerance else ""
+    tie = (
+        f"; not separated from trial {result.unseparated_trial_id}"
+        if result.unseparated_trial_id is not None
+        else ""
+    )
+    return (
+        f"across processes: {result.figure_s:.6g} s{tolerance} from {result.processes} "
+        f"processes, {result.standing}{tie}"
+    )
+
+
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``tunefleet coordinator``."""
     p = sub.add_parser(
@@ -150,5 +166,7 @@ def _coordinator(args: argparse.Namespace) -> int:
         gflops = "" if result.best_gflops is None else f", {result.best_gflops:.4g} GFLOP/s"
         print(f"best: {result.best_median_s:.6g} s{gflops} (trial {result.best_trial_id})")
         print(confirmation_line(result))
+        if (across := processes_line(result)) is not None:
+            print(across)
         print(json.dumps(result.best_config, sort_keys=True))  # the last line, for scripts
     return 0

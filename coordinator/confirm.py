@@ -14,10 +14,25 @@ that was re-measured). Only then is the run finished; its best is the best by co
 and they do not count against ``max_trials``. With no live worker the phase ends with what is
 confirmed so far.
 
-Each done confirmation is judged here, once, by :func:`tunefleet.agreement.compare` on the
-two measurements' samples (a rank test behind a floor for the protocol's resolution), and the
-verdict is stored on the confirmation trial: the ``confirmations`` view, ``tunefleet best``
-and the run's own report read that one decision.
+The finalists are judged here across processes (:mod:`tunefleet.spread`): the search's
+measurement and each cold confirmation are each a process of their own, and how far apart
+processes time one kernel on this device is estimated from the finalists themselves (the
+median difference of two processes of one configuration); a finalist agrees when a majority
+of its processes are within the tolerance that estimate gives (with too few processes for an
+estimate, within the floor or not told apart by the rank test, as one pair always was
+judged). The judgement waits for the round in flight while it has no estimate (the first
+confirmation back would otherwise be judged by the floor alone), and is stored whole each
+time a process comes back (:func:`tunefleet.queries.spread.record_judgement`): each finalist's
+standing and figure, each confirmation's verdict and the run's spread, which ``best_per_run``,
+``tunefleet best`` and the run's own report read.
+
+When the confirmations are done, the **shoot-out** re-times in one more fresh process each
+only what could change the headline (:func:`tunefleet.spread.challengers`: a finalist that
+does not agree but could beat the best agreeing one, paired with that best, both queued in
+one round), at most ``confirm`` such processes per ending and only what the time budget
+still fits; a configuration is timed in at most :data:`tunefleet.spread.MAX_PROCESSES`
+processes. Two agreeing finalists closer than the noise allows to separate are not re-timed:
+the report names them instead.
 
 Within a time budget (``max_seconds``) the confirmation is part of the run: the search stopped
 early enough to leave it its time (:mod:`.budget`), the phase queues only the confirmations
@@ -33,12 +48,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import psycopg
 
 from tunefleet import agreement
+from tunefleet import spread as sp
 from tunefleet.queries import search as q
+from tunefleet.queries import spread as qs
 from tunefleet.vocabulary import TrialPurpose, TrialState
 
 from .budget import Speed, avoid_seconds, confirmations_that_fit
@@ -113,6 +131,52 @@ class Session(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Judgement:
+    """The last judgement of the run's finalists (what :meth:`Confirmation.judge` stored)."""
+
+    finalists: tuple[sp.Finalist, ...]
+    judged: tuple[sp.Judged, ...]
+    spread: sp.Spread
+    unseparated: tuple[int, int] | None
+    #: The next confirmation round of each finalist, and what re-timing it needs.
+    next_round: Mapping[int, int]
+    rows: Mapping[int, qs.ProcessRow]
+
+
+def _finalists(
+    rows: list[qs.ProcessRow],
+) -> tuple[list[sp.Finalist], bool, dict[int, int], dict[int, qs.ProcessRow]]:
+    """The finalists as :mod:`tunefleet.spread` judges them (a finalist: a search trial with
+    a confirmation that came back), whether any confirmation is still in flight, the next
+    round of each, and each one's search row."""
+    by_trial: dict[int, list[qs.ProcessRow]] = {}
+    for r in rows:
+        by_trial.setdefault(r.search_trial_id, []).append(r)
+    out, in_flight, next_round, search_rows = [], False, {}, {}
+    for trial_id, procs in by_trial.items():
+        search = next((r for r in procs if r.round == 0), None)
+        if search is None or search.median_s is None:
+            continue  # not a done search measurement: nothing to compare with
+        search_rows[trial_id] = search
+        live = [r for r in procs if r.round > 0 and r.state != TrialState.CANCELLED]
+        next_round[trial_id] = 1 + max((r.round for r in live), default=0)
+        in_flight |= any(r.state in (TrialState.PENDING, TrialState.RUNNING) for r in live)
+        failed = any(
+            r.state in (TrialState.INVALID, TrialState.FAILED, TrialState.TIMED_OUT)
+            or (r.state == TrialState.DONE and r.same_source is False)
+            for r in live
+        )
+        done = [
+            sp.Process(r.trial_id, r.median_s, tuple(r.samples or ()))
+            for r in procs
+            if r.median_s is not None and (r.round == 0 or r.same_source is not False)
+        ]
+        if len(done) >= 2 or failed:
+            out.append(sp.Finalist(trial_id, tuple(done), failed=failed))
+    return out, in_flight, next_round, search_rows
+
+
 class Confirmation:
     """The confirmation phase of one session (a :class:`~.phase.Phase`)."""
 
@@ -133,6 +197,11 @@ class Confirmation:
         self._said_no_time = False
         self._said_early = False
         self._said_waiting = False
+        #: The shoot-out's further processes queued so far (at most ``confirm``).
+        self.shootout = 0
+        #: The last judgement stored, and the processes' states it was made on.
+        self.judgement: Judgement | None = None
+        self._judged_on: tuple[tuple[int, str], ...] | None = None
 
     def settle(self) -> None:
         s = self.session
@@ -149,7 +218,7 @@ class Confirmation:
         self.judge()
         outcome = self._step()
         if isinstance(outcome, Confirmed):
-            self.judge()
+            self.judge(final=True)
         return outcome
 
     def _step(self) -> int | Confirmed:
@@ -192,6 +261,7 @@ class Confirmation:
         want = s.settings.confirm
         candidates = q.confirmation_candidates(s.conn, s.run_id, want)
         fresh = [c for c in candidates if c.confirm_state in (None, TrialState.CANCELLED)]
+        fresh = self._could_win(fresh)
         todo = fresh[: max(0, 2 * want - self.enqueued)]
         if not todo and fresh and fresh[0] is candidates[0]:
             # Past the cap the best itself is still re-measured: it is the figure the run
@@ -208,31 +278,168 @@ class Confirmation:
         if todo:
             self.enqueued += len(todo)
             return len(self._enqueue(todo, left))
-        return 0 if s.confirming or draining else Confirmed()
+        if s.confirming or draining:
+            return 0
+        return self._shoot_out(left) or Confirmed()
 
-    def judge(self) -> int:
-        """Decide and store the verdict of every done confirmation not judged yet; how many."""
+    def _could_win(self, fresh: list[q.ConfirmCandidate]) -> list[q.ConfirmCandidate]:
+        """The candidates a confirmation could still make the best: once a finalist agrees,
+        one whose search median is slower than its figure by more than the tolerance cannot
+        (its search measurement was the one chosen for being fast), so it is not confirmed
+        when a disagreement pushes it into the top ``confirm``: the shoot-out re-times the
+        one that disagreed instead."""
+        j = self.judgement
+        best = None if j is None else next((x for x in sp.rank(j.judged) if x.agrees), None)
+        if j is None or best is None:
+            return fresh
+        bar = best.figure_s * (1 + j.spread.tolerance)
+        return [c for c in fresh if c.median_s < bar]
+
+    def judge(self, final: bool = False) -> int:
+        """Judge the run's finalists across processes and store it, when a process came
+        back since the last judgement; how many finalists it judged. Without an estimate
+        of the spread it waits for the confirmations in flight, unless ``final``."""
         s = self.session
-        judged = 0
-        for u in q.unjudged_confirmations(s.conn, s.run_id):
-            verdict = agreement.compare(u.original_samples, u.confirmed_samples)
-            # Another kernel's time is no confirmation, however close the numbers.
-            agrees = verdict.agrees and u.same_source is not False
-            if q.record_agreement(s.conn, u.confirm_trial_id, not agrees, verdict.p_value):
-                judged += 1
-                # The run's own report says it to people; this is the log's record.
-                _log.info(
-                    "run %d: confirmation %d %s: %s%s",
-                    s.run_id,
-                    u.confirm_trial_id,
-                    "agrees" if agrees else "DISAGREES",
-                    verdict.describe(),
-                    ""
-                    if u.same_source is not False
-                    else "; its cold build generated OTHER "
-                    "code than the search measured (a cache answered with another kernel?)",
+        rows = qs.finalist_processes(s.conn, s.run_id)
+        seen = tuple((r.trial_id, r.state) for r in rows)
+        if seen == self._judged_on:
+            return 0
+        finalists, in_flight, next_round, search_rows = _finalists(rows)
+        spread = sp.estimate(finalists)
+        if not finalists or (in_flight and not spread.estimated and not final):
+            return 0
+        judged = [sp.judge(f, spread) for f in finalists]
+        unseparated = sp.unseparated(judged, spread)
+        # Each confirmation's own verdict is on the pair its row shows (the search's
+        # measurement and this one), under the same yardstick; the finalist's standing is
+        # the verdict across all of its processes.
+        verdicts = []
+        for f in finalists:
+            original = f.processes[0]
+            for p in f.processes[1:]:
+                p_value = (
+                    agreement.compare(original.samples, p.samples).p_value
+                    if original.samples and p.samples
+                    else 1.0
                 )
-        return judged
+                disagrees = not sp.consistent(original, p, spread)
+                verdicts.append(qs.ProcessVerdict(p.trial_id, disagrees, p_value))
+        # A confirmation that built other code is a disagreement, whatever it measured.
+        verdicts += [
+            qs.ProcessVerdict(r.trial_id, True, 1.0)
+            for r in rows
+            if r.round > 0 and r.state == TrialState.DONE and r.same_source is False
+        ]
+        qs.record_judgement(
+            s.conn,
+            s.run_id,
+            [qs.FinalistVerdict(j.trial_id, j.standing, j.figure_s, j.processes) for j in judged],
+            verdicts,
+            qs.RunSpread(
+                spread.typical,
+                spread.tolerance,
+                spread.processes,
+                None if unseparated is None else unseparated[1],
+            ),
+        )
+        self._judged_on = seen
+        self.judgement = Judgement(
+            tuple(finalists), tuple(judged), spread, unseparated, next_round, search_rows
+        )
+        self._log_judgement(finalists, judged, spread, unseparated)
+        return len(judged)
+
+    def _log_judgement(
+        self,
+        finalists: list[sp.Finalist],
+        judged: list[sp.Judged],
+        spread: sp.Spread,
+        unseparated: tuple[int, int] | None,
+    ) -> None:
+        # The run's own report says it to people; this is the log's record.
+        run_id = self.session.run_id
+        if spread.estimated:
+            _log.info(
+                "run %d: fresh processes of one kernel differ by %.1f %% (median of %d pairs "
+                "over %d process measurements): a re-measurement agrees within %.1f %%",
+                run_id,
+                100 * (spread.typical or 0.0),
+                spread.pairs,
+                spread.processes,
+                100 * spread.tolerance,
+            )
+        for f, j in zip(finalists, judged, strict=True):
+            _log.info(
+                "run %d: trial %d %s across %d process(es) (%s us)%s: figure %.4g us",
+                run_id,
+                j.trial_id,
+                "agrees" if j.agrees else "DISAGREES",
+                j.processes,
+                ", ".join(f"{1e6 * p.median_s:.4g}" for p in f.processes),
+                "; a re-measurement failed or built other code" if f.failed else "",
+                1e6 * j.figure_s,
+            )
+        if unseparated is not None:
+            _log.info(
+                "run %d: trials %d and %d are closer than these processes can separate",
+                run_id,
+                *unseparated,
+            )
+
+    def _shoot_out(self, left: float | None) -> int:
+        """Queue one more fresh process for each finalist whose re-timing could change the
+        headline (paired with the best), within ``confirm`` per ending and the time left;
+        how many it queued."""
+        s = self.session
+        self.judge(final=True)
+        j = self.judgement
+        limit = s.settings.confirm - self.shootout
+        if j is None or limit <= 0:
+            return 0
+        picks = sp.challengers(j.judged, j.finalists, j.spread, limit)
+        if left is not None and picks:
+            picks = picks[: confirmations_that_fit(s.speed(), len(picks), left)]
+            if not picks:
+                self._no_time(left)
+        if not picks:
+            return 0
+        self.shootout += len(picks)
+        base = int(s.protocol.get("seed") or 0)
+        items = []
+        for trial_id in picks:
+            row = j.rows[trial_id]
+            measured = row.input_seed if row.input_seed is not None else base
+            rnd = j.next_round[trial_id]
+            items.append(
+                {
+                    "trial_id": trial_id,
+                    "config": row.config,
+                    "config_hash": row.config_hash,
+                    "avoid_worker": None,
+                    # Each round draws inputs of its own.
+                    "input_seed": fresh_input_seed(measured, trial_id + rnd - 1),
+                    "confirm_round": rnd,
+                }
+            )
+        rows = q.insert_confirmations(
+            s.conn,
+            s.run_id,
+            s.device_class,
+            items,
+            avoid_s=0.0,
+            timeout_s=s.trial_timeout(),
+            max_attempts=s.settings.max_attempts,
+        )
+        s.confirming.update(r.id for r in rows)
+        _log.info(
+            "run %d: shoot-out: timing trials %s once more each, side by side in fresh "
+            "processes (their processes differ by more than %.1f %%, or it is the best they "
+            "are paired with)",
+            s.run_id,
+            ", ".join(str(t) for t in picks),
+            100 * j.spread.tolerance,
+        )
+        return len(rows)
 
     def _confirm_early(self, left: float | None) -> None:
         if self._said_early:

@@ -149,6 +149,19 @@ class RunResult:
     noisy: bool | None = None
     #: The re-measurement generated the very code the search timed (None: no code stored).
     same_source: bool | None = None
+    #: The verdict across processes (:mod:`tunefleet.spread`; None: not judged): ``agrees``
+    #: or ``disagrees``, its figure (``figure_s`` / ``figure_gflops``: the median of its
+    #: consistent processes), how many processes timed it, the run's between-process
+    #: tolerance and typical spread, and the runner-up it could not be told apart from.
+    standing: str | None = None
+    figure_s: float | None = None
+    figure_gflops: float | None = None
+    processes: int | None = None
+    spread_tolerance: float | None = None
+    spread_typical: float | None = None
+    unseparated_trial_id: int | None = None
+    #: Fresh-process re-measurements the shoot-out added (beyond one per finalist).
+    shootout: int = 0
 
 
 # --- the session's pieces -------------------------------------------------------------------
@@ -723,6 +736,14 @@ class _Session:
             agreement_p=best.agreement_p,
             noisy=best.noisy,
             same_source=best.same_source,
+            standing=best.standing,
+            figure_s=best.figure_s,
+            figure_gflops=best.figure_gflops,
+            processes=best.processes,
+            spread_tolerance=best.spread_tolerance,
+            spread_typical=best.spread_typical,
+            unseparated_trial_id=best.unseparated_trial_id,
+            shootout=self.confirmation.shootout if self.confirmation else 0,
         )
 
     def _progress(self) -> Progress:

@@ -143,9 +143,17 @@ class BestStatus(StrEnum):
     UNCONFIRMED = "unconfirmed"
 
 
-def best_status(confirm_state: str | None, disagrees: bool | None) -> BestStatus:
+def best_status(
+    confirm_state: str | None, disagrees: bool | None, standing: str | None = None
+) -> BestStatus:
     """The status of a best from its confirmation's trial state and verdict, as the
-    ``run_progress`` view decides it (a failed re-measurement counts as a disagreement)."""
+    ``run_progress`` view decides it (a failed re-measurement counts as a disagreement); once
+    the finalists are judged across processes (``standing``, :mod:`tunefleet.spread`), that
+    verdict decides."""
+    if standing == "agrees":
+        return BestStatus.CONFIRMED
+    if standing == "disagrees":
+        return BestStatus.NOT_REPRODUCED
     if disagrees or confirm_state in FAULT_TRIAL_STATES:
         return BestStatus.NOT_REPRODUCED
     if confirm_state == TrialState.DONE and disagrees is False:

@@ -187,6 +187,36 @@ def test_eval_rate_reports_each_arms_timeline_and_a_second_tree(tmp_path: Path) 
     assert "| readme |" in proc.stdout
 
 
+def test_readme_agreement_quick_checks_the_criterion_and_studies_the_estimators(
+    tmp_path: Path,
+) -> None:
+    """The README-agreement script's smoke run on PoCL (one fresh run, a 64-cube GEMM, three
+    trials, each of the top two alone in one fresh process): it reports issue 51's three
+    verdicts per run, the confirmation's cost, and the estimator study over every process's
+    samples."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    out = tmp_path / "agreement.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "readme_agreement.py"), "--quick",
+         "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    [run] = data["runs"]
+    assert run["final_line"] and run["final_line"].startswith("run 1: best trial")
+    assert isinstance(run["headline_ok"], bool) and isinstance(run["top_ok"], bool)
+    assert 1 <= len(run["top"]) <= 2
+    for row in run["top"]:
+        assert len(row["alone_samples"]) == 1 and row["alone_median_s"] > 0
+        assert row["in_run_samples"] and row["in_run_samples"][0]["round"] == 0
+    assert {"confirmations", "shootout", "shootout_s", "phase_s"} <= set(run["cost"])
+    assert [e["estimator"] for e in data["estimators"]] == ["median", "q10", "min"]
+    assert "issue 51's criterion" in proc.stdout and "| quiet |" in proc.stdout
+
+
 def test_self_sizing_runs_both_arms_through_tune(tmp_path: Path) -> None:
     """The self-sizing script's code-generation-bound synthetic case, four trials: both arms
     are real ``tunefleet tune`` runs on their own embedded servers, and the second one's

@@ -448,7 +448,7 @@ def violations(db: psycopg.Connection[Any], run_id: int, max_trials: int) -> lis
     ):
         bad.append(f"trial {r['id']} ({r['state']}) has {r['n']} measurements")
     # 3. no configuration was measured twice by the run's search (a confirmation re-measures
-    #    by design, once per search trial: the unique index trial_confirms_unique)
+    #    by design, once per search trial and round: the unique index trial_confirms_unique)
     for r in rows(
         """
         SELECT m.config_hash, count(*) AS n FROM tunefleet.measurement m

@@ -83,8 +83,9 @@ def _confirm(db: psycopg.Connection[Any], trial_id: int, median_s: float, disagr
     row = db.execute(
         """
         INSERT INTO tunefleet.trial (run_id, config, config_hash, device_class, purpose,
-               confirms_trial_id, state, disagrees, agreement_p, finished_at)
-        SELECT run_id, config, config_hash, device_class, 'confirm', id, 'done', %s, 0.5, now()
+               confirms_trial_id, confirm_round, state, disagrees, agreement_p, finished_at)
+        SELECT run_id, config, config_hash, device_class, 'confirm', id, 1, 'done', %s, 0.5,
+               now()
           FROM tunefleet.trial WHERE id = %s
         RETURNING id
         """,

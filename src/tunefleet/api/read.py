@@ -144,8 +144,21 @@ class BestTrial:
     #: (a fresh process sharing no cache with the search).
     same_source: bool | None = None
     cold_build: bool | None = None
-    #: The time it is ranked by: the re-measured median where one finished, else the search's.
+    #: The time it is ranked by: its figure across processes where judged, else the
+    #: re-measured median where one finished, else the search's.
     ranked_median_s: float | None = None
+    #: The verdict across processes (:mod:`tunefleet.spread`; None until judged): ``agrees``
+    #: or ``disagrees``, the figure quoted (the median of its consistent processes' medians)
+    #: and how many processes timed it.
+    standing: str | None = None
+    figure_s: float | None = None
+    processes: int | None = None
+    #: The run's between-process spread: what a re-measurement must stay within (the ± the
+    #: best is quoted with) and the median difference of two processes of one kernel.
+    spread_tolerance: float | None = None
+    spread_typical: float | None = None
+    #: The runner-up the run's best could not be told apart from (None: separated).
+    unseparated_trial_id: int | None = None
 
     @property
     def confirmed(self) -> bool:
@@ -156,15 +169,20 @@ class BestTrial:
     @property
     def status(self) -> BestStatus:
         """confirmed, not reproduced or unconfirmed (:class:`~tunefleet.vocabulary.BestStatus`)."""
-        return best_status(self.confirm_state, self.disagrees)
+        return best_status(self.confirm_state, self.disagrees, self.standing)
 
     @property
     def headline_gflops(self) -> float | None:
-        """The figure to quote: the re-measurement's where one finished, else the search's."""
+        """The figure to quote: across processes once judged, else the re-measurement's where
+        one finished, else the search's."""
+        if self.figure_s is not None:
+            return None if self.gflops is None else self.gflops * self.median_s / self.figure_s
         return self.confirmed_gflops if self.confirm_state == TrialState.DONE else self.gflops
 
     @property
     def headline_median_s(self) -> float:
+        if self.figure_s is not None:
+            return self.figure_s
         if self.confirm_state == TrialState.DONE and self.confirmed_median_s is not None:
             return self.confirmed_median_s
         return self.median_s

@@ -474,6 +474,8 @@ def final_line(result: RunResult, confirm: int) -> str:
         else:
             why = "its re-measurement did not finish"
         return f"run {run_id}: best trial {result.best_trial_id} is NOT confirmed: {why}"
+    if result.standing is not None and result.figure_s is not None:
+        return _judged_line(result)
     verdict = agreement.verdict_text(
         result.spread or 0.0,
         result.noise,
@@ -488,6 +490,45 @@ def final_line(result: RunResult, confirm: int) -> str:
     return (
         f"run {run_id}: best trial {result.best_trial_id} {how} "
         f"({seconds(result.confirmed_median_s)}, {verdict}){noisy}"
+    )
+
+
+def _judged_line(result: RunResult) -> str:
+    """The last line of a tune whose finalists were judged across processes
+    (:mod:`tunefleet.spread`): the best with the ± its processes allow, or plainly that the
+    run could not settle its best."""
+    from tunefleet.text.output import gflops, seconds
+
+    head = f"run {result.run_id}: best trial {result.best_trial_id}"
+    rate = "" if result.figure_gflops is None else f"{gflops(result.figure_gflops)} GFLOP/s"
+    extra = (
+        f"; the shoot-out timed {result.shootout} more fresh process(es) of its finalists"
+        if result.shootout
+        else ""
+    )
+    if result.standing != "agrees":
+        return (
+            f"{head} is NOT reproduced: its {result.processes} processes disagree beyond "
+            f"what fresh processes differ by here, and no finalist's agreed: the run could "
+            f"not separate its finalists (it ranks by median {seconds(result.figure_s)}, "
+            f"{rate}; see `tunefleet best {result.run_id} --top 5`){extra}"
+        )
+    tolerance = result.spread_tolerance or agreement.FLOOR
+    how = (
+        f"fresh processes of one kernel differ by {100 * result.spread_typical:.1f} % here"
+        if result.spread_typical is not None
+        else "too few processes to estimate how far apart they differ: the "
+        f"{100 * agreement.FLOOR:g} % floor"
+    )
+    tie = (
+        f"; it could NOT be separated from trial {result.unseparated_trial_id} (closer than "
+        "these processes tell apart)"
+        if result.unseparated_trial_id is not None
+        else ""
+    )
+    return (
+        f"{head}: {rate} ± {100 * tolerance:.0f} % across {result.processes} processes, "
+        f"confirmed (median {seconds(result.figure_s)}; {how}){tie}{extra}"
     )
 
 

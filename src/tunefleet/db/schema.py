@@ -91,6 +91,16 @@ run = Table(
     Column("max_seconds", DOUBLE_PRECISION, nullable=True),
     Column("target_gflops", DOUBLE_PRECISION, nullable=True),
     Column("patience", Integer, nullable=True),
+    # How far apart fresh processes time one kernel on this run's device, estimated by the
+    # confirmation from its finalists (tunefleet.spread): ``spread_typical`` the median
+    # relative difference of two processes of one configuration (NULL: too few to tell),
+    # ``spread_tolerance`` what a re-measurement must stay within (the ± a best is quoted
+    # with), ``spread_processes`` the process measurements it rests on, and
+    # ``unseparated_trial_id`` the runner-up the best could not be told apart from.
+    Column("spread_typical", DOUBLE_PRECISION, nullable=True),
+    Column("spread_tolerance", DOUBLE_PRECISION, nullable=True),
+    Column("spread_processes", Integer, nullable=True),
+    Column("unseparated_trial_id", BigInteger, nullable=True),
     Column("state", Text, nullable=False, server_default=text("'running'")),
     Column("stop_reason", Text, nullable=True),
     Column("coordinator_id", UUID(as_uuid=True), nullable=True),
@@ -218,11 +228,29 @@ trial = Table(
     # samples and the original's disagree; and the rank test's p-value. NULL: not judged yet.
     Column("disagrees", Boolean, nullable=True),
     Column("agreement_p", DOUBLE_PRECISION, nullable=True),
+    # A confirmation's round: 1 for the first re-measurement of its search trial, 2 and on
+    # for the shoot-out's further fresh processes (tunefleet.spread). NULL for search trials.
+    Column("confirm_round", Integer, nullable=True),
+    # A confirmed search trial's verdict across its processes, decided by the coordinator
+    # (tunefleet.spread): ``standing`` agrees / disagrees, ``figure_s`` the median of its
+    # consistent processes' medians (the figure a report quotes), ``processes`` how many
+    # processes timed it (the search's included). NULL until judged.
+    Column("standing", Text, nullable=True),
+    Column("figure_s", DOUBLE_PRECISION, nullable=True),
+    Column("processes", Integer, nullable=True),
     CheckConstraint(_in("state", TrialState), name="trial_state_valid"),
     CheckConstraint(_in("purpose", TRIAL_PURPOSES), name="trial_purpose_valid"),
     CheckConstraint(
         "(purpose = 'confirm') = (confirms_trial_id IS NOT NULL)",
         name="trial_confirm_names_its_trial",
+    ),
+    CheckConstraint(
+        "(purpose = 'confirm') = (confirm_round IS NOT NULL) AND coalesce(confirm_round, 1) >= 1",
+        name="trial_confirm_round_valid",
+    ),
+    CheckConstraint(
+        "standing IS NULL OR (purpose = 'search' AND standing IN ('agrees', 'disagrees'))",
+        name="trial_standing_valid",
     ),
     CheckConstraint("attempt >= 0 AND max_attempts > 0", name="trial_attempts_valid"),
     CheckConstraint(
@@ -239,10 +267,12 @@ Index(
     unique=True,
     postgresql_where=text("purpose = 'search'"),
 )
-# One confirmation per search trial (a resumed run revives a cancelled one, never adds more).
+# One confirmation per search trial and round (a resumed run revives a cancelled one, never
+# adds more).
 Index(
     "trial_confirms_unique",
     trial.c.confirms_trial_id,
+    trial.c.confirm_round,
     unique=True,
     postgresql_where=text("purpose = 'confirm'"),
 )
@@ -402,7 +432,9 @@ VIEWS: dict[str, str] = {
     # wide view of any one trial. ``ruled_out``: an invalid trial the problem's own rules
     # rejected before any worker saw it (never claimed, not a verdict of the cache); it cost
     # the run no evaluation and --max-trials does not count it. The one definition of the
-    # term: run_progress counts these rows.
+    # term: run_progress counts these rows. ``standing`` / ``figure_s`` / ``processes``: a
+    # confirmed trial's verdict across processes (tunefleet.spread; NULL until judged), the
+    # figure it is ranked and quoted by, and how many processes timed it.
     "results": """
 SELECT t.run_id,
        t.id AS trial_id,
@@ -429,7 +461,10 @@ SELECT t.run_id,
        t.finished_at,
        n.noise,
        n.noise > (m.protocol ->> 'noise_limit')::double precision AS noisy,
-       t.state = 'invalid' AND t.attempt = 0 AND t.source <> 'cache' AS ruled_out
+       t.state = 'invalid' AND t.attempt = 0 AND t.source <> 'cache' AS ruled_out,
+       t.standing,
+       t.figure_s,
+       t.processes
   FROM tunefleet.trial t
   JOIN tunefleet.run r ON r.id = t.run_id
   LEFT JOIN tunefleet.measurement m ON m.trial_id = t.id
@@ -448,7 +483,10 @@ SELECT t.run_id,
     # code differs; NULL until judged), or true when the re-measurement failed. ``same_source``:
     # the re-measurement generated the very code the search measured; ``cold_build``: it was
     # built and timed in a fresh process sharing no cache with the search (NULL where
-    # neither stored code: problems without generated code).
+    # neither stored code: problems without generated code). ``confirm_round``: 1 for the
+    # first re-measurement, 2 and on for the shoot-out's further processes; ``disagrees`` of
+    # such a row: its process is not consistent with its configuration's figure (outside the
+    # run's between-process tolerance, ``run.spread_tolerance``).
     "confirmations": """
 SELECT c.run_id,
        c.confirms_trial_id AS trial_id,
@@ -474,7 +512,8 @@ SELECT c.run_id,
        nc.noise AS confirmed_noise,
        CASE WHEN mo.code IS NULL AND mc.code IS NULL THEN NULL
             ELSE mo.code IS NOT DISTINCT FROM mc.code END AS same_source,
-       coalesce((mc.protocol ->> 'cold_build')::boolean, false) AS cold_build
+       coalesce((mc.protocol ->> 'cold_build')::boolean, false) AS cold_build,
+       c.confirm_round
   FROM tunefleet.trial c
   JOIN tunefleet.trial o ON o.id = c.confirms_trial_id
   LEFT JOIN tunefleet.measurement mo ON mo.trial_id = o.id
@@ -495,7 +534,13 @@ SELECT c.run_id,
     # measurement's samples (IQR over median) and whether that exceeds its protocol's
     # ``noise_limit`` (the worker took all the samples the protocol allows and it stayed so),
     # computed for the best alone. ``same_source`` / ``cold_build``: its confirmation's
-    # (``confirmations``).
+    # (``confirmations``, first round). Once the coordinator has judged a run's finalists
+    # across processes (tunefleet.spread), one that agrees ranks before any other (the rest
+    # by ``figure_s`` where judged, else as before); ``figure_s`` is the median of its
+    # consistent processes, ``figure_gflops`` that figure's GFLOP/s, ``processes`` how
+    # many processes timed it, ``spread_tolerance`` / ``spread_typical`` the run's
+    # between-process spread (the ± the best is quoted with), ``unseparated_trial_id`` the
+    # runner-up it could not be told apart from (NULL: separated, or not judged).
     "best_per_run": """
 SELECT b.run_id,
        b.problem,
@@ -519,7 +564,14 @@ SELECT b.run_id,
        n.noise AS measured_noise,
        n.noise > (b.protocol ->> 'noise_limit')::double precision AS noisy,
        b.same_source,
-       b.cold_build
+       b.cold_build,
+       b.standing,
+       b.figure_s,
+       b.gflops * b.median_s / b.figure_s AS figure_gflops,
+       b.processes,
+       b.spread_tolerance,
+       b.spread_typical,
+       b.unseparated_trial_id
   FROM (SELECT DISTINCT ON (t.run_id)
                t.run_id,
                r.problem,
@@ -543,16 +595,24 @@ SELECT b.run_id,
                c.same_source,
                c.cold_build,
                m.samples_s,
-               m.protocol
+               m.protocol,
+               t.standing,
+               t.figure_s,
+               t.processes,
+               r.spread_tolerance,
+               r.spread_typical,
+               CASE WHEN r.unseparated_trial_id <> t.id THEN r.unseparated_trial_id
+               END AS unseparated_trial_id
           FROM tunefleet.trial t
           JOIN tunefleet.run r ON r.id = t.run_id
           JOIN tunefleet.measurement m ON m.trial_id = t.id
           LEFT JOIN tunefleet.device d ON d.id = m.device_id
-          LEFT JOIN tunefleet.confirmations c ON c.trial_id = t.id
+          LEFT JOIN tunefleet.confirmations c ON c.trial_id = t.id AND c.confirm_round = 1
          WHERE t.state = 'done' AND t.purpose = 'search'
          ORDER BY t.run_id,
                   coalesce(c.state IN ('invalid', 'failed', 'timed_out'), false),
-                  coalesce(c.confirmed_median_s, m.median_s),
+                  CASE WHEN t.standing = 'agrees' THEN 0 ELSE 1 END,
+                  coalesce(t.figure_s, c.confirmed_median_s, m.median_s),
                   t.id) b
  CROSS JOIN LATERAL (SELECT (percentile_cont(0.75) WITHIN GROUP (ORDER BY x)
                              - percentile_cont(0.25) WITHIN GROUP (ORDER BY x))
@@ -588,7 +648,12 @@ SELECT DISTINCT ON (m.problem, m.problem_args, d.device_class)
     # figures are the re-measurement's where there is one), ``unconfirmed`` (measured once
     # so far); NULL before a successful trial. ``invalid`` counts every invalid search
     # trial, ``ruled_out`` those of them the rules rejected before any worker saw them
-    # (``results.ruled_out``); ``evaluations_per_minute`` leaves those out.
+    # (``results.ruled_out``); ``evaluations_per_minute`` leaves those out. Once the
+    # finalists are judged across processes the best's figures are its ``figure_s``
+    # (``best_per_run``), ``best_spread`` the ± they are quoted with (the run's
+    # between-process tolerance; NULL unless the best agrees), ``best_processes`` how many
+    # processes timed it and ``unseparated_trial_id`` the runner-up it could not be told
+    # apart from.
     "run_progress": """
 SELECT a.run_id,
        a.name,
@@ -605,19 +670,26 @@ SELECT a.run_id,
        a.timed_out,
        a.cancelled,
        a.cached,
-       CASE WHEN b.confirmed THEN b.confirmed_gflops ELSE b.gflops END AS best_gflops,
-       CASE WHEN b.confirmed THEN b.confirmed_median_s ELSE b.median_s END AS best_median_s,
+       CASE WHEN b.figure_s IS NOT NULL THEN b.figure_gflops
+            WHEN b.confirmed THEN b.confirmed_gflops ELSE b.gflops END AS best_gflops,
+       CASE WHEN b.figure_s IS NOT NULL THEN b.figure_s
+            WHEN b.confirmed THEN b.confirmed_median_s ELSE b.median_s END AS best_median_s,
        a.created_at,
        a.elapsed,
        (a.finished - a.ruled_out) / a.minutes AS evaluations_per_minute,
        a.confirmed,
        a.confirming,
        CASE WHEN b.trial_id IS NULL THEN NULL
+            WHEN b.standing = 'agrees' THEN 'confirmed'
+            WHEN b.standing = 'disagrees' THEN 'not reproduced'
             WHEN b.confirmed AND b.disagrees = false THEN 'confirmed'
             WHEN b.disagrees THEN 'not reproduced'
             ELSE 'unconfirmed' END AS best_status,
        b.trial_id AS best_trial_id,
-       a.ruled_out
+       a.ruled_out,
+       CASE WHEN b.standing = 'agrees' THEN b.spread_tolerance END AS best_spread,
+       b.processes AS best_processes,
+       b.unseparated_trial_id
   FROM (SELECT r.id AS run_id,
                r.name,
                r.problem,

@@ -138,14 +138,19 @@ def fleet(
 
 def best_trials(conn: Conn, run_id: int, *, limit: int = 1) -> list[Row]:
     """The ``limit`` best finished (``done``) search trials of a run with their measurement,
-    device and confirmation, best first, ranked as ``best_per_run`` ranks them: by the
-    confirmed figure where a confirmation measured one, else by the search's median time; a
-    configuration whose re-measurement failed comes after every other.
+    device and confirmation, best first, ranked as ``best_per_run`` ranks them: those judged
+    to agree across processes first, then the rest, each by its figure across processes
+    where judged, else the confirmed figure where a confirmation
+    measured one, else the search's median time; a configuration whose re-measurement failed
+    comes after every other.
 
     ``confirm_state`` is the confirmation's trial state (NULL: never confirmed);
     ``confirmed_median_s``, ``confirmed_gflops``, ``confirm_worker_host``, ``spread``,
     ``noise``, ``disagrees``, ``agreement_p``, ``same_source`` and ``cold_build`` come from
-    the ``confirmations`` view;
+    the ``confirmations`` view (its first round); ``standing``, ``figure_s`` and ``processes``
+    are the judgement across processes (``tunefleet.spread``; NULL until judged), with the
+    run's ``spread_tolerance`` / ``spread_typical`` and ``unseparated_trial_id`` (the runner-up
+    the run's best could not be told apart from; NULL: separated, or not judged);
     ``measured_noise`` and ``noisy`` (the search measurement's samples) from ``results``;
     ``ranked_median_s`` is the time it is ranked by (re-measured, else the search's).
 
@@ -162,17 +167,20 @@ def best_trials(conn: Conn, run_id: int, *, limit: int = 1) -> list[Row]:
                c.confirmed_gflops, c.input_seed AS confirm_input_seed,
                c.confirm_worker_id, cw.host AS confirm_worker_host,
                c.spread, c.noise, c.disagrees, c.agreement_p, c.same_source, c.cold_build,
-               r.noise AS measured_noise, r.noisy,
-               coalesce(c.confirmed_median_s, m.median_s) AS ranked_median_s
+               r.noise AS measured_noise, r.noisy, t.standing, t.figure_s, t.processes,
+               run.spread_tolerance, run.spread_typical, run.unseparated_trial_id,
+               coalesce(t.figure_s, c.confirmed_median_s, m.median_s) AS ranked_median_s
           FROM tunefleet.trial t
           JOIN tunefleet.measurement m ON m.trial_id = t.id
           JOIN tunefleet.results r ON r.trial_id = t.id
+          JOIN tunefleet.run run ON run.id = t.run_id
           LEFT JOIN tunefleet.device d ON d.id = m.device_id
           LEFT JOIN tunefleet.worker w ON w.id = m.worker_id
-          LEFT JOIN tunefleet.confirmations c ON c.trial_id = t.id
+          LEFT JOIN tunefleet.confirmations c ON c.trial_id = t.id AND c.confirm_round = 1
           LEFT JOIN tunefleet.worker cw ON cw.id = c.confirm_worker_id
          WHERE t.run_id = %(run_id)s AND t.state = 'done' AND t.purpose = 'search'
          ORDER BY coalesce(c.state IN ('invalid', 'failed', 'timed_out'), false),
+                  CASE WHEN t.standing = 'agrees' THEN 0 ELSE 1 END,
                   ranked_median_s, t.id
          LIMIT %(limit)s
         """,

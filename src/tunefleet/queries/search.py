@@ -186,6 +186,15 @@ class RunBest:
     agreement_p: float | None
     noisy: bool | None
     same_source: bool | None = None
+    #: The verdict across processes (``tunefleet.spread``; None until judged), the run's
+    #: between-process spread and the runner-up the best could not be told apart from.
+    standing: str | None = None
+    figure_s: float | None = None
+    figure_gflops: float | None = None
+    processes: int | None = None
+    spread_tolerance: float | None = None
+    spread_typical: float | None = None
+    unseparated_trial_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -203,17 +212,6 @@ class ConfirmCandidate:
     input_seed: int | None
     confirm_trial_id: int | None
     confirm_state: str | None
-
-
-@dataclass(frozen=True)
-class Unjudged:
-    """A done confirmation without a verdict yet, with both measurements' samples and
-    whether the re-measurement generated the same code (``None``: neither stored code)."""
-
-    confirm_trial_id: int
-    original_samples: list[float]
-    confirmed_samples: list[float]
-    same_source: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -751,7 +749,9 @@ def best_of_run(conn: Conn, run_id: int) -> RunBest | None:
         SELECT b.trial_id, t.config, t.source, b.median_s, b.min_s, b.gflops, b.gbps,
                coalesce(b.confirmed, false) AS confirmed, b.confirm_trial_id,
                b.confirmed_median_s, b.confirmed_gflops, b.spread, b.noise, b.disagrees,
-               b.agreement_p, b.noisy, b.same_source
+               b.agreement_p, b.noisy, b.same_source, b.standing, b.figure_s,
+               b.figure_gflops, b.processes, b.spread_tolerance, b.spread_typical,
+               b.unseparated_trial_id
           FROM tunefleet.best_per_run b
           JOIN tunefleet.trial t ON t.id = b.trial_id
          WHERE b.run_id = %s
@@ -765,8 +765,8 @@ def confirmation_candidates(conn: Conn, run_id: int, limit: int) -> list[Confirm
     """The ``limit`` best done search trials of the run, ranked as ``best_per_run`` ranks
     them (confirmed figure where one exists, failed re-measurements last), with what a
     confirmation of each needs: the worker that measured it, its input seed (from the
-    protocol it was measured with) and its confirmation so far (None when none).
-    Locks: none."""
+    protocol it was measured with) and its first confirmation so far (None when none; the
+    shoot-out's further rounds are :mod:`tunefleet.queries.spread`'s). Locks: none."""
     cur = conn.cursor(row_factory=class_row(ConfirmCandidate))
     return cur.execute(
         """
@@ -776,6 +776,7 @@ def confirmation_candidates(conn: Conn, run_id: int, limit: int) -> list[Confirm
           FROM tunefleet.trial t
           JOIN tunefleet.measurement m ON m.trial_id = t.id
           LEFT JOIN tunefleet.trial c ON c.confirms_trial_id = t.id AND c.purpose = 'confirm'
+                                     AND c.confirm_round = 1
           LEFT JOIN tunefleet.measurement mc ON mc.trial_id = c.id
          WHERE t.run_id = %(run)s AND t.state = 'done' AND t.purpose = 'search'
          ORDER BY coalesce(c.state IN ('invalid', 'failed', 'timed_out'), false),
@@ -802,9 +803,10 @@ def insert_confirmations(
 
     ``confirmations`` items: ``trial_id`` (the search trial), ``config``, ``config_hash``,
     ``avoid_worker`` (the worker that measured it; the claim leaves the confirmation to
-    another live worker for ``avoid_s`` seconds) and ``input_seed`` (the fresh inputs).
-    A search trial that has a confirmation keeps it, except a ``cancelled`` one (a stop
-    during confirmation), which is queued again. Returns the rows now pending.
+    another live worker for ``avoid_s`` seconds), ``input_seed`` (the fresh inputs) and
+    optionally ``confirm_round`` (default 1; 2 and on: the shoot-out's further processes).
+    A search trial that has a confirmation of that round keeps it, except a ``cancelled``
+    one (a stop during confirmation), which is queued again. Returns the rows now pending.
     Locks: the inserted/revived rows, for this statement."""
     if not confirmations:
         return []
@@ -815,6 +817,7 @@ def insert_confirmations(
             "config_hash": c["config_hash"],
             "avoid_worker": None if c.get("avoid_worker") is None else str(c["avoid_worker"]),
             "input_seed": int(c["input_seed"]),
+            "confirm_round": int(c.get("confirm_round", 1)),
         }
         for c in confirmations
     ]
@@ -825,14 +828,14 @@ def insert_confirmations(
             INSERT INTO tunefleet.trial AS t
                    (run_id, device_class, config, config_hash, source, priority, timeout_s,
                     max_attempts, purpose, confirms_trial_id, avoid_worker, avoid_until,
-                    input_seed)
+                    input_seed, confirm_round)
             SELECT %(run)s, %(class)s, c.config, c.config_hash, 'search', -1, %(timeout)s,
                    %(attempts)s, 'confirm', c.trial_id, c.avoid_worker,
-                   now() + make_interval(secs => %(avoid_s)s), c.input_seed
+                   now() + make_interval(secs => %(avoid_s)s), c.input_seed, c.confirm_round
               FROM jsonb_to_recordset(%(items)s) AS c(trial_id bigint, config jsonb,
                                                       config_hash text, avoid_worker uuid,
-                                                      input_seed integer)
-            ON CONFLICT (confirms_trial_id) WHERE purpose = 'confirm' DO UPDATE
+                                                      input_seed integer, confirm_round integer)
+            ON CONFLICT (confirms_trial_id, confirm_round) WHERE purpose = 'confirm' DO UPDATE
                SET state = 'pending', timeout_s = excluded.timeout_s, finished_at = NULL,
                    reported = false, error = NULL, avoid_until = excluded.avoid_until,
                    disagrees = NULL, agreement_p = NULL,
@@ -854,42 +857,6 @@ def insert_confirmations(
             "channel": NOTIFY_CHANNEL,
         },
     ).fetchall()
-
-
-def unjudged_confirmations(conn: Conn, run_id: int) -> list[Unjudged]:
-    """The run's done confirmations that have no verdict yet, with the samples of the
-    original measurement and of the re-measurement, and whether both built the same code.
-    Locks: none."""
-    cur = conn.cursor(row_factory=class_row(Unjudged))
-    return cur.execute(
-        """
-        SELECT c.id AS confirm_trial_id, mo.samples_s AS original_samples,
-               mc.samples_s AS confirmed_samples,
-               CASE WHEN mo.code IS NULL AND mc.code IS NULL THEN NULL
-                    ELSE mo.code IS NOT DISTINCT FROM mc.code END AS same_source
-          FROM tunefleet.trial c
-          JOIN tunefleet.measurement mo ON mo.trial_id = c.confirms_trial_id
-          JOIN tunefleet.measurement mc ON mc.trial_id = c.id
-         WHERE c.run_id = %s AND c.purpose = 'confirm' AND c.state = 'done'
-           AND c.disagrees IS NULL
-         ORDER BY c.id
-        """,
-        (run_id,),
-    ).fetchall()
-
-
-def record_agreement(conn: Conn, confirm_trial_id: int, disagrees: bool, p_value: float) -> bool:
-    """Store the verdict on a done confirmation (``tunefleet.agreement``): the views and
-    ``tunefleet best`` read it. False when the row is no longer a done confirmation (revived
-    meanwhile). Locks: that trial row, for this statement."""
-    cur = conn.execute(
-        """
-        UPDATE tunefleet.trial SET disagrees = %s, agreement_p = %s
-         WHERE id = %s AND purpose = 'confirm' AND state = 'done'
-        """,
-        (disagrees, p_value, confirm_trial_id),
-    )
-    return cur.rowcount == 1
 
 
 # --- seeds ------------------------------------------------------------------------------------

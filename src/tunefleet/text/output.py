@@ -162,3 +162,10 @@ def remeasured_text(p: Mapping[str, Any]) -> str:
     if p.get("confirming"):
         parts.append(f"{p['confirming']} re-measuring")
     return ", ".join(parts)
+
+
+def plus_minus(p: Mapping[str, Any]) -> str:
+    """`` ± 24 %`` once the best agrees across processes (the run's between-process
+    tolerance, ``run_progress.best_spread``), else nothing."""
+    spread = p.get("best_spread")
+    return "" if spread is None else f" ± {100 * float(spread):.0f} %"

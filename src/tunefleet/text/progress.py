@@ -18,7 +18,14 @@ from tunefleet.db.engine import connect
 from tunefleet.errors import DatabaseUnavailable
 from tunefleet.queries import report
 from tunefleet.settings import DatabaseSettings
-from tunefleet.text.output import best_mark, gflops, remeasured_text, seconds, trial_counts
+from tunefleet.text.output import (
+    best_mark,
+    gflops,
+    plus_minus,
+    remeasured_text,
+    seconds,
+    trial_counts,
+)
 
 
 def progress_line(p: Mapping[str, Any], unserved: str | None = None) -> str:
@@ -33,7 +40,8 @@ def progress_line(p: Mapping[str, Any], unserved: str | None = None) -> str:
         f"run {p['run_id']}: {trial_counts(p)}, {p['running']} running, {p['pending']} pending"
         + (f", {p['cached']} cached" if p.get("cached") else "")
         + (f"; {extra} (extra)" if extra else "")
-        + f" | best {gflops(p['best_gflops'])} GFLOP/s{best_mark(p.get('best_status'))}"
+        + f" | best {gflops(p['best_gflops'])} GFLOP/s{plus_minus(p)}"
+        + best_mark(p.get("best_status"))
         + f" | {float(p['evaluations_per_minute']):.1f} eval/min"
         + f" | {workers} worker{'s' if workers != 1 else ''}"
         + f" | {seconds(p['elapsed_s'])}"

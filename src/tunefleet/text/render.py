@@ -28,6 +28,7 @@ from tunefleet.text.output import (
     compact_json,
     finished_count,
     gflops,
+    plus_minus,
     remeasured_text,
     ruled_out_count,
     seconds,
@@ -282,7 +283,7 @@ def _progress_block(p: Row) -> str:
                 if extra
                 else []
             ),
-            f"  best      {gflops(p['best_gflops'])} GFLOP/s "
+            f"  best      {gflops(p['best_gflops'])} GFLOP/s{plus_minus(p)} "
             f"(median {seconds(p['best_median_s'])}){_best_status(p)}",
             f"  rate      {float(p['evaluations_per_minute']):.1f} evaluations/min",
             *_driver_line(p),
@@ -414,8 +415,10 @@ def best_text(found: BestOfRun) -> str:
     if len(best) > 1:
         lines += [
             "",
-            f"top {len(best)}, ranked by MEDIAN (the re-measured median where a re-measurement "
-            "finished, else the search's; a failed re-measurement ranks last):",
+            f"top {len(best)}, ranked by MEDIAN (across processes where its re-measurements "
+            "were judged, else the re-measured median where one finished, else the search's; "
+            "one whose processes agree ranks before the rest, a failed re-measurement "
+            "last):",
         ]
         lines.append(
             table(
@@ -443,14 +446,49 @@ def best_text(found: BestOfRun) -> str:
 
 
 def _figures(b: Row) -> Row:
-    """A best's figures to quote: the re-measurement's where one finished, else the search's,
-    and its :class:`~tunefleet.vocabulary.BestStatus`."""
+    """A best's figures to quote: its figure across processes once judged
+    (:mod:`tunefleet.spread`), else the re-measurement's where one finished, else the
+    search's, and its :class:`~tunefleet.vocabulary.BestStatus`."""
+    status = str(best_status(b.get("confirm_state"), b.get("disagrees"), b.get("standing")))
+    if b.get("figure_s") is not None:
+        rate = b.get("gflops")
+        return {
+            "headline_gflops": None if rate is None else rate * b["median_s"] / b["figure_s"],
+            "headline_median_s": b["figure_s"],
+            "status": status,
+        }
     done = b.get("confirm_state") == TrialState.DONE
     return {
         "headline_gflops": b.get("confirmed_gflops") if done else b.get("gflops"),
         "headline_median_s": b.get("confirmed_median_s") if done else b.get("median_s"),
-        "status": str(best_status(b.get("confirm_state"), b.get("disagrees"))),
+        "status": status,
     }
+
+
+def spread_text(top: Row) -> str:
+    """`` ± 24 % across 3 processes`` for a best judged to agree across processes (the run's
+    between-process tolerance: a fresh process of it lands within that about 19 times in
+    20), else nothing."""
+    if top.get("standing") != "agrees" or top.get("spread_tolerance") is None:
+        return ""
+    return f" ± {100 * top['spread_tolerance']:.0f} % across {top['processes']} processes"
+
+
+def separation_lines(top: Row) -> list[str]:
+    """What the run could not settle about its best: finalists no process agreed on, or a
+    runner-up it could not tell apart from the best."""
+    if top.get("standing") == "disagrees":
+        return [
+            "settled: NO, no finalist's processes agreed within the run's between-process "
+            "spread: it could not separate its finalists (this one ranks by its median)"
+        ]
+    other = top.get("unseparated_trial_id")
+    if top.get("standing") == "agrees" and other is not None and other != top["trial_id"]:
+        return [
+            f"settled: NO, trial {top['trial_id']} and trial {other} are closer than fresh "
+            "processes on this device tell apart (either may be the faster one)"
+        ]
+    return []
 
 
 def headline(top: Row) -> list[str]:
@@ -458,6 +496,7 @@ def headline(top: Row) -> list[str]:
     re-measurement gave that figure, the search's own figures beside it."""
     f = _figures(top)
     status = f["status"]
+    judged = top.get("standing") is not None
     what = {
         BestStatus.CONFIRMED: "confirmed by a cold re-measurement",
         BestStatus.NOT_REPRODUCED: "NOT reproduced by its re-measurement (see below)",
@@ -468,8 +507,19 @@ def headline(top: Row) -> list[str]:
         f"{gflops(top['gflops'])} GFLOP/s, median {seconds(top['median_s'])} "
         f"(min {seconds(top['min_s'])})"
     )
-    if top.get("confirm_state") != TrialState.DONE:
+    if judged and status == BestStatus.CONFIRMED:
+        what = "confirmed (its processes agree)"
+    elif judged:
+        what = f"NOT reproduced: its {top['processes']} processes disagree (see below)"
+    if top.get("confirm_state") != TrialState.DONE and not judged:
         return [f"best: trial {top['trial_id']}, {search}{gbps}: {what}"]
+    if judged:
+        return [
+            f"best: trial {top['trial_id']}, {gflops(f['headline_gflops'])} GFLOP/s"
+            f"{spread_text(top)}, median {seconds(f['headline_median_s'])}: {what}",
+            *separation_lines(top),
+            f"search: {search}{gbps} (its first measurement)",
+        ]
     return [
         f"best: trial {top['trial_id']}, {gflops(f['headline_gflops'])} GFLOP/s, median "
         f"{seconds(f['headline_median_s'])}: {what}",
@@ -535,14 +585,31 @@ def confirmation_text(best: Row) -> str:
         f"{best['confirm_trial_id']}, extra to the budget, on "
         f"{where}, {', '.join(how)}, input seed {best['confirm_input_seed']}); "
     )
-    text += agreement.verdict_text(
-        best["spread"],
-        best.get("noise"),
-        best.get("disagrees"),
-        best.get("agreement_p"),
-        best.get("same_source"),
-    )
-    if best.get("disagrees"):
+    if best.get("spread_typical") is not None and best.get("same_source") is not False:
+        # Judged against how far apart fresh processes time one kernel (tunefleet.spread).
+        text += (
+            f"{'DISAGREES' if best.get('disagrees') else 'agrees'}: the medians differ by "
+            f"{100 * best['spread']:.2f} %, {'over' if best.get('disagrees') else 'within'} "
+            f"the run's between-process tolerance of {100 * best['spread_tolerance']:.1f} % "
+            f"(fresh processes of one kernel differ by {100 * best['spread_typical']:.1f} % "
+            "here, the median over the finalists)"
+        )
+        if best.get("processes") and best["processes"] > 2:
+            text += f"; timed in {best['processes']} processes in all"
+    else:
+        text += agreement.verdict_text(
+            best["spread"],
+            best.get("noise"),
+            best.get("disagrees"),
+            best.get("agreement_p"),
+            best.get("same_source"),
+        )
+    if best.get("disagrees") and best.get("standing") == "agrees":
+        # The shoot-out's further process sided with the search: this one was the outlier.
+        text += (
+            "; outvoted: its other processes agree, and the figure is their median without this one"
+        )
+    elif best.get("disagrees"):
         text += "; the figures are not reproducible to that precision"
     return text
 

@@ -1,0 +1,235 @@
+"""Between-process agreement: how far apart fresh processes time one kernel, and what a run's
+finalists are worth once that is known.
+
+Pure functions over the process medians of a run's finalists (a *process* is one
+measurement: the search's, then each cold confirmation, every one in a process of its own).
+The coordinator's confirmation (:mod:`tunefleet.coordinator.confirm`) calls them on every
+judgement and stores what they decide; the views and reports read it.
+
+Why not the samples alone: samples of one measurement come from one process and say nothing
+about the next. On PoCL on a two-core machine fresh processes of one binary differ by up to
+~25 % while one process's samples are so many and so steady that the rank test calls a 3 %
+difference significant at p = 2e-10. The yardstick of a confirmation is therefore how far
+apart *processes* measure one kernel, estimated from the finalists themselves:
+
+- **typical spread**: the median, over every pair of processes that measured one
+  configuration (pairs within a finalist only), of their relative difference
+  ``(slower - faster) / faster``. The median, so that one outlying process (a confirmation
+  timed while three others built beside it) does not set the yardstick it is judged by. It
+  needs :data:`MIN_PAIRS` pairs from at least two finalists; with fewer there is no estimate.
+- **tolerance**: ``FACTOR * typical`` between ``agreement.FLOOR`` and :data:`CEILING`. For
+  normally distributed log times, the 95 % bound of the difference of two processes is about
+  2.9 times its median, so a second process of the same kernel lands within the tolerance
+  about 19 times in 20. With no estimate it is the floor, and the rank test decides beside
+  it as before (a GPU's processes agree to well under the floor, so GPU verdicts are
+  unchanged). The ceiling is there because the finalists are chosen for measuring fast: when
+  most of them were lucky in the search, their pairs are luck, not process noise, and an
+  uncapped estimate would let every one of them agree.
+
+A **finalist agrees** when a majority of its processes are consistent with its *reference*
+process (the one whose median is nearest the median of its process medians): within the
+tolerance, or not told apart by the rank test on their samples (which can only make two
+processes agree: beyond the floor it is the old verdict). With two processes both must be
+consistent; with three, two. Its **figure** is the median of its consistent processes'
+medians (an outlying process is left out); a finalist that does not agree keeps the median
+of all of them, and ranks after every finalist that agrees (among the rest, by figure).
+
+The **shoot-out** (:func:`challengers`) re-measures, in one more fresh process each, only
+what could change the headline: a finalist that does not agree and whose fastest process
+beats the best agreeing figure by more than nothing within the tolerance, paired with that
+best (both timed in the same round, under the same load). Two agreeing finalists whose
+figures are closer than the tolerance scaled to medians of their processes
+(:func:`separation`) cannot be separated by processes this noisy:
+:func:`unseparated` names them and the report says so instead of paying for rounds that
+could not settle it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from itertools import combinations
+
+from tunefleet import agreement
+
+#: The tolerance is this many times the typical spread (see the module's text).
+FACTOR = 3.0
+#: The tolerance never exceeds this: two processes 50 % apart never agree.
+CEILING = 0.5
+#: Pairs of processes (from at least two finalists) the typical spread needs.
+MIN_PAIRS = 3
+#: A configuration is timed in at most this many processes (the search's and fresh ones).
+MAX_PROCESSES = 3
+
+
+class Standing(StrEnum):
+    """A finalist's standing across its processes (``trial.standing`` of a search trial)."""
+
+    #: A majority of its processes are consistent: its figure can be quoted.
+    AGREES = "agrees"
+    #: Its processes do not agree, or a re-measurement failed: ranked after every finalist
+    #: that agrees (a failed one after every other).
+    DISAGREES = "disagrees"
+
+
+@dataclass(frozen=True)
+class Process:
+    """One process's measurement of a configuration: the search's or a confirmation's."""
+
+    #: The trial whose measurement it is (the search trial, or a confirmation).
+    trial_id: int
+    median_s: float
+    samples: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Finalist:
+    """A search trial that was confirmed at least once: its processes, the search's first."""
+
+    trial_id: int
+    processes: tuple[Process, ...]
+    #: A re-measurement of it failed (invalid, failed, timed out) or built other code.
+    failed: bool = False
+
+
+@dataclass(frozen=True)
+class Spread:
+    """How far apart processes measure one kernel on this run's device."""
+
+    #: Median relative difference of two processes of one configuration (None: too few).
+    typical: float | None
+    #: What a confirmation must stay within: ``FACTOR * typical`` within [FLOOR, CEILING].
+    tolerance: float
+    #: Pairs of processes the estimate rests on.
+    pairs: int
+    #: Process measurements (of finalists timed at least twice) it rests on.
+    processes: int
+
+    @property
+    def estimated(self) -> bool:
+        return self.typical is not None
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A finalist's verdict across its processes."""
+
+    trial_id: int
+    standing: Standing
+    #: The figure quoted for it: median of its consistent processes (all of them when it
+    #: does not agree), seconds.
+    figure_s: float
+    #: Processes that measured it (the search's included).
+    processes: int
+    #: Trials of the processes that are consistent with its reference.
+    consistent: tuple[int, ...]
+    failed: bool = False
+
+    @property
+    def agrees(self) -> bool:
+        return self.standing == Standing.AGREES and not self.failed
+
+
+def relative(a: float, b: float) -> float:
+    """``(slower - faster) / faster`` of two medians (``agreement.Agreement.spread``)."""
+    lo, hi = min(a, b), max(a, b)
+    return (hi - lo) / lo if lo > 0 else math.inf
+
+
+def estimate(finalists: Sequence[Finalist]) -> Spread:
+    """The run's between-process spread from its finalists' processes (see the module)."""
+    diffs: list[float] = []
+    timed_twice = [f for f in finalists if len(f.processes) >= 2]
+    for f in timed_twice:
+        diffs.extend(relative(a.median_s, b.median_s) for a, b in combinations(f.processes, 2))
+    processes = sum(len(f.processes) for f in timed_twice)
+    if len(diffs) < MIN_PAIRS or len(timed_twice) < 2:
+        return Spread(None, agreement.FLOOR, len(diffs), processes)
+    typical = agreement.median(diffs)
+    tolerance = min(CEILING, max(agreement.FLOOR, FACTOR * typical))
+    return Spread(typical, tolerance, len(diffs), processes)
+
+
+def consistent(a: Process, b: Process, spread: Spread) -> bool:
+    """Whether two processes of one configuration time it alike under ``spread``."""
+    if relative(a.median_s, b.median_s) <= spread.tolerance:
+        return True
+    if not a.samples or not b.samples:
+        return False
+    # Beyond the tolerance the rank test may still not tell them apart (few, noisy samples):
+    # then they are alike, as a pair was always judged. It can only make two processes
+    # agree, never disagree: within-process samples call 3 % significant where processes
+    # differ by 25 %, and the tolerance already covers that.
+    return agreement.rank_test(a.samples, b.samples) >= agreement.ALPHA
+
+
+def judge(finalist: Finalist, spread: Spread) -> Judged:
+    """A finalist's standing and figure under ``spread`` (see the module)."""
+    procs = finalist.processes
+    mid = agreement.median([p.median_s for p in procs])
+    ref = min(procs, key=lambda p: abs(math.log(p.median_s / mid)))
+    alike = [p for p in procs if p is ref or consistent(ref, p, spread)]
+    agrees = len(procs) >= 2 and 2 * len(alike) > len(procs) and not finalist.failed
+    used = alike if agrees else list(procs)
+    return Judged(
+        trial_id=finalist.trial_id,
+        standing=Standing.AGREES if agrees else Standing.DISAGREES,
+        figure_s=agreement.median([p.median_s for p in used]),
+        processes=len(procs),
+        consistent=tuple(p.trial_id for p in alike),
+        failed=finalist.failed,
+    )
+
+
+def rank(judged: Sequence[Judged]) -> list[Judged]:
+    """Agreeing finalists first, fastest figure first; then those that do not agree; failed
+    re-measurements last (the order ``best_per_run`` ranks confirmed trials in)."""
+    return sorted(judged, key=lambda j: (j.failed, not j.agrees, j.figure_s, j.trial_id))
+
+
+def challengers(
+    judged: Sequence[Judged], finalists: Sequence[Finalist], spread: Spread, limit: int
+) -> list[int]:
+    """Search trials to time once more, in a fresh process each, so that the headline is
+    settled: every finalist that does not agree (and has not failed) whose fastest process
+    is within the tolerance of beating the best agreeing figure, or the two fastest of them
+    when none agrees, each paired with the best agreeing finalist; only those still under
+    :data:`MAX_PROCESSES`, at most ``limit``."""
+    by_id = {f.trial_id: f for f in finalists}
+    ranked = rank(judged)
+    best = next((j for j in ranked if j.agrees), None)
+    open_ = [j for j in ranked if not j.agrees and not j.failed and j.processes < MAX_PROCESSES]
+    if best is None:
+        picked = open_[:2]
+    else:
+        bar = best.figure_s * (1 + spread.tolerance)
+        picked = [j for j in open_ if min(p.median_s for p in by_id[j.trial_id].processes) < bar]
+    if not picked:
+        return []
+    out = [j.trial_id for j in picked]
+    if best is not None and best.processes < MAX_PROCESSES:
+        # Paired: the best is timed in the same round, under whatever load the round meets.
+        out.insert(0, best.trial_id)
+    return out[: max(0, limit)]
+
+
+def separation(a: Judged, b: Judged, spread: Spread) -> float:
+    """How far apart two figures must be to tell them apart: the tolerance (made for two
+    single processes) scaled to figures that are medians of ``a.processes`` and
+    ``b.processes`` processes, ``sqrt((1/n_a + 1/n_b) / 2)`` (0.71 of it for two and two)."""
+    n_a, n_b = max(1, len(a.consistent)), max(1, len(b.consistent))
+    return spread.tolerance * math.sqrt((1 / n_a + 1 / n_b) / 2)
+
+
+def unseparated(judged: Sequence[Judged], spread: Spread) -> tuple[int, int] | None:
+    """The best and the runner-up when both agree and their figures are closer than
+    :func:`separation` (processes this noisy cannot tell them apart), else None."""
+    ranked = [j for j in rank(judged) if j.agrees]
+    if len(ranked) < 2:
+        return None
+    a, b = ranked[0], ranked[1]
+    if relative(a.figure_s, b.figure_s) <= separation(a, b, spread):
+        return (a.trial_id, b.trial_id)
+    return None

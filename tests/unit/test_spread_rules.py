@@ -1,0 +1,144 @@
+"""Between-process agreement (tunefleet.spread): the yardstick, the standings, the ranking,
+the shoot-out and the finalists it cannot separate. The CPU figures are the issue's: a search
+median of 569 us whose cold confirmation took 1 ms while three fresh processes of it alone
+measured 491, 545 and 495 us."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tunefleet import agreement, spread
+from tunefleet.spread import Finalist, Process, Standing
+
+
+def proc(trial_id: int, median_us: float, n: int = 200, jitter: float = 0.001) -> Process:
+    """A process whose samples are tight around its median (a steady single process): the
+    rank test tells any two such processes apart."""
+    rng = random.Random(trial_id)
+    m = median_us * 1e-6
+    return Process(trial_id, m, tuple(m * (1 + rng.uniform(-jitter, jitter)) for _ in range(n)))
+
+
+def finalist(trial_id: int, *medians_us: float, failed: bool = False) -> Finalist:
+    return Finalist(
+        trial_id,
+        tuple(proc(trial_id * 100 + i, m) for i, m in enumerate(medians_us)),
+        failed=failed,
+    )
+
+
+# The issue's run: trial 15 was the outlier's victim; the others' two processes agree.
+ISSUE = [finalist(15, 569, 1000), finalist(9, 600, 640), finalist(4, 610, 590)]
+
+
+def test_the_typical_spread_is_the_median_pair_so_one_outlying_process_does_not_set_it():
+    s = spread.estimate(ISSUE)
+    assert s.pairs == 3 and s.processes == 6
+    assert s.typical == pytest.approx(40 / 600)
+    assert s.tolerance == pytest.approx(3 * 40 / 600)
+
+
+def test_too_few_pairs_give_no_estimate_and_the_floor_with_the_rank_test_decides():
+    s = spread.estimate(ISSUE[:1])
+    assert not s.estimated and s.tolerance == agreement.FLOOR
+    # Two tight processes 5 % apart: the rank test rejects, as a single pair always was judged.
+    j = spread.judge(finalist(1, 500, 525), s)
+    assert j.standing == Standing.DISAGREES
+    # Under the floor they agree whatever the rank test says.
+    assert spread.judge(finalist(1, 500, 510), s).agrees
+
+
+def test_within_process_samples_cannot_overrule_the_between_process_yardstick():
+    s = spread.estimate(ISSUE)
+    # 3.3 % apart: the rank test's p is tiny (tight samples), but processes differ more.
+    a, b = proc(1, 500), proc(2, 516.5)
+    assert agreement.rank_test(a.samples, b.samples) < 1e-10
+    assert spread.judge(Finalist(7, (a, b)), s).agrees
+
+
+def test_a_confirmation_far_outside_the_spread_disagrees_and_ranks_after_every_agreeing_one():
+    s = spread.estimate(ISSUE)
+    judged = [spread.judge(f, s) for f in ISSUE]
+    assert [j.standing for j in judged] == [Standing.DISAGREES, Standing.AGREES, Standing.AGREES]
+    ranked = spread.rank(judged)
+    # 15's search median (569 us) is the fastest of all, yet it never heads the ranking.
+    assert [j.trial_id for j in ranked] == [4, 9, 15]
+    assert ranked[0].figure_s == pytest.approx(600e-6)
+
+
+def test_the_shoot_out_re_measures_the_disagreeing_challenger_paired_with_the_best():
+    s = spread.estimate(ISSUE)
+    judged = [spread.judge(f, s) for f in ISSUE]
+    assert spread.challengers(judged, ISSUE, s, limit=3) == [4, 15]
+    assert spread.challengers(judged, ISSUE, s, limit=1) == [4]
+
+
+def test_a_third_process_settles_the_outlier_the_search_was_right():
+    third = [finalist(15, 569, 1000, 495), *ISSUE[1:]]
+    s = spread.estimate(third)
+    j = spread.judge(third[0], s)
+    assert j.standing == Standing.AGREES
+    assert j.consistent == (1500, 1502)  # the search's and the third; the 1 ms one is out
+    assert j.figure_s == pytest.approx((569 + 495) / 2 * 1e-6)
+    assert j.processes == 3
+
+
+def test_a_slow_disagreeing_finalist_is_not_worth_a_round():
+    fs = [finalist(1, 500, 510), finalist(2, 520, 530), finalist(3, 900, 2000)]
+    s = spread.estimate(fs)
+    judged = [spread.judge(f, s) for f in fs]
+    assert spread.challengers(judged, fs, s, limit=3) == []
+
+
+def test_when_nothing_agrees_the_two_fastest_are_timed_again():
+    fs = [finalist(1, 500, 900), finalist(2, 520, 1000), finalist(3, 530, 1100)]
+    s = spread.Spread(0.02, agreement.FLOOR, 3, 6)
+    judged = [spread.judge(f, s) for f in fs]
+    assert not any(j.agrees for j in judged)
+    assert spread.challengers(judged, fs, s, limit=3) == [1, 2]
+
+
+def test_a_finalist_timed_in_max_processes_is_not_timed_again():
+    fs = [finalist(1, 500, 505, 502), finalist(2, 480, 900, 1500)]
+    s = spread.Spread(0.01, 0.03, 6, 6)
+    judged = [spread.judge(f, s) for f in fs]
+    assert spread.challengers(judged, fs, s, limit=3) == []
+
+
+def test_a_failed_re_measurement_ranks_last_and_is_never_a_challenger():
+    fs = [finalist(1, 400, 405, failed=True), finalist(2, 500, 505), finalist(3, 600, 605)]
+    s = spread.estimate(fs)
+    judged = [spread.judge(f, s) for f in fs]
+    assert [j.trial_id for j in spread.rank(judged)] == [2, 3, 1]
+    assert spread.challengers(judged, fs, s, limit=3) == []
+
+
+def test_two_agreeing_finalists_closer_than_the_noise_cannot_be_separated():
+    fs = [finalist(1, 500, 520), finalist(2, 530, 510), finalist(3, 800, 830)]
+    s = spread.estimate(fs)
+    judged = [spread.judge(f, s) for f in fs]
+    assert spread.unseparated(judged, s) == (1, 2)
+    # Far enough apart (beyond the tolerance scaled to two processes each): separated.
+    far = [finalist(1, 500, 520), finalist(2, 800, 830), finalist(3, 900, 880)]
+    s_far = spread.estimate(far)
+    assert spread.unseparated([spread.judge(f, s_far) for f in far], s_far) is None
+
+
+def test_the_separation_shrinks_with_more_processes():
+    s = spread.Spread(0.1, 0.3, 6, 6)
+    two = spread.judge(finalist(1, 500, 510), s)
+    three = spread.judge(finalist(2, 500, 510, 505), s)
+    assert spread.separation(three, three, s) < spread.separation(two, two, s) < s.tolerance
+
+
+def test_finalists_that_were_mostly_lucky_do_not_make_every_confirmation_agree():
+    # Two of three finalists measured 7x fast in the search (lucky inputs): their pairs are
+    # luck, not process noise; the tolerance stops at the ceiling and both disagree.
+    fs = [finalist(1, 100, 790), finalist(2, 110, 860), finalist(3, 700, 720)]
+    s = spread.estimate(fs)
+    assert s.typical is not None and s.typical > 6 and s.tolerance == spread.CEILING
+    judged = [spread.judge(f, s) for f in fs]
+    assert [j.agrees for j in judged] == [False, False, True]
+    assert spread.rank(judged)[0].trial_id == 3
