@@ -33,6 +33,7 @@ import heapq
 import math
 import random
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -73,6 +74,11 @@ class Curve:
     missing: int
     rejected: int
     drawn: int
+    #: CPU seconds the search itself took (its asks and tells: what a coordinator spends
+    #: proposing), and the longest single ask per proposal it returned; timings, so two
+    #: curves of one seed compare equal without them.
+    search_s: float = field(default=0.0, compare=False)
+    slowest_ask_s: float = field(default=0.0, compare=False)
 
     def ratio(self, best_s: float, evaluations: int) -> float:
         """Speed of the best found within ``evaluations`` over the recording's best (<= 1)."""
@@ -200,6 +206,15 @@ def replay(
     at_s: list[float] = []
     missing = rejected = drawn = seq = 0
     now = 0.0
+    search_s = slowest_ask_s = 0.0
+
+    def timed(call: Callable[[], Any]) -> Any:
+        nonlocal search_s
+        t0 = time.process_time()
+        try:
+            return call()
+        finally:
+            search_s += time.process_time() - t0
 
     def start(config: Config, waiting: list[Any]) -> None:
         nonlocal seq
@@ -217,7 +232,11 @@ def replay(
                     break
                 told: list[tuple[Any, float | None]] = []
                 started = 0
-                for sug in tuner.ask(idle):
+                t0 = time.process_time()
+                asked = timed(lambda n=idle: tuner.ask(n))
+                if asked:
+                    slowest_ask_s = max(slowest_ask_s, (time.process_time() - t0) / len(asked))
+                for sug in asked:
                     h = sug.config_hash
                     if h in outcomes:
                         told.append((sug, outcomes[h]))
@@ -231,7 +250,7 @@ def replay(
                         start(sug.config, [sug])
                         started += 1
                 if told:
-                    tuner.tell_many(told)
+                    timed(lambda t=told: tuner.tell_many(t))
                 if not told and not started:
                     break
             if not busy:
@@ -247,16 +266,16 @@ def replay(
             outcomes[h] = done.seconds
             missing += not done.exact
             if done.waiting:
-                tuner.tell_many([(sug, done.seconds) for sug in done.waiting])
+                timed(lambda d=done: tuner.tell_many([(sug, d.seconds) for sug in d.waiting]))
             else:
-                tuner.learn([(done.config, done.seconds)])
+                timed(lambda d=done: tuner.learn([(d.config, d.seconds)]))
             if done.seconds is not None:
                 best = min(best, done.seconds)
             best_s.append(best)
             at_s.append(now)
     finally:
         tuner.close()
-    return Curve(tuple(best_s), tuple(at_s), missing, rejected, drawn)
+    return Curve(tuple(best_s), tuple(at_s), missing, rejected, drawn, search_s, slowest_ask_s)
 
 
 def _draw(
