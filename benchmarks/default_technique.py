@@ -129,12 +129,12 @@ def tpe_replay(land: Landscape, *, seed: int, evaluations: int, workers: int) ->
     """Optuna's TPE sampler on ``land`` as :func:`replay` drives ours (module docstring):
     the best seconds after the last evaluation and the search's CPU seconds."""
     import optuna
-    from optuna.distributions import CategoricalDistribution, IntDistribution
+    from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     params = land.space.params
     values = [p.values() for p in params]
-    dists = {
+    dists: dict[str, BaseDistribution] = {
         p.name: IntDistribution(0, len(v) - 1)
         if _ordered(p)
         else CategoricalDistribution(list(range(len(v))))

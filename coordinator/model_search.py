@@ -13,20 +13,27 @@ learns two models from them (scikit-learn extra-trees, refitted as outcomes arri
 
 Each proposal scores a pool of candidates (uniform draws and neighbours of the fastest few)
 by *expected improvement* over the best time so far, times the chance that the candidate is
-valid, times an **in-flight damping** ``1 - exp(-d^2 / 2)`` where ``d`` is the candidate's
-distance (in steps of ordered parameters, one per differing switch or unordered choice) to
-the nearest configuration proposed and not yet answered: N workers in flight get N different
-ideas, not N copies of one. Every proposal until ``initial`` configurations have a time is a
-uniform draw; after that a share of proposals spreads out instead: uniform draws the
-classifier is fairly sure are valid, those that bring the most value combinations of three
-parameters not seen yet first (:meth:`ModelSearch._spread`). The share is ``explore`` (0.1)
-while the search improves and rises to ``stalled_explore`` (0.8) as the outcomes since the
-best last improved by 1 % reach ``stall`` (30): the model cannot see a narrow basin it has no
-sample near, so a search stuck in a broad one looks elsewhere. On the deceptive landscapes
-of :mod:`.landscape` (benchmarks/search_quality.py, runs 0-49 of 300 evaluations) 48 of 50
-runs at 1 worker and 48 of 50 at 16 ended within 5 % of the optimum (spreading to the
-farthest point instead: 41 and 47 of 50).
-Parameter effects stay estimable for the same reason.
+valid, times a **damping** ``1 - exp(-d^2 / 2)`` where ``d`` is the candidate's distance (in
+steps of ordered parameters, one per differing switch or unordered choice) to the nearest
+configuration the models do not know yet: proposed and not yet answered, or answered since
+the last fit. N workers in flight get N different ideas, not N copies of one, and the pool
+is scored once per fit and best, not once per outcome. The models are refitted when the
+outcomes have grown by ``refit`` (10 %) since the last fit. Every proposal until ``initial``
+configurations have a time is a uniform draw; after that a share of proposals spreads out
+instead: of ``spread_pool`` (1,024) uniform draws, one the classifier is fairly sure is
+valid that brings the most value combinations of three parameters not seen yet
+(:meth:`ModelSearch._spread`). The share is ``explore`` (0.1) while the search improves and
+rises to ``stalled_explore`` (0.8) as the outcomes since the best last improved by 1 % reach
+``stall`` (20): the model cannot see a narrow basin it has no sample near, so a search stuck
+in a broad one looks elsewhere. Parameter effects stay estimable for the same reason (the
+importance report's forest sees every parameter move).
+
+On held-out deceptive landscapes of :mod:`.landscape` (benchmarks/default_technique.py: 50
+runs of 300 evaluations, variants 1000-1049 in four shapes) 48 of 50 runs at 1 worker and 48
+of 50 at 16 ended within 5 % of the optimum, at 7-8 ms of CPU per evaluation; its settings
+were chosen on variants 0-49 and 500-517 (before, with ``stall`` 30, a spread pool of 256
+and refits at 5 %: 48 of 50 at 1 and 16 workers on variants 0-49, and 27-29 ms of CPU per
+evaluation on variants 500-507 on the same machine).
 
 Configurations are encoded as the index of each parameter's value (OpenTuner's parameters
 as :mod:`.mapping` makes them: integers and powers of two by their step, switches 0/1,

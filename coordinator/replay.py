@@ -208,14 +208,6 @@ def replay(
     now = 0.0
     search_s = slowest_ask_s = 0.0
 
-    def timed(call: Callable[[], Any]) -> Any:
-        nonlocal search_s
-        t0 = time.process_time()
-        try:
-            return call()
-        finally:
-            search_s += time.process_time() - t0
-
     def start(config: Config, waiting: list[Any]) -> None:
         nonlocal seq
         row, exact = answers.answer(config)
@@ -233,9 +225,11 @@ def replay(
                 told: list[tuple[Any, float | None]] = []
                 started = 0
                 t0 = time.process_time()
-                asked = timed(lambda n=idle: tuner.ask(n))
+                asked = tuner.ask(idle)
+                took = time.process_time() - t0
+                search_s += took
                 if asked:
-                    slowest_ask_s = max(slowest_ask_s, (time.process_time() - t0) / len(asked))
+                    slowest_ask_s = max(slowest_ask_s, took / len(asked))
                 for sug in asked:
                     h = sug.config_hash
                     if h in outcomes:
@@ -250,7 +244,9 @@ def replay(
                         start(sug.config, [sug])
                         started += 1
                 if told:
-                    timed(lambda t=told: tuner.tell_many(t))
+                    t0 = time.process_time()
+                    tuner.tell_many(told)
+                    search_s += time.process_time() - t0
                 if not told and not started:
                     break
             if not busy:
@@ -265,10 +261,12 @@ def replay(
             del by_hash[h]
             outcomes[h] = done.seconds
             missing += not done.exact
+            t0 = time.process_time()
             if done.waiting:
-                timed(lambda d=done: tuner.tell_many([(sug, d.seconds) for sug in d.waiting]))
+                tuner.tell_many([(sug, done.seconds) for sug in done.waiting])
             else:
-                timed(lambda d=done: tuner.learn([(d.config, d.seconds)]))
+                tuner.learn([(done.config, done.seconds)])
+            search_s += time.process_time() - t0
             if done.seconds is not None:
                 best = min(best, done.seconds)
             best_s.append(best)
