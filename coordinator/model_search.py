@@ -221,8 +221,8 @@ class _Trees:
     ``ExtraTreesClassifier`` with their defaults: every row to every tree, a random split per
     feature, of all features for the regressor and the square root of their number for the
     classifier), grown one by one: the ensemble classes clone a template for every tree
-    through their parameters' signatures and check its parameters again, which cost as much
-    as growing the trees (a refit at 300 outcomes: 60 ms, now 30)."""
+    through their parameters' signatures and check its parameters again, which in a profile
+    of a 300-evaluation replay cost about as much as growing the trees."""
 
     def __init__(self, estimators: list[Any]) -> None:
         self.estimators_ = estimators
