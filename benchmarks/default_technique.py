@@ -5,8 +5,10 @@ Device-free replays (:func:`tunefleet.coordinator.replay.replay`) of ``--runs`` 
 ``--evals`` evaluations at each of ``--workers`` virtual workers, per technique of
 ``--techniques``, on the **held-out landscapes** (:func:`held_out`): variants and shapes no
 technique was tuned on. The techniques were developed on the published deceptive landscapes,
-variants 0-49 of the default shape (``benchmarks/search_quality.py``); run ``r`` here searches
-variant ``HELD_OUT_FIRST + r`` (1000 on) of shape ``SHAPES[r % 4]`` with search seed ``r``:
+variants 0-49 of the default shape (``benchmarks/search_quality.py``), and ModelSearch's
+current settings chosen on the development set (``--set dev``: variants 500 on, the same
+shapes); run ``r`` here searches variant ``HELD_OUT_FIRST + r`` (1000 on) of shape
+``SHAPES[r % 4]`` with search seed ``r``:
 
 ======  =====================================================================================
 shape   what differs from the published landscapes
@@ -26,7 +28,8 @@ and costing no evaluation, a repeat answered from memory. Ordered parameters are
 indices (so TPE sees their order), the others categorical.
 
 Counted per technique and worker count: runs ending within 5 % of the optimum (fraction of
-its speed >= 0.95), runs at or below the deceptive floor, and the search's own CPU seconds
+its speed >= 0.95), runs at or below the deceptive floor (within 0.01 of the floor's
+fraction, or slower), and the search's own CPU seconds
 (asks and tells, the coordinator's cost) per evaluation: median and worst over runs, and the
 slowest single ask per proposal. A fleet evaluating 400 configurations a minute leaves the
 coordinator 0.15 s per evaluation for everything.
@@ -37,6 +40,7 @@ landscape that two register tiles decide (``tests/helpers/planted.py``), seeds
 two decisive parameters (both in the first three is the issue's criterion).
 
     python benchmarks/default_technique.py --out benchmarks/published/default_technique.json
+    (published: default_technique_heldout_2cores.json, run as two processes and merged)
     python benchmarks/default_technique.py --quick      # a smoke run: seconds
 """
 
