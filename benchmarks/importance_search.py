@@ -1,8 +1,10 @@
 """Does ``tunefleet importance`` find the parameters that decide the speed after a default
 search? Device-free, no database: the planted register-tile landscape of
-``tests/helpers/planted.py`` (speed decided by ``reg_i`` and ``reg_j``), searched by the
-default technique for ``--trials`` trials from ``--seeds`` seeds, at each of ``--workers``
-(configurations asked for at a time, as the engine asks for a fleet). For every search:
+``tests/helpers/planted.py`` (speed decided by ``reg_i`` and ``reg_j``), searched by
+``--technique`` (the default technique unless given; the published run,
+``importance_search.json``, is ``NeighbourhoodSearch``'s, the default then) for
+``--trials`` trials from ``--seeds`` seeds, at each of ``--workers`` (configurations asked
+for at a time, as the engine asks for a fleet). For every search:
 whether both decisive parameters are among the first three
 
 - ``before``: ranked by the forest (the ranking of every report until the sample's
@@ -31,6 +33,7 @@ from _harness import fmt, machine, table, write_json
 
 from tests.helpers import planted
 from tunefleet import importance
+from tunefleet.settings import DEFAULT_TECHNIQUE
 
 
 def ranks(report: dict[str, Any], column: str | None) -> dict[str, int]:
@@ -47,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=30)
     p.add_argument("--trials", type=int, default=300)
     p.add_argument("--workers", default="1,16", help="comma-separated (default 1,16)")
+    p.add_argument("--technique", default=None, help="the search (default: the default's)")
     p.add_argument("--out", help="JSON file or folder (default benchmarks/results/)")
     args = p.parse_args(argv)
     started = time.monotonic()
@@ -55,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     for workers in [int(w) for w in args.workers.split(",")]:
         runs = []
         for seed in range(args.seeds):
-            report = importance.analyse(planted.search(seed, args.trials, workers=workers), seed=0)
+            techniques = [args.technique] if args.technique else []
+            rows = planted.search(seed, args.trials, techniques, workers=workers)
+            report = importance.analyse(rows, seed=0)
             before = ranks(report, "forest" if report["method"] == "forest" else "variance")
             after = ranks(report, None)
             share = {
@@ -84,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     write_json(
         "importance_search",
         {"machine": machine(), "trials": args.trials, "seeds": args.seeds,
+         "technique": args.technique or DEFAULT_TECHNIQUE,
          "decisive": list(planted.DECISIVE), "workers": results,
          "seconds": round(time.monotonic() - started, 1)},
         args.out,

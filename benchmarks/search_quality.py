@@ -56,13 +56,14 @@ def _ints(text: str) -> list[int]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    techniques = [DEFAULT_TECHNIQUE, "ModelSearch", "PureRandom", *_grid()]
+    techniques = [DEFAULT_TECHNIQUE, "NeighbourhoodSearch", "ModelSearch", "PureRandom", *_grid()]
     p.add_argument("--techniques", default=",".join(dict.fromkeys(techniques)))
     p.add_argument("--workers", default="1,8,64", help="virtual worker counts")
     p.add_argument("--seeds", type=int, default=50)
     p.add_argument("--variants", type=int, default=5, help="landscape variants the seeds cycle")
     p.add_argument("--evals", default="100,300,1000", help="budgets, comma-separated")
-    p.add_argument("--basin-techniques", default=f"{DEFAULT_TECHNIQUE},ModelSearch")
+    basin = dict.fromkeys([DEFAULT_TECHNIQUE, "NeighbourhoodSearch", "ModelSearch"])
+    p.add_argument("--basin-techniques", default=",".join(basin))
     p.add_argument("--basin-workers", default="1,16")
     p.add_argument("--basin-runs", type=int, default=10)
     p.add_argument(

@@ -16,8 +16,9 @@ centre's value, 1 elsewhere):
   towards ``b``, whose floor runs at ``basin`` (0.82) of the optimum's speed;
 - a **narrow global basin** around the optimum ``o``: ``8 * D_o(u) + 0.1 * D_rest(u)``, with
   ``D_o`` the summed squared distance over three key parameters (register and work-group
-  tiles) and ``D_rest`` the mean over the others: only configurations that match ``o`` on
-  the key parameters beat the deceptive floor (about 1 % of the space);
+  tiles; ``keys`` of them where the settings say) and ``D_rest`` the mean over the others:
+  only configurations that match ``o`` on the key parameters beat the deceptive floor
+  (about 1 % of the space);
 - the time is the faster of the two, plus a deterministic ruggedness of up to
   ``ruggedness`` (2 %) per configuration (zero at the optimum, so it stays unique).
 
@@ -74,12 +75,18 @@ class LandscapeSettings:
     slope: float = 1.2
     #: Largest deterministic per-configuration excess of log time.
     ruggedness: float = 0.02
+    #: How many of :data:`KEY_CANDIDATES` the narrow global basin is drawn on.
+    keys: int = KEYS
 
     def __post_init__(self) -> None:
         if not 0.0 < self.basin < 1.0:
             raise UsageError(f"landscape basin={self.basin!r}: give a speed ratio in (0, 1)")
         if self.optimum_s <= 0:
             raise UsageError(f"landscape optimum_s={self.optimum_s!r}: give seconds > 0")
+        if not 1 <= self.keys <= len(KEY_CANDIDATES):
+            raise UsageError(
+                f"landscape keys={self.keys!r}: give 1 to {len(KEY_CANDIDATES)} key parameters"
+            )
 
 
 def _ordered(param: Param) -> bool:
@@ -130,7 +137,7 @@ class Landscape:
         self._values = [p.values() for p in params]
         self._ordered = [_ordered(p) for p in params]
         rng = random.Random(f"tunefleet-landscape-{s.variant}")
-        keys = set(rng.sample(KEY_CANDIDATES, KEYS))
+        keys = set(rng.sample(KEY_CANDIDATES, s.keys))
         self.keys = tuple(n for n in self._names if n in keys)
         self._key = [n in keys for n in self._names]
         self._weights = [rng.uniform(0.5, 1.5) for _ in params]

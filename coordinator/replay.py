@@ -33,6 +33,7 @@ import heapq
 import math
 import random
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -73,6 +74,11 @@ class Curve:
     missing: int
     rejected: int
     drawn: int
+    #: CPU seconds the search itself took (its asks and tells: what a coordinator spends
+    #: proposing), and the longest single ask per proposal it returned; timings, so two
+    #: curves of one seed compare equal without them.
+    search_s: float = field(default=0.0, compare=False)
+    slowest_ask_s: float = field(default=0.0, compare=False)
 
     def ratio(self, best_s: float, evaluations: int) -> float:
         """Speed of the best found within ``evaluations`` over the recording's best (<= 1)."""
@@ -200,6 +206,7 @@ def replay(
     at_s: list[float] = []
     missing = rejected = drawn = seq = 0
     now = 0.0
+    search_s = slowest_ask_s = 0.0
 
     def start(config: Config, waiting: list[Any]) -> None:
         nonlocal seq
@@ -217,7 +224,13 @@ def replay(
                     break
                 told: list[tuple[Any, float | None]] = []
                 started = 0
-                for sug in tuner.ask(idle):
+                t0 = time.process_time()
+                asked = tuner.ask(idle)
+                took = time.process_time() - t0
+                search_s += took
+                if asked:
+                    slowest_ask_s = max(slowest_ask_s, took / len(asked))
+                for sug in asked:
                     h = sug.config_hash
                     if h in outcomes:
                         told.append((sug, outcomes[h]))
@@ -231,7 +244,9 @@ def replay(
                         start(sug.config, [sug])
                         started += 1
                 if told:
+                    t0 = time.process_time()
                     tuner.tell_many(told)
+                    search_s += time.process_time() - t0
                 if not told and not started:
                     break
             if not busy:
@@ -246,17 +261,19 @@ def replay(
             del by_hash[h]
             outcomes[h] = done.seconds
             missing += not done.exact
+            t0 = time.process_time()
             if done.waiting:
                 tuner.tell_many([(sug, done.seconds) for sug in done.waiting])
             else:
                 tuner.learn([(done.config, done.seconds)])
+            search_s += time.process_time() - t0
             if done.seconds is not None:
                 best = min(best, done.seconds)
             best_s.append(best)
             at_s.append(now)
     finally:
         tuner.close()
-    return Curve(tuple(best_s), tuple(at_s), missing, rejected, drawn)
+    return Curve(tuple(best_s), tuple(at_s), missing, rejected, drawn, search_s, slowest_ask_s)
 
 
 def _draw(

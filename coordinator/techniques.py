@@ -20,12 +20,14 @@ It skips configurations the search already asked for (a repeat that slips throug
 
 Registered names (usable with ``--technique``):
 
-``NeighbourhoodSearch``       the search above (elite 3, further 0.3, explore 0.1, no mix)
+``NeighbourhoodSearch``       the search above (elite 3, further 0.3, explore 0.1, no mix); the
+                              default's stand-in where scikit-learn is missing
 ``NeighbourhoodSearchWide``   elite 8, explore 0.2 (slower to converge, harder to trap)
 ``NeighbourhoodMix``          elite 5, and 4 proposals in 10 between two of the elite
 ``NeighbourhoodBandit``       OpenTuner's AUC bandit over NeighbourhoodSearch and uniform draws
 ``NeighbourhoodBanditDE``     the bandit with differential evolution and greedy mutation too
-``ModelSearch``               expected improvement on a learned model (:mod:`.model_search`)
+``ModelSearch``               expected improvement on a learned model (:mod:`.model_search`):
+                              the default
 
 Every random draw goes through the ``random`` module, which :class:`~.tuner.Tuner` swaps for
 the run's own generator, so a seeded search repeats exactly.

@@ -75,7 +75,7 @@ with _quiet():
 
     from . import grid_technique as _grid_technique  # noqa: F401  (registers ``grid``)
     from . import techniques as _own_techniques  # noqa: F401  (registers them by name)
-    from .model_search import MODEL_TECHNIQUES, require_model
+    from .model_search import MODEL_TECHNIQUES, model_available, require_model
 # Importing OpenTuner replaces logging.Formatter process-wide; put it back.
 logging.Formatter = _formatter  # type: ignore[misc]
 # Its logging setup writes ``opentuner.log`` into the working directory: never run it.
@@ -129,6 +129,25 @@ def technique_names() -> list[str]:
     with _quiet():
         techniques, _ = _technique.all_techniques()
     return sorted(t.name for t in techniques)
+
+
+#: The default's stand-in where the default needs scikit-learn and it is not installed.
+FALLBACK_TECHNIQUE = "NeighbourhoodSearch"
+
+
+def default_search() -> tuple[str, ...]:
+    """The techniques of a search that names none: :data:`DEFAULT_TECHNIQUE`, or
+    :data:`FALLBACK_TECHNIQUE` (with a warning) where the default needs scikit-learn and it
+    is missing, so a run never stops at its first model fit."""
+    if DEFAULT_TECHNIQUE in MODEL_TECHNIQUES and not model_available():
+        _log.warning(
+            "the default search %s needs scikit-learn, which is not installed: searching with "
+            "%s (pip install scikit-learn)",
+            DEFAULT_TECHNIQUE,
+            FALLBACK_TECHNIQUE,
+        )
+        return (FALLBACK_TECHNIQUE,)
+    return (DEFAULT_TECHNIQUE,)
 
 
 def check_techniques(names: Sequence[str]) -> tuple[str, ...]:
@@ -347,7 +366,7 @@ class Tuner:
     def _start(self, space: Space, techniques: Sequence[str]) -> None:
         self.mapping = SpaceMapping(space)
         argv = ["--database", "sqlite://", "--no-dups", "--quiet", "--parallelism", "1"]
-        for name in techniques or (DEFAULT_TECHNIQUE,):
+        for name in techniques or default_search():
             argv += ["--technique", name]
         args = argparse.ArgumentParser(parents=opentuner.argparsers()).parse_args(argv)
         with _quiet():

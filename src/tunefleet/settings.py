@@ -28,10 +28,13 @@ WORKER_ALIVE_S = 60.0
 #: A coordinator whose heartbeat is at most this old (seconds) still drives its run.
 COORDINATOR_ALIVE_S = 30.0
 #: The search a run uses unless told otherwise (``--technique``, ``TUNEFLEET_TECHNIQUE``): the
-#: best of the techniques compared by replaying recorded spaces
-#: (benchmarks/replay_techniques.py; the table in docs/tuning.md). Here, not in the
-#: coordinator, so that the flags' help quotes this value without importing OpenTuner.
-DEFAULT_TECHNIQUE = "NeighbourhoodSearch"
+#: model-based search, which escaped the deceptive basin of held-out landscapes where the
+#: neighbourhood search and Optuna's TPE sampler did not, at a few milliseconds of the
+#: coordinator's CPU per evaluation (benchmarks/default_technique.py; the table in
+#: docs/tuning.md). Where scikit-learn does not import, a run falls back to
+#: ``NeighbourhoodSearch`` (:func:`tunefleet.coordinator.tuner.default_search`). Here, not
+#: in the coordinator, so that the flags' help quotes this value without importing OpenTuner.
+DEFAULT_TECHNIQUE = "ModelSearch"
 
 
 #: Most configurations one run confirms (``--confirm``; each costs one more evaluation at the

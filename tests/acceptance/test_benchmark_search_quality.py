@@ -64,3 +64,29 @@ def test_model_proposal_smoke(tmp_path: Path) -> None:
         assert cell["distinct"] is True
         assert cell["per_proposal_median_s"] > 0
     assert cells["NeighbourhoodSearch"]["ratio_to_baseline"] == 1.0
+
+
+def test_default_technique_smoke(tmp_path: Path) -> None:
+    _, data = script("default_technique.py", tmp_path / "default.json", "--quick")
+    land = data["landscapes"]
+    assert land["landscapes"]["set"] == "held-out" and land["landscapes"]["first_variant"] == 1000
+    cells = land["techniques"]
+    expected = {"ModelSearch", "NeighbourhoodSearch"}
+    try:
+        import optuna  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        expected.add("optuna-tpe")
+    assert set(cells) == expected
+    for by_workers in cells.values():
+        assert set(by_workers) == {"1", "4"}
+        for cell in by_workers.values():
+            assert len(cell["finals"]) == 2 and all(0 < f <= 1.0 for f in cell["finals"])
+            assert cell["within_5pct"] == sum(f >= 0.95 for f in cell["finals"])
+            assert cell["search_s_per_eval"]["median"] > 0
+    importance = data["importance"]
+    assert importance["technique"] == data["default"] == "ModelSearch"
+    for by_workers in importance["workers"].values():
+        (run,) = by_workers["runs"]
+        assert set(run["ranks"]) == {"reg_i", "reg_j"} and len(run["first_three"]) == 3

@@ -12,6 +12,7 @@ from tunefleet.coordinator.landscape import Landscape, LandscapeSettings, from_s
 from tunefleet.coordinator.replay import replay
 from tunefleet.errors import UsageError
 from tunefleet.problems.registry import get_problem
+from tunefleet.settings import DEFAULT_TECHNIQUE
 
 
 @pytest.fixture(scope="module")
@@ -83,4 +84,13 @@ def test_the_replay_command_takes_a_landscape(capsys):
     assert main(["replay", "landscape:1", "--seeds", "2", "--evals", "10,20"]) == 0
     out = capsys.readouterr().out
     assert "landscape:1: gemm, 567000 configurations" in out
-    assert "NeighbourhoodSearch" in out
+    assert DEFAULT_TECHNIQUE in out
+
+
+def test_a_variant_draws_its_global_basin_on_as_many_key_tiles_as_told():
+    two = Landscape(LandscapeSettings(variant=3, keys=2))
+    assert len(two.keys) == 2 and set(two.keys) <= {"wg_i", "wg_j", "reg_i", "reg_j", "tile_k"}
+    assert len(Landscape(LandscapeSettings(variant=3)).keys) == 3  # the published shape
+    assert two.seconds(two.optimum) == two.best_s
+    with pytest.raises(UsageError, match="keys"):
+        LandscapeSettings(keys=0)

@@ -124,6 +124,45 @@ def test_the_same_seed_proposes_the_same_configurations():
     assert [c for c, _ in other] != [c for c, _ in first]
 
 
+def test_the_coverage_flags_count_the_combinations_no_outcome_holds():
+    """The flags of every triple of parameters count, for each candidate, the value
+    combinations of three parameters no told configuration holds: as a lookup of each
+    triple's combinations in the told rows does."""
+    from tunefleet.coordinator.model_search import _Coverage
+
+    sizes = np.array([6, 7, 1, 5, 3, 2])
+    rng = np.random.default_rng(0)
+    rows = rng.integers(0, sizes, size=(40, 6))
+    cover = _Coverage(sizes)
+    cover.fold(rows[:25])
+    cover.fold(rows)  # brought up to date with the rows told since
+    pool = rng.integers(0, sizes, size=(64, 6))
+    pick = np.arange(len(cover.combos))
+    assert len(pick) == 10  # the five parameters of more than one value, three at a time
+    counted = (~cover.flags[cover.codes(pool, pick)]).sum(axis=1)
+    expected = np.zeros(len(pool), dtype=int)
+    for combo in cover.combos:
+        told = {tuple(r) for r in rows[:, combo]}
+        expected += [tuple(p) not in told for p in pool[:, combo]]
+    assert counted.tolist() == expected.tolist()
+
+
+def test_a_search_that_names_no_technique_falls_back_without_scikit_learn(monkeypatch, caplog):
+    from tunefleet.coordinator import tuner as tuner_module
+    from tunefleet.settings import DEFAULT_TECHNIQUE
+
+    assert tuner_module.default_search() == (DEFAULT_TECHNIQUE,) == ("ModelSearch",)
+    monkeypatch.setattr(tuner_module, "model_available", lambda: False)
+    with caplog.at_level("WARNING", logger=tuner_module.__name__):
+        assert tuner_module.default_search() == ("NeighbourhoodSearch",)
+    assert "scikit-learn" in caplog.text
+    tuner = Tuner(SPACE, seed=0)
+    try:
+        assert type(tuner._driver.root_technique).__name__ == "NeighbourhoodSearch"
+    finally:
+        tuner.close()
+
+
 def test_without_scikit_learn_the_technique_is_refused_in_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "sklearn.ensemble", None)
     with pytest.raises(UsageError) as err:
