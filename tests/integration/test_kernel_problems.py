@@ -731,10 +731,12 @@ def test_new_gemm_transformations_compute_the_product(session, size, change, dty
 
 
 #: Hash seeds of the processes whose code must agree: 3 is the seed the code generation was
-#: pinned to before its code stopped depending on one.
-HASH_SEEDS = ("0", "1", "2", "3", "17")
+#: pinned to before its code stopped depending on one; 0 and 3 nested GEMM's register tile
+#: apart then (benchmarks/published/codegen_variants_h200.json). Three processes, not five:
+#: the test was the suite's slowest by far (134 s on two cores).
+HASH_SEEDS = ("0", "3", "17")
 #: Seeded-random legal configurations per problem besides its default.
-SAMPLED = 8
+SAMPLED = 5
 
 CODEGEN_SCRIPT = r"""
 import hashlib, json, sys
