@@ -172,9 +172,14 @@ def test_the_lucky_configuration_is_measured_again_and_not_called_best(db_url, d
         all_confirmations(db, result.run_id),
         0,
     )
-    # Every done search trial among the three best by confirmed figure was confirmed.
+    # Every done search trial among the three best by confirmed figure was confirmed, but one
+    # that could not beat the best's figure by the run's tolerance: a trial that landed after
+    # the confirmation began (it starts beside the trial budget's last trials) and was slower
+    # than that is not worth a cold build (Confirmation._could_win).
     top = q.confirmation_candidates(db, result.run_id, 3)
-    assert all(c.confirm_state == "done" for c in top)
+    assert result.figure_s is not None
+    bar = result.figure_s * (1 + yard.tolerance)
+    assert all(c.confirm_state == "done" or c.median_s >= bar for c in top), (top, bar)
 
 
 def test_confirm_zero_reports_the_lucky_measurement(db_url, db, tmp_path):
