@@ -4,10 +4,10 @@ per row, so the fetch's transposing stores spread over the banks). Prints each o
 its ratio to the default (and to cuBLAS, where PyTorch is installed), and writes the numbers
 as JSON.
 
-Each configuration is measured in a fresh process (code generation, build, validation, the
-default protocol), ``--repeats`` times, round-robin over the list so drift spreads evenly; the
-table shows the median of a configuration's medians, the spread of those medians, and the
-sha256 of its generated code (one per configuration).
+Each configuration is measured by ``tunefleet measure --json`` (a fresh process: code
+generation, build, validation, the default protocol), ``--repeats`` times, round-robin over the
+list so drift spreads evenly; the table shows the median of a configuration's medians, the
+spread of those medians, and the sha256 of its generated code (one per configuration).
 
     python benchmarks/gemm_variants.py                       # 4096^3 float32, first GPU
     python benchmarks/gemm_variants.py --repeats 5 --out gemm_variants_h100.json
@@ -59,34 +59,6 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
 ]
 QUICK_VARIANTS = ["default", "unpadded", "wg16x16", "best"]
 
-CHILD = r"""
-import hashlib, json, sys
-from tunefleet.errors import InvalidConfiguration
-from tunefleet.problems.base import Protocol
-from tunefleet.problems.registry import get_problem
-from tunefleet.worker.device import open_session, select_device
-
-args_json, config_json, pattern, protocol_json = sys.argv[1:5]
-problem = get_problem("gemm")
-args = problem.normalise_args(json.loads(args_json))
-device = select_device(pattern or None)
-try:
-    config = problem.check_config(args, json.loads(config_json))
-    prepared = problem.prepare(args, config, device)
-except InvalidConfiguration as exc:
-    print("RESULT " + json.dumps({"state": "invalid", "error": str(exc)}))
-    sys.exit(0)
-session = open_session(device)
-outcome = problem.measure(prepared, session, Protocol(**json.loads(protocol_json)))
-print("RESULT " + json.dumps({
-    "state": outcome.state, "error": outcome.error, "median_s": outcome.median_s,
-    "min_s": outcome.min_s, "gflops": outcome.gflops, "device": session.info.name,
-    "local_size": list(prepared.target.local_size),
-    "local_mem_bytes": prepared.target.local_mem_bytes,
-    "sha256": hashlib.sha256(prepared.target.source.encode()).hexdigest(),
-}))
-"""
-
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
@@ -121,16 +93,31 @@ def variants(args: argparse.Namespace, default: dict[str, Any]) -> list[dict[str
     return out
 
 
-def one(args: argparse.Namespace, config: dict[str, Any], protocol: dict[str, Any]) -> Any:
+def one(
+    args: argparse.Namespace,
+    problem_args: dict[str, Any],
+    config: dict[str, Any],
+    protocol: dict[str, Any],
+) -> dict[str, Any]:
+    """``config`` timed alone by ``tunefleet measure --json`` (the command a run prints to
+    reproduce its best): its state, times, device and the sha256 of its generated code."""
+    from tunefleet.options.args import command_line_args, problem_sizes
+
+    command = [sys.executable, "-m", "tunefleet", "measure", "gemm"]
+    command += command_line_args(problem_args, problem_sizes("gemm"))
+    command += ["--config", json.dumps(config), "--protocol", json.dumps(protocol), "--json"]
+    command += ["--device", args.device] if args.device else []
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, args.args, json.dumps(config), args.device,
-         json.dumps(protocol)],
-        capture_output=True, text=True, timeout=900, check=False,
-    )  # fmt: skip
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT ") :])
-    return {"state": "error", "error": (proc.stderr or proc.stdout)[-1500:]}
+        command, capture_output=True, text=True, timeout=900, check=False, stdin=subprocess.DEVNULL
+    )
+    try:
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        error = (proc.stderr or proc.stdout).strip()
+        state = "invalid" if "configuration is invalid" in error else "error"
+        return {"state": state, "error": error[-1500:]}
+    keep = ("state", "error", "median_s", "min_s", "gflops", "device")
+    return {**{k: out.get(k) for k in keep}, "sha256": out.get("source_sha256")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         entry["runs"] = []
     for repeat in range(args.repeats):
         for entry in entries:
-            result = one(args, entry["config"], protocol)
+            result = one(args, full, entry["config"], protocol)
             entry["runs"].append(result)
             print(
                 f"[{repeat + 1}/{args.repeats}] {entry['name']}: {result['state']} "
