@@ -243,7 +243,7 @@ class Worker:
         conn = self.link.connect_now()  # finds the route (on_connect)
         try:
             self.device_id = queue.register_device(conn, self.device)
-            self.worker_secret = self.outbox.secret = queue.register_worker(
+            self.worker_secret = queue.register_worker(
                 conn,
                 worker_id=self.worker_id,
                 host=self.host,
@@ -423,7 +423,7 @@ class Worker:
     def step_complete(self) -> None:
         """Send every finished trial: its result through the fenced completion, or, after an
         environment fault, the trial itself back uncounted."""
-        if not self.outbox.record_stand_asides():
+        if not self.outbox.record_stand_asides(self.worker_secret):
             return
         for held in [h for h in self.held.values() if h.stage == Stage.FINISHED]:
             if not self._db_ready():

@@ -52,8 +52,6 @@ class Outbox:
     def __init__(self, link: Link, worker_id: UUID) -> None:
         self.link = link
         self.worker_id = worker_id
-        #: Set at registration: the stand-aside rows present it.
-        self.secret = ""
         self.outcomes: Counter[str] = Counter()
         #: Seconds this worker's device spent timing kernels, from the timelines it sent.
         self.timed_s = 0.0
@@ -150,14 +148,15 @@ class Outbox:
             self.outcomes["handed back"] += 1
         return Sent.GONE
 
-    def record_stand_asides(self) -> bool:
-        """Write the stand-aside rows not written yet; False while the database is away."""
+    def record_stand_asides(self, secret: str) -> bool:
+        """Write the stand-aside rows not written yet (presenting the worker's ``secret``);
+        False while the database is away."""
         for run, reason in list(self.unrecorded.items()):
             try:
                 self.link.run(
                     queue.stand_aside,
                     worker_id=self.worker_id,
-                    secret=self.secret,
+                    secret=secret,
                     run_id=run,
                     reason=reason,
                 )

@@ -26,7 +26,7 @@ def _row(median_s: float) -> MeasurementRow:
     )
 
 
-def _outbox(db: Any, db_url: str) -> tuple[Outbox, list[queue.ClaimedTrial], int]:
+def _outbox(db: Any, db_url: str) -> tuple[Outbox, list[queue.ClaimedTrial], int, str]:
     """An outbox of a registered worker that holds two claimed trials of a fresh run."""
     run_id = insert_run(db)
     insert_trials(db, run_id, synthetic_configs(2))
@@ -40,8 +40,7 @@ def _outbox(db: Any, db_url: str) -> tuple[Outbox, list[queue.ClaimedTrial], int
     )
     assert len(claims) == 2
     outbox = Outbox(Link(db_url, DatabaseSettings(url=db_url), "main"), worker)
-    outbox.secret = secret
-    return outbox, claims, run_id
+    return outbox, claims, run_id, secret
 
 
 def _finished(claim: queue.ClaimedTrial, state: Verdict, **kw: Any) -> Held:
@@ -61,7 +60,7 @@ def _finished(claim: queue.ClaimedTrial, state: Verdict, **kw: Any) -> Held:
 
 
 def test_a_done_result_is_written_behind_the_fence_and_booked(db: Any, db_url: str) -> None:
-    outbox, (first, second), run_id = _outbox(db, db_url)
+    outbox, (first, second), run_id, _ = _outbox(db, db_url)
     try:
         assert outbox.send(_finished(first, Verdict.DONE, measurement=_row(2e-3))) is Sent.GONE
         assert outbox.send(_finished(second, Verdict.DONE, measurement=_row(1e-3))) is Sent.GONE
@@ -81,7 +80,7 @@ def test_a_done_result_is_written_behind_the_fence_and_booked(db: Any, db_url: s
 
 
 def test_a_refused_result_becomes_a_failure_sent_next_turn(db: Any, db_url: str) -> None:
-    outbox, (first, _), _ = _outbox(db, db_url)
+    outbox, (first, _), _, _ = _outbox(db, db_url)
     try:
         held = _finished(first, Verdict.DONE, measurement=_row(float("inf")))
         assert outbox.send(held) is Sent.AGAIN  # the table refuses an infinite median
@@ -95,7 +94,7 @@ def test_a_refused_result_becomes_a_failure_sent_next_turn(db: Any, db_url: str)
 
 
 def test_a_completion_the_fence_rejects_is_dropped_and_counted(db: Any, db_url: str) -> None:
-    outbox, (first, _), run_id = _outbox(db, db_url)
+    outbox, (first, _), run_id, _ = _outbox(db, db_url)
     try:
         # Someone else's now: the lease was released (as a reaper or a stop would).
         queue.release_trials(db, worker_id=outbox.worker_id, held=[first.key], reason="test")
@@ -108,7 +107,7 @@ def test_a_completion_the_fence_rejects_is_dropped_and_counted(db: Any, db_url: 
 
 
 def test_a_hand_back_releases_the_trial_uncounted(db: Any, db_url: str) -> None:
-    outbox, (first, _), _ = _outbox(db, db_url)
+    outbox, (first, _), _, _ = _outbox(db, db_url)
     try:
         held = _finished(first, Verdict.HANDBACK, error="no OpenCL device here")
         assert outbox.hand_back(held) is Sent.GONE
@@ -119,7 +118,7 @@ def test_a_hand_back_releases_the_trial_uncounted(db: Any, db_url: str) -> None:
 
 
 def test_a_database_that_is_away_keeps_the_result_for_later(db: Any, db_url: str) -> None:
-    outbox, (first, _), _ = _outbox(db, db_url)
+    outbox, (first, _), _, secret = _outbox(db, db_url)
     outbox.link.close()
     away = "postgresql://nobody@127.0.0.1:9/none?connect_timeout=1"
     outbox.link = Link(away, DatabaseSettings(url=away), "main", statement_tries=1)
@@ -128,7 +127,7 @@ def test_a_database_that_is_away_keeps_the_result_for_later(db: Any, db_url: str
         assert outbox.send(held) is Sent.LATER
         assert outbox.hand_back(_finished(first, Verdict.HANDBACK, error="x")) is Sent.LATER
         outbox.unrecorded[7] = "cannot run this problem"
-        assert not outbox.record_stand_asides() and outbox.unrecorded == {
+        assert not outbox.record_stand_asides(secret) and outbox.unrecorded == {
             7: "cannot run this problem"
         }
         assert trial_states(db, [first.trial_id]) == {first.trial_id: "running"}
