@@ -274,6 +274,35 @@ def test_a_short_run_with_short_trials_and_a_deep_pipeline_ends_confirmed(
     assert elapsed < 20 + 15, elapsed
 
 
+class _Driving:
+    """A coordinator driving one run in a thread of the test, while the test plays its
+    worker; ``result()`` waits for it and returns how the run ended."""
+
+    def __init__(self, s: Any, db_url: str, run_id: int, **kw: Any) -> None:
+        self.outcome: dict[str, Any] = {}
+
+        def coordinate() -> None:
+            try:
+                self.outcome["result"] = Coordinator(s, db_url, **kw).run(run_id)
+            except BaseException as exc:  # the test thread reports it
+                self.outcome["error"] = exc
+
+        self.thread = threading.Thread(target=coordinate, daemon=True)
+        self.thread.start()
+
+    def result(self) -> Any:
+        self.thread.join(timeout=60)
+        assert not self.thread.is_alive() and "error" not in self.outcome, self.outcome
+        return self.outcome["result"]
+
+
+def _claim_one(conn: Any, worker: uuid.UUID, secret: str) -> list[queue.ClaimedTrial]:
+    """One claim of the test's worker (empty while nothing is queued for it)."""
+    return queue.claim_trials(
+        conn, worker_id=worker, secret=secret, device_classes=["any"], limit=1, lease_s=300
+    )
+
+
 def _complete(conn: Any, worker: uuid.UUID, claim: queue.ClaimedTrial, median_s: float) -> None:
     state = queue.complete_trial(
         conn, trial_id=claim.trial_id, attempt=claim.attempt, token=claim.lease_token,
@@ -297,16 +326,7 @@ def test_a_drain_that_outlasts_its_plan_still_leaves_the_best_confirmed(
     fast, slow = queue.claim_trials(
         db, worker_id=worker, secret=secret, device_classes=["any"], limit=5, lease_s=300
     )
-    outcome: dict[str, Any] = {}
-
-    def coordinate() -> None:
-        try:
-            outcome["result"] = Coordinator(s, db_url, clock_start=time.monotonic()).run(run_id)
-        except BaseException as exc:  # the test thread reports it
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=coordinate, daemon=True)
-    thread.start()
+    driving = _Driving(s, db_url, run_id, clock_start=time.monotonic())
     with connect(db_url, autocommit=True) as conn:
         # The fast trial's result, as if it took 4 s from claim to result (so the plan has a
         # pace to go by), written in one transaction so the coordinator never sees it without.
@@ -318,19 +338,13 @@ def test_a_drain_that_outlasts_its_plan_still_leaves_the_best_confirmed(
                 (fast.trial_id,),
             )
 
-        def claim_confirmation() -> list[queue.ClaimedTrial]:
-            return queue.claim_trials(
-                conn, worker_id=worker, secret=secret, device_classes=["any"], limit=1,
-                lease_s=300,
-            )  # fmt: skip
-
         [confirmation] = wait_until(
-            claim_confirmation, timeout=40, what="the confirmation of the fast trial"
+            lambda: _claim_one(conn, worker, secret),
+            timeout=40,
+            what="the confirmation of the fast trial",
         )
         _complete(conn, worker, confirmation, 1e-3)
-    thread.join(timeout=60)
-    assert not thread.is_alive() and "error" not in outcome, outcome
-    result = outcome["result"]
+    result = driving.result()
     assert (result.state, result.stop_reason) == ("finished", "max_seconds")
     assert result.confirmed and result.best_trial_id == fast.trial_id
     assert result.handed_back == 1
@@ -361,37 +375,28 @@ def test_without_a_deadline_the_confirmation_starts_beside_the_last_trials_and_r
     first, last = queue.claim_trials(
         db, worker_id=worker, secret=secret, device_classes=["any"], limit=5, lease_s=300
     )
-    outcome: dict[str, Any] = {}
-
-    def coordinate() -> None:
-        try:
-            outcome["result"] = Coordinator(s, db_url).run(run_id)
-        except BaseException as exc:  # the test thread reports it
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=coordinate, daemon=True)
-    thread.start()
+    driving = _Driving(s, db_url, run_id)
     with connect(db_url, autocommit=True) as conn:
         _complete(conn, worker, first, 2e-3)
 
-        def claim_confirmation() -> list[queue.ClaimedTrial]:
-            return queue.claim_trials(
-                conn, worker_id=worker, secret=secret, device_classes=["any"], limit=1,
-                lease_s=300,
-            )  # fmt: skip
-
-        [early] = wait_until(claim_confirmation, timeout=40, what="the first trial's confirmation")
+        [early] = wait_until(
+            lambda: _claim_one(conn, worker, secret),
+            timeout=40,
+            what="the first trial's confirmation",
+        )
         state = conn.execute(
             "SELECT state FROM tunefleet.trial WHERE id = %s", (last.trial_id,)
         ).fetchone()
         assert state is not None and state["state"] == "running"  # beside the last trial
         _complete(conn, worker, early, 2e-3)
         _complete(conn, worker, last, 1e-3)  # lands better than the confirmed one
-        [late] = wait_until(claim_confirmation, timeout=40, what="the last trial's confirmation")
+        [late] = wait_until(
+            lambda: _claim_one(conn, worker, secret),
+            timeout=40,
+            what="the last trial's confirmation",
+        )
         _complete(conn, worker, late, 1e-3)
-    thread.join(timeout=60)
-    assert not thread.is_alive() and "error" not in outcome, outcome
-    result = outcome["result"]
+    result = driving.result()
     assert (result.state, result.stop_reason) == ("finished", "max_trials")
     assert result.confirmed and result.best_trial_id == last.trial_id
     confirms = db.execute(
@@ -414,17 +419,8 @@ def test_a_trial_budgets_unclaimed_last_trial_goes_ahead_of_the_confirmation(
     [first] = queue.claim_trials(
         db, worker_id=worker, secret=secret, device_classes=["any"], limit=1, lease_s=300
     )
-    outcome: dict[str, Any] = {}
-
-    def coordinate() -> None:
-        try:
-            outcome["result"] = Coordinator(s, db_url).run(run_id)
-        except BaseException as exc:  # the test thread reports it
-            outcome["error"] = exc
-
     caplog.set_level(logging.INFO, logger="tunefleet.coordinator")
-    thread = threading.Thread(target=coordinate, daemon=True)
-    thread.start()
+    driving = _Driving(s, db_url, run_id)
     with connect(db_url, autocommit=True) as conn:
         _complete(conn, worker, first, 1e-3)
 
@@ -432,26 +428,18 @@ def test_a_trial_budgets_unclaimed_last_trial_goes_ahead_of_the_confirmation(
             return any("once the last 1 are claimed" in r.getMessage() for r in caplog.records)
 
         wait_until(confirmation_waits, timeout=40, what="the confirmation phase, waiting")
-        [nxt] = queue.claim_trials(
-            conn, worker_id=worker, secret=secret, device_classes=["any"], limit=1, lease_s=300
-        )
+        [nxt] = _claim_one(conn, worker, secret)
         purpose = conn.execute(
             "SELECT purpose FROM tunefleet.trial WHERE id = %s", (nxt.trial_id,)
         ).fetchone()
         assert purpose is not None and purpose["purpose"] == "search"  # not a confirmation
         _complete(conn, worker, nxt, 2e-3)
 
-        def claim_confirmation() -> list[queue.ClaimedTrial]:
-            return queue.claim_trials(
-                conn, worker_id=worker, secret=secret, device_classes=["any"], limit=1,
-                lease_s=300,
-            )  # fmt: skip
-
-        [confirmation] = wait_until(claim_confirmation, timeout=40, what="the confirmation")
+        [confirmation] = wait_until(
+            lambda: _claim_one(conn, worker, secret), timeout=40, what="the confirmation"
+        )
         _complete(conn, worker, confirmation, 1e-3)
-    thread.join(timeout=60)
-    assert not thread.is_alive() and "error" not in outcome, outcome
-    result = outcome["result"]
+    result = driving.result()
     assert (result.state, result.stop_reason) == ("finished", "max_trials")
     assert result.confirmed and result.best_trial_id == first.trial_id
     counts = db.execute(
