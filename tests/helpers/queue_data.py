@@ -129,6 +129,31 @@ def insert_trials(
     return ids
 
 
+def finish_reported(
+    conn: psycopg.Connection[Any], trial_id: int, state: str, median_s: float = 0
+) -> None:
+    """Finish a trial as a worker's completion and the coordinator's reading leave it: the
+    state, attempt 1 (a worker claimed it: an invalid trial no worker saw is a rule rejection,
+    counted apart from the budget), reported; with ``median_s``, a one-sample measurement."""
+    conn.execute(
+        "UPDATE tunefleet.trial SET state = %s, attempt = 1, finished_at = now(), reported = true"
+        " WHERE id = %s",
+        (state, trial_id),
+    )
+    if median_s:
+        conn.execute(
+            """
+            INSERT INTO tunefleet.measurement (trial_id, run_id, cache_key, config_hash, problem,
+                   problem_args, config, median_s, min_s, samples_s, gflops, protocol)
+            SELECT t.id, t.run_id, r.cache_key, t.config_hash, r.problem, r.problem_args,
+                   t.config, %(s)s, %(s)s, ARRAY[%(s)s], 1.0 / %(s)s, r.protocol
+              FROM tunefleet.trial t JOIN tunefleet.run r ON r.id = t.run_id
+             WHERE t.id = %(id)s
+            """,
+            {"s": median_s, "id": trial_id},
+        )
+
+
 def trial_states(conn: psycopg.Connection[Any], ids: Sequence[int] | None = None) -> dict[int, str]:
     if ids is None:
         rows = conn.execute("SELECT id, state FROM tunefleet.trial").fetchall()

@@ -9,30 +9,16 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.helpers.queue_data import insert_run, insert_trials, synthetic_configs
+from tests.helpers.queue_data import (
+    finish_reported,
+    insert_run,
+    insert_trials,
+    synthetic_configs,
+)
 from tunefleet.db.engine import connect
 from tunefleet.db.migrate import downgrade, upgrade
 
 BEFORE = "0015_timeline"
-
-
-def _done(conn: psycopg.Connection[Any], trial_id: int, median_s: float) -> None:
-    conn.execute(
-        "UPDATE tunefleet.trial SET state = 'done', attempt = 1, finished_at = now(),"
-        " reported = true WHERE id = %s",
-        (trial_id,),
-    )
-    conn.execute(
-        """
-        INSERT INTO tunefleet.measurement (trial_id, run_id, cache_key, config_hash, problem,
-               problem_args, config, median_s, min_s, samples_s, gflops, protocol)
-        SELECT t.id, t.run_id, r.cache_key, t.config_hash, r.problem, r.problem_args,
-               t.config, %(s)s, %(s)s, ARRAY[%(s)s], 1.0 / %(s)s, r.protocol
-          FROM tunefleet.trial t JOIN tunefleet.run r ON r.id = t.run_id
-         WHERE t.id = %(id)s
-        """,
-        {"s": median_s, "id": trial_id},
-    )
 
 
 def _confirm(conn: psycopg.Connection[Any], trial_id: int, round: int | None = None) -> int:
@@ -68,11 +54,11 @@ def test_confirmations_become_round_one_rank_as_before_and_the_downgrade_keeps_t
     with connect(empty_db_url) as conn:
         run = insert_run(conn)
         fast, slow = insert_trials(conn, run, synthetic_configs(2))
-        _done(conn, fast, 0.25)
-        _done(conn, slow, 0.5)
+        finish_reported(conn, fast, "done", 0.25)
+        finish_reported(conn, slow, "done", 0.5)
         # The fast one's re-measurement was slower than the slow one: it ranked second.
         first = _confirm(conn, fast)
-        _done(conn, first, 0.6)
+        finish_reported(conn, first, "done", 0.6)
         conn.execute("UPDATE tunefleet.trial SET disagrees = true WHERE id = %s", (first,))
     upgrade(empty_db_url)
     with connect(empty_db_url) as conn:

@@ -8,41 +8,24 @@ from typing import Any
 import psycopg
 
 from tests.helpers.coordinator import register_worker
-from tests.helpers.queue_data import insert_run, insert_trials, synthetic_configs
+from tests.helpers.queue_data import (
+    finish_reported,
+    insert_run,
+    insert_trials,
+    synthetic_configs,
+)
 from tunefleet.settings import DatabaseSettings
 from tunefleet.text.progress import ProgressReader
-
-
-def _finish(db: psycopg.Connection[Any], trial_id: int, state: str, median_s: float = 0) -> None:
-    db.execute(
-        # attempt 1: a worker claimed it (an invalid trial no worker saw is a rule rejection,
-        # counted apart from the budget)
-        "UPDATE tunefleet.trial SET state = %s, attempt = 1, finished_at = now(), reported = true"
-        " WHERE id = %s",
-        (state, trial_id),
-    )
-    if median_s:
-        db.execute(
-            """
-            INSERT INTO tunefleet.measurement (trial_id, run_id, cache_key, config_hash, problem,
-                   problem_args, config, median_s, min_s, samples_s, gflops, protocol)
-            SELECT t.id, t.run_id, r.cache_key, t.config_hash, r.problem, r.problem_args,
-                   t.config, %(s)s, %(s)s, ARRAY[%(s)s], 1.0 / %(s)s, r.protocol
-              FROM tunefleet.trial t JOIN tunefleet.run r ON r.id = t.run_id
-             WHERE t.id = %(id)s
-            """,
-            {"s": median_s, "id": trial_id},
-        )
 
 
 def test_the_progress_line_counts_what_the_database_holds(db_url, db):
     run = insert_run(db)
     ids = insert_trials(db, run, synthetic_configs(9))
     for trial_id, median_s in zip(ids[:3], (0.5, 0.25, 1.0), strict=True):
-        _finish(db, trial_id, "done", median_s)  # best: 4 GFLOP/s
-    _finish(db, ids[3], "invalid")
-    _finish(db, ids[4], "failed")
-    _finish(db, ids[5], "timed_out")
+        finish_reported(db, trial_id, "done", median_s)  # best: 4 GFLOP/s
+    finish_reported(db, ids[3], "invalid")
+    finish_reported(db, ids[4], "failed")
+    finish_reported(db, ids[5], "timed_out")
     live = [register_worker(db, "host-cpu") for _ in range(3)]
     register_worker(db, "host-cpu", age_s=3600)  # silent for an hour: not live
     db.execute(
@@ -92,7 +75,7 @@ def _confirm(db: psycopg.Connection[Any], trial_id: int, median_s: float, disagr
         (disagrees, trial_id),
     ).fetchone()
     assert row is not None
-    _finish(db, row["id"], "done", median_s)
+    finish_reported(db, row["id"], "done", median_s)
     return int(row["id"])
 
 
@@ -106,8 +89,8 @@ def test_the_best_everywhere_is_the_confirmed_one_and_says_what_it_is(db_url, db
 
     run = insert_run(db)
     fast, slow = insert_trials(db, run, synthetic_configs(2))
-    _finish(db, fast, "done", 0.25)  # 4 GFLOP/s in the search
-    _finish(db, slow, "done", 0.5)  # 2 GFLOP/s
+    finish_reported(db, fast, "done", 0.25)  # 4 GFLOP/s in the search
+    finish_reported(db, slow, "done", 0.5)  # 2 GFLOP/s
 
     def best() -> tuple[str, str, str]:
         reader = ProgressReader(DatabaseSettings(url=db_url), db_url, run)
@@ -184,9 +167,9 @@ def test_best_top_prints_first_the_median_it_ranks_by(db_url, db):
 
     run = insert_run(db)
     first, second, third = insert_trials(db, run, synthetic_configs(3))
-    _finish(db, first, "done", 0.25)  # fastest in the search ...
-    _finish(db, second, "done", 0.5)
-    _finish(db, third, "done", 0.75)
+    finish_reported(db, first, "done", 0.25)  # fastest in the search ...
+    finish_reported(db, second, "done", 0.5)
+    finish_reported(db, third, "done", 0.75)
     _confirm(db, first, 0.625, disagrees=False)  # ... re-measured between the other two
 
     found = read_best(db, run, top=3)
