@@ -30,12 +30,16 @@ pytestmark = [pytest.mark.acceptance, pytest.mark.benchmark]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_script(name: str, db_url: str, out: Path, *args: str, timeout: float = 240) -> Any:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+def run_benchmark(
+    name: str, *args: str, timeout: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``benchmarks/NAME ARGS`` as a user runs it, this checkout importable (``env``: more of
+    the environment); it must exit 0."""
+    environ = {**os.environ, **(env or {})}
+    environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), environ.get("PYTHONPATH")) if p)
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / name), "--db", db_url, "--out", str(out), *args],
-        env=env,
+        [sys.executable, str(ROOT / "benchmarks" / name), *args],
+        env=environ,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -43,6 +47,11 @@ def run_script(name: str, db_url: str, out: Path, *args: str, timeout: float = 2
         check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def run_script(name: str, db_url: str, out: Path, *args: str, timeout: float = 240) -> Any:
+    proc = run_benchmark(name, "--db", db_url, "--out", str(out), *args, timeout=timeout)
     assert f"wrote {out}" in proc.stdout
     assert "|" in proc.stdout  # the table
     return json.loads(out.read_text())
@@ -50,16 +59,8 @@ def run_script(name: str, db_url: str, out: Path, *args: str, timeout: float = 2
 
 def run_self_sizing(tmp_path: Path, *args: str, timeout: float) -> Any:
     """``benchmarks/self_sizing.py --suite cpu ARGS`` in its own processes; its JSON."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     out = tmp_path / "sizing.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "self_sizing.py"), "--suite", "cpu", *args,
-         "--out", str(out)],
-        env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-        check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_benchmark("self_sizing.py", "--suite", "cpu", *args, "--out", str(out), timeout=timeout)
     return json.loads(out.read_text())
 
 
@@ -142,17 +143,21 @@ def test_gpu_tuning_runs_its_gemm_part_on_any_opencl_device(tmp_path: Path) -> N
     JSON written. Without PyTorch the cuBLAS comparison records why it is missing. The run
     ends after 2 evaluations, not after a wall budget: a loaded machine once measured nothing
     in the 12 s this test used to give it."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    env["OUT"] = str(tmp_path)
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_tuning.py"), "--parts", "gemm",
-         "--budget", "240", "--max-trials", "2", "--device-type", "any",
-         "--gemm-args", "n=32,m=32,k=32"],
-        env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
-        check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_benchmark(
+        "gpu_tuning.py",
+        "--parts",
+        "gemm",
+        "--budget",
+        "240",
+        "--max-trials",
+        "2",
+        "--device-type",
+        "any",
+        "--gemm-args",
+        "n=32,m=32,k=32",
+        timeout=300,
+        env={"OUT": str(tmp_path)},
+    )
     data = json.loads((tmp_path / "gpu_gemm.json").read_text())
     tuning = data["tuning"]
     assert tuning["stop_reason"] == "max_trials" and tuning["workers"] == 1
@@ -168,16 +173,18 @@ def test_eval_rate_reports_each_arms_timeline_and_a_second_tree(tmp_path: Path) 
     """The evaluation-rate script's README case on PoCL, three trials: a real ``tunefleet
     tune`` with a fresh home, its rate, its devices' timing share and every attempt's
     timeline; ``--tree`` runs another install (here this checkout again) beside it."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     out = tmp_path / "rate.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "eval_rate.py"), "--cases", "readme",
-         "--quick", "--tree", f"again={ROOT / 'src'}", "--out", str(out)],
-        env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
-        check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_benchmark(
+        "eval_rate.py",
+        "--cases",
+        "readme",
+        "--quick",
+        "--tree",
+        f"again={ROOT / 'src'}",
+        "--out",
+        str(out),
+        timeout=600,
+    )
     data = json.loads(out.read_text())
     assert [a["tree"] for a in data["arms"]] == ["again", "current"]
     for arm in data["arms"]:
@@ -194,16 +201,8 @@ def test_readme_agreement_quick_checks_the_criterion_and_studies_the_estimators(
     trials, each of the top two alone in one fresh process): it reports issue 51's three
     verdicts per run, the confirmation's cost, and the estimator study over every process's
     samples."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     out = tmp_path / "agreement.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "readme_agreement.py"), "--quick",
-         "--out", str(out)],
-        env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
-        check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_benchmark("readme_agreement.py", "--quick", "--out", str(out), timeout=600)
     data = json.loads(out.read_text())
     [run] = data["runs"]
     assert run["final_line"] and run["final_line"].startswith("run 1: best trial")
@@ -429,17 +428,21 @@ def test_budget_overrun_smoke(db_url: str, tmp_path: Path) -> None:
 def test_cpu_isolation_times_each_configuration_under_each_condition(tmp_path: Path) -> None:
     """benchmarks/cpu_isolation.py on PoCL, tiny: two configurations of a small GEMM, alone
     and beside paused code generation; every condition has a ratio per configuration."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     out = tmp_path / "iso.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "cpu_isolation.py"), "--configs", "2",
-         "--size", "m=64,n=64,k=64", "--conditions", "alone,paused", "--procs", "1",
-         "--out", str(out)],
-        env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
-        check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_benchmark(
+        "cpu_isolation.py",
+        "--configs",
+        "2",
+        "--size",
+        "m=64,n=64,k=64",
+        "--conditions",
+        "alone,paused",
+        "--procs",
+        "1",
+        "--out",
+        str(out),
+        timeout=600,
+    )
     data = json.loads(out.read_text())
     assert [r["condition"] for r in data["rows"]] == ["alone", "paused"]
     assert all(len(r["ratios"]) == len(data["configs"]) == 2 for r in data["rows"])
@@ -450,17 +453,26 @@ def test_reproduce_runs_tune_then_each_top_configuration_alone(tmp_path: Path) -
     """benchmarks/reproduce.py on the synthetic problem: one run as a user starts it, its two
     best configurations by their reproduce command in two fresh processes each; in-run
     against alone per configuration."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     out = tmp_path / "reproduce.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "reproduce.py"), "--runs", "1", "--top", "2",
-         "--alone", "2", "--export", "--out", str(out), "--",
-         "synthetic", "--arg", "duration=0.01", "--max-trials", "6"],
-        env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
-        check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_benchmark(
+        "reproduce.py",
+        "--runs",
+        "1",
+        "--top",
+        "2",
+        "--alone",
+        "2",
+        "--export",
+        "--out",
+        str(out),
+        "--",
+        "synthetic",
+        "--arg",
+        "duration=0.01",
+        "--max-trials",
+        "6",
+        timeout=300,
+    )
     data = json.loads(out.read_text())
     (run,) = data["runs"]
     assert run["exit"] == 0 and len(run["trials"]) >= 6
@@ -475,16 +487,18 @@ def test_reproduce_runs_tune_then_each_top_configuration_alone(tmp_path: Path) -
 def test_codegen_variants_times_one_configuration_under_several_seeds(tmp_path: Path) -> None:
     """benchmarks/codegen_variants.py on PoCL, a small GEMM under two hash seeds: each seed's
     process generates and times its kernel; the table counts the distinct sources: one."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     out = tmp_path / "variants.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "codegen_variants.py"), "--args",
-         '{"m": 64, "n": 64, "k": 64}', "--seeds", "0", "3", "--out", str(out)],
-        env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
-        check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_benchmark(
+        "codegen_variants.py",
+        "--args",
+        '{"m": 64, "n": 64, "k": 64}',
+        "--seeds",
+        "0",
+        "3",
+        "--out",
+        str(out),
+        timeout=300,
+    )
     (entry,) = json.loads(out.read_text())["configs"]
     assert [v["seed"] for v in entry["variants"]] == ["0", "3"]
     assert all(v["state"] == "done" and len(v["sha256"]) == 64 for v in entry["variants"])
@@ -495,16 +509,8 @@ def test_gemm_variants_times_each_transformation_alone_against_the_default(tmp_p
     """benchmarks/gemm_variants.py --quick on PoCL: the default and three variants (a's tile
     unpadded, 16 x 16 work-items, the best H100 configuration with a's tile padded), each in
     a fresh process; each is done, with one source of its own, and a ratio to the default."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     out = tmp_path / "gemm_variants.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gemm_variants.py"), "--quick", "--out",
-         str(out)],
-        env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
-        check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_benchmark("gemm_variants.py", "--quick", "--out", str(out), timeout=600)
     assert f"wrote {out}" in proc.stdout and "time/default" in proc.stdout
     data = json.loads(out.read_text())
     entries = {e["name"]: e for e in data["variants"]}
