@@ -39,10 +39,22 @@ class Quiet:
 
     def hold(self, timing: bool, pool: Iterable[Child]) -> None:
         """Stop every process of ``pool`` while the device is ``timing`` (processes started
-        since the last call included); continue them all once it is not."""
+        since the last call included); continue them all once it is not.
+
+        A stopped process that has left ``pool`` is continued at once, even while the device
+        times: a cold build stopped while it prepared, whose kept kernel is then handed the
+        device, *is* what times now, and left stopped it would hold the device forever (the
+        worker waited on it, its deadline standing still, until killed)."""
         if not (self.enabled and timing):
             self.release()
             return
+        pool = list(pool)
+        members = {id(child) for child in pool}
+        left = [child for child in self._paused if id(child) not in members]
+        if left:
+            self._paused = [child for child in self._paused if id(child) in members]
+            for child in left:
+                child.resume()
         for child in pool:
             if child.paused_at is None:
                 child.pause()

@@ -422,6 +422,9 @@ class Child:
         self.busy, self.tag, self.timeout_s = True, tag, float(timeout_s)
         self.limit_s = float(timeout_s if limit_s is None else limit_s)
         self.deadline = time.monotonic() + float(timeout_s)
+        if self.paused_at is not None:
+            # Sent to a stopped child: its deadline has stood still only since now.
+            self.paused_at = time.monotonic()
 
     def waitables(self) -> list[Any]:
         if not self.busy or self.conn is None or self.proc is None:

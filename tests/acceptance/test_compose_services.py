@@ -153,7 +153,16 @@ def test_docker_compose_up_runs_the_demo_end_to_end(stack, tmp_path):
     worker_log = tmp_path / "worker.log"
     worker = stack.start("worker", worker_log)
     try:
-        coordinator = stack.run("coordinator", timeout=400)
+        try:
+            # Well inside the test's own timeout (about 20 s when well), so that a hang
+            # fails here, saying where the trials stood, not in pytest-timeout's stack dump.
+            coordinator = stack.run("coordinator", timeout=200)
+        except subprocess.TimeoutExpired:
+            with _admin(stack) as db:
+                states = db.execute(
+                    "SELECT purpose, state, count(*) FROM tunefleet.trial GROUP BY 1, 2"
+                ).fetchall()
+            pytest.fail(f"the demo run did not end in 200 s; its trials: {states}")
         assert coordinator.returncode == 0, coordinator.stderr + worker_log.read_text()
 
         # coordinator completed -> reader.
@@ -170,8 +179,8 @@ def test_docker_compose_up_runs_the_demo_end_to_end(stack, tmp_path):
         except subprocess.TimeoutExpired:
             worker.kill()
             worker.wait()
-            raise
-    assert code == 0, worker_log.read_text()
+            code = None  # reported below, unless the run's own failure is on its way
+    assert code == 0, f"the worker's stop (exit {code}): " + worker_log.read_text()
 
     with _admin(stack) as db:
         run = db.execute("SELECT * FROM tunefleet.run_progress").fetchone()

@@ -14,7 +14,7 @@ import pytest
 from tunefleet.devices import HOST_DEVICE, DeviceInfo
 from tunefleet.problems.synthetic import OPTIMUM
 from tunefleet.worker.quiet import Quiet, shares_host_cores
-from tunefleet.worker.supervise import Child, Prepare
+from tunefleet.worker.supervise import Child, Measure, Prepare
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -75,6 +75,53 @@ def test_paused_while_timing_continued_after_and_its_deadline_waits() -> None:
         assert reply.kind == "ok"
     finally:
         child.close()
+
+
+def _reply(child: Child, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    reply = child.poll()
+    while reply is None:
+        assert time.monotonic() < deadline, f"{child.name} never answered"
+        multiprocessing.connection.wait(child.waitables(), timeout=0.5)
+        reply = child.poll()
+    return reply
+
+
+def test_a_cold_build_stopped_while_it_prepared_runs_once_it_is_handed_the_device() -> None:
+    """The hang CI found (a worker on PoCL, its confirmation never timed): a cold build was
+    stopped while it prepared, its reply already sent; the device then went to it, so it left
+    the processes to stop and became the one timing; left stopped, it held the device for
+    ever and every other process waited behind it."""
+    cold, codegen = Child("cold build"), Child("codegen")
+    try:
+        assert codegen.call(Prepare("synthetic", {}, dict(OPTIMUM), HOST_DEVICE), 60).kind == "ok"
+        args = {"prepare_duration": 1.0}
+        cold.submit(Prepare("synthetic", args, dict(OPTIMUM), HOST_DEVICE, keep=True), 60)
+        # Armed (its STARTED read) and finished, its reply unread: then the device times
+        # something else and both stop.
+        _until(lambda: cold.poll() is None and cold.armed, "the cold build did not start")
+        _until(lambda: cold.conn.poll(0), "the cold build did not finish preparing")
+        quiet = Quiet(True)
+        quiet.hold(True, [codegen, cold])
+        _until(lambda: _state(cold.proc.pid) == "T", "the cold build was not stopped")
+        prepared = _reply(cold)  # read while it stands still, as the loop's collect does
+        assert prepared.kind == "ok"
+        # The device is free; the cold build gets it: it times, the pool stands still.
+        cold.submit(
+            Measure("synthetic", args, dict(OPTIMUM), HOST_DEVICE, {}, kept=True, cold=True), 5.0
+        )
+        sent_at = time.monotonic()
+        quiet.hold(True, [codegen])
+        assert _state(codegen.proc.pid) == "T"  # the pool still waits for the device
+        _until(lambda: _state(cold.proc.pid) != "T", "the cold build that times stayed stopped")
+        # Its deadline counts from when the request was sent, not from when it was stopped.
+        assert cold.deadline is not None and cold.deadline <= sent_at + 5.0 + 1.0
+        assert _reply(cold).kind == "ok"
+        quiet.hold(False, [codegen])
+        _until(lambda: _state(codegen.proc.pid) != "T", "the pool stayed stopped")
+    finally:
+        cold.close()
+        codegen.close()
 
 
 def test_disabled_never_stops_and_release_continues_everything() -> None:
