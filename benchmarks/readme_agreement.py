@@ -14,7 +14,8 @@ OpenCL device unless ``--device``):
    those processes over the run's figure;
 3. **top**: each of the ``--top`` best (default 5), measured alone the same way, is within
    ``--tolerance`` (default 15 %) of its in-run figure, or carries the run's own warning
-   (its status is not ``confirmed``, or its samples stayed noisy).
+   (its status is not ``confirmed``, its samples stayed noisy, or the run says its figures
+   are good to more than ± 15 % only: ``imprecise``).
 
 Beside the verdicts it records what the protocol study needs (docs/protocol.md, *Timing on
 a CPU device*): every process's samples (the search's, each confirmation's and each alone
@@ -187,9 +188,10 @@ def one_run(index: int, condition: str, opts: argparse.Namespace) -> dict[str, A
             runs = alone(b["reproduce"], env, opts.repeats)
             alone_median = statistics.median(h.quantile(s, 0.5) for s in runs)
             in_run = figure(b)
-            # The run's own warning: its status says other than confirmed, or noisy.
+            # The run's own warning: its status says other than confirmed, its samples stayed
+            # noisy, or the run's processes differ too much to quote any figure to 15 %.
             status = best_status(b.get("confirm_state"), b.get("disagrees"), b.get("standing"))
-            warned = status != BestStatus.CONFIRMED or bool(b.get("noisy"))
+            warned = status != BestStatus.CONFIRMED or bool(b.get("noisy") or b.get("imprecise"))
             ratio = in_run / alone_median
             rows.append(
                 {

@@ -62,6 +62,8 @@ CEILING = 0.5
 MIN_PAIRS = 3
 #: A configuration is timed in at most this many processes (the search's and fresh ones).
 MAX_PROCESSES = 3
+#: A run whose tolerance is over this quotes every figure with a warning (:func:`imprecise`).
+QUOTABLE = 0.15
 
 
 class Standing(StrEnum):
@@ -150,6 +152,16 @@ def estimate(finalists: Sequence[Finalist]) -> Spread:
     typical = agreement.median(diffs)
     tolerance = min(CEILING, max(agreement.FLOOR, FACTOR * typical))
     return Spread(typical, tolerance, len(diffs), processes)
+
+
+def imprecise(tolerance: float | None) -> bool:
+    """Whether a run's figures are too imprecise to quote to :data:`QUOTABLE`: its
+    between-process ``tolerance`` (a fresh process of any of its kernels lands within that
+    about 19 times in 20) is wider. On such a device a figure, confirmed or not, may be that
+    far from what the kernel measures alone, so the reports say so beside every figure
+    rather than let a confirmed 50 %-wide agreement read as a precise one. Unestimated
+    (None): the floor applies and nothing is said."""
+    return tolerance is not None and tolerance > QUOTABLE
 
 
 def consistent(a: Process, b: Process, spread: Spread) -> bool:

@@ -25,6 +25,7 @@ import psycopg
 
 from tests.helpers.coordinator import settings
 from tests.helpers.queue_data import insert_run, insert_trials, synthetic_configs
+from tunefleet.api.read import best_trial
 from tunefleet.api.tune import final_line
 from tunefleet.coordinator.budget import Speed
 from tunefleet.coordinator.cli import processes_line
@@ -277,6 +278,12 @@ def test_an_outlying_confirmation_is_re_timed_beside_the_best_and_the_search_was
     assert f" ± {tolerance} % from 3 processes, agrees" in (processes_line(result) or "")
     assert f"best trial {a}: " in last and f"± {tolerance} % across 3 processes" in last
     assert "shoot-out timed 2 more fresh process(es)" in last
+    # Processes 7 % apart typically: a ± over 15 %, said beside every figure of the run.
+    assert tolerance > 15
+    assert f"precision: every figure of this run is good to ± {tolerance} % only" in text
+    rows = read_best(db, run.run_id, top=3).best
+    assert [r["imprecise"] for r in rows] == [True, True, True]
+    assert best_trial(rows[2]).imprecise is True
 
 
 def test_finalists_closer_than_the_noise_are_named_not_re_timed(db):
@@ -290,6 +297,9 @@ def test_finalists_closer_than_the_noise_are_named_not_re_timed(db):
     text, last, _ = _report(db, run)
     assert f"settled: NO, trial {a} and trial {b} are closer than fresh processes" in text
     assert f"could NOT be separated from trial {b}" in last
+    # Processes 4 % apart: a ± of 12 %, figures quotable to 15 %: no precision warning.
+    assert "precision:" not in text
+    assert not any(r["imprecise"] for r in read_best(db, run.run_id, top=3).best)
 
 
 def test_when_no_finalist_agrees_the_run_says_it_could_not_separate_them(db):

@@ -142,3 +142,19 @@ def test_finalists_that_were_mostly_lucky_do_not_make_every_confirmation_agree()
     judged = [spread.judge(f, s) for f in fs]
     assert [j.agrees for j in judged] == [False, False, True]
     assert spread.rank(judged)[0].trial_id == 3
+
+
+@pytest.mark.parametrize(
+    ("tolerance", "warned", "why"),
+    [
+        (None, False, "no estimate: the floor applies, nothing to say"),
+        (0.03, False, "the floor: a GPU's processes"),
+        (spread.QUOTABLE, False, "exactly quotable"),
+        (0.151, True, "just over: a figure may be further off than 15 %"),
+        (spread.CEILING, True, "the ceiling: a laptop's processes 17 % apart typically"),
+    ],
+)
+def test_figures_are_imprecise_once_the_tolerance_is_over_quotable(
+    tolerance: float | None, warned: bool, why: str
+) -> None:
+    assert spread.imprecise(tolerance) is warned, why

@@ -159,6 +159,9 @@ class BestTrial:
     spread_typical: float | None = None
     #: The runner-up the run's best could not be told apart from (None: separated).
     unseparated_trial_id: int | None = None
+    #: The run's processes differ too much to quote its figures to 15 %
+    #: (:func:`tunefleet.spread.imprecise`): every figure of the run carries that warning.
+    imprecise: bool | None = None
 
     @property
     def confirmed(self) -> bool:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tunefleet import agreement
+from tunefleet import agreement, spread
 from tunefleet.busy import busy_shares
 from tunefleet.errors import RunError, first_line
 from tunefleet.options.args import command_line_args, problem_sizes, shell_join
@@ -342,6 +342,7 @@ def read_best(conn: Any, run_id: int, top: int = 1) -> BestOfRun:
     assert progress is not None  # the run exists
     for b in best:
         b["reproduce"] = reproduce_command(run, b)
+        b["imprecise"] = spread.imprecise(b.get("spread_tolerance"))
     default = _default_trial(conn, run)
     return BestOfRun(run, best, progress, default)
 
@@ -402,7 +403,7 @@ def best_text(found: BestOfRun) -> str:
         + ")",
         *headline(top),
         confirmation_text(top),
-        *filter(None, [noise_text(top), baseline_text(top, found.default)]),
+        *filter(None, [noise_text(top), precision_text(top), baseline_text(top, found.default)]),
         f"device: {top['device_name'] or '-'} (driver {top['driver_version'] or '-'})",
         "configuration:",
     ]
@@ -612,6 +613,20 @@ def confirmation_text(best: Row) -> str:
     elif best.get("disagrees"):
         text += "; the figures are not reproducible to that precision"
     return text
+
+
+def precision_text(best: Row) -> str | None:
+    """The ``precision:`` line when the run's processes differ too much to quote its figures
+    to :data:`tunefleet.spread.QUOTABLE` (every figure of the run, the table's too)."""
+    if not spread.imprecise(best.get("spread_tolerance")):
+        return None
+    return (
+        f"precision: every figure of this run is good to ± {100 * best['spread_tolerance']:.0f} "
+        f"% only: fresh processes of one kernel differ by {100 * best['spread_typical']:.1f} % "
+        f"on this device (over {100 * spread.QUOTABLE:.0f} %: is other work on its cores? see "
+        "docs/protocol.md), so a figure here, confirmed or not, may be that far from the "
+        "kernel's time alone"
+    )
 
 
 def noise_text(best: Row) -> str | None:
