@@ -1,8 +1,9 @@
 """CI's type check (.ci/typecheck.py) sees across the repository's top-level folders: a call
 from ``src/`` into ``coordinator/`` is typed against the coordinator's real signature.
 
-The check runs on a copy of the checkout (its own mypy cache, so the two runs below are a cold
-and a warm one, about 15 s together on one core): once as it is (passes), once with a wrong
+The check runs on a copy of the checkout (with a copy of the checkout's mypy cache where CI's
+type check left one: 6 s for both runs instead of 21 s cold, on one core): once as it is
+(passes), once with a wrong
 keyword planted at the API's ``CoordinatorSettings.build(...)`` call (fails, naming the file).
 Plain ``mypy`` with pyproject's settings missed that planted keyword: it checks
 ``coordinator/`` under its folder name and types ``tunefleet.coordinator.*`` as ``Any``.
@@ -28,6 +29,11 @@ def _copy_checkout(to: Path) -> None:
     for folder in ("src", "coordinator", "worker", "migrations", ".ci"):
         shutil.copytree(ROOT / folder, to / folder, ignore=ignore)
     shutil.copy2(ROOT / "pyproject.toml", to / "pyproject.toml")
+    # The checkout's own cache where CI's type check (or a developer's) left one: mypy
+    # re-checks what differs by content, so the clean run is a warm one.
+    cache = ROOT / ".mypy_cache" / "installed"
+    if cache.is_dir():
+        shutil.copytree(cache, to / ".mypy_cache" / "installed")
 
 
 def _typecheck(root: Path) -> subprocess.CompletedProcess[str]:
