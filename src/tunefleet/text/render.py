@@ -623,9 +623,9 @@ def precision_text(best: Row) -> str | None:
     return (
         f"precision: every figure of this run is good to ± {100 * best['spread_tolerance']:.0f} "
         f"% only: fresh processes of one kernel differ by {100 * best['spread_typical']:.1f} % "
-        f"on this device (over {100 * spread.QUOTABLE:.0f} %: is other work on its cores? see "
-        "docs/protocol.md), so a figure here, confirmed or not, may be that far from the "
-        "kernel's time alone"
+        f"on this device (over {100 * spread.QUOTABLE:.0f} %: other work on its cores, or a "
+        "device whose speed varies from process to process; see docs/protocol.md), so a figure "
+        "here, confirmed or not, may be that far from the kernel's time alone"
     )
 
 
