@@ -1,8 +1,9 @@
 """Does ``tunefleet importance`` find the parameters that decide the speed after a default
 search? Device-free, no database: the planted register-tile landscape of
 ``tests/helpers/planted.py`` (speed decided by ``reg_i`` and ``reg_j``), searched by
-``--technique`` (the default technique unless given; the published run,
-``importance_search.json``, is ``NeighbourhoodSearch``'s, the default then) for
+``--technique`` (the default technique unless given; ``importance_search.json`` is
+``NeighbourhoodSearch``'s, the default then, ``importance_search_modelsearch.json``
+``ModelSearch``'s) for
 ``--trials`` trials from ``--seeds`` seeds, at each of ``--workers`` (configurations asked
 for at a time, as the engine asks for a fleet). For every search:
 whether both decisive parameters are among the first three
@@ -60,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         runs = []
         for seed in range(args.seeds):
             techniques = [args.technique] if args.technique else []
-            rows = planted.search(seed, args.trials, techniques, workers=workers)
-            report = importance.analyse(rows, seed=0)
+            trials = planted.search(seed, args.trials, techniques, workers=workers)
+            report = importance.analyse(trials, seed=0)
             before = ranks(report, "forest" if report["method"] == "forest" else "variance")
             after = ranks(report, None)
             share = {
