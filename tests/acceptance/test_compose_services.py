@@ -181,6 +181,8 @@ def test_docker_compose_up_runs_the_demo_end_to_end(stack, tmp_path):
             worker.wait()
             code = None  # reported below, unless the run's own failure is on its way
     assert code == 0, f"the worker's stop (exit {code}): " + worker_log.read_text()
+    # `docker compose logs worker` tells what it did (the service runs with -v).
+    assert "claimed trial" in worker_log.read_text()
 
     with _admin(stack) as db:
         run = db.execute("SELECT * FROM tunefleet.run_progress").fetchone()
