@@ -617,8 +617,9 @@ def confirmation_text(best: Row) -> str:
 
 def precision_text(best: Row) -> str | None:
     """The ``precision:`` line when the run's processes differ too much to quote its figures
-    to :data:`tunefleet.spread.QUOTABLE` (every figure of the run, the table's too)."""
-    if not spread.imprecise(best.get("spread_tolerance")):
+    to :data:`tunefleet.spread.QUOTABLE` (every figure of the run, the table's too;
+    ``imprecise`` as :func:`read_best` set it)."""
+    if not best.get("imprecise"):
         return None
     return (
         f"precision: every figure of this run is good to ± {100 * best['spread_tolerance']:.0f} "
