@@ -48,6 +48,16 @@ def test_cpu_devices_share_the_host_cores_gpus_and_the_host_device_do_not() -> N
     assert not shares_host_cores(HOST_DEVICE)
 
 
+def _reply(child: Child, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    reply = child.poll()
+    while reply is None:
+        assert time.monotonic() < deadline, f"{child.name} never answered"
+        multiprocessing.connection.wait(child.waitables(), timeout=0.5)
+        reply = child.poll()
+    return reply
+
+
 def test_paused_while_timing_continued_after_and_its_deadline_waits() -> None:
     child = Child("codegen")
     # 2 s: the preparation must still be running when the test stops the child, however
@@ -68,23 +78,9 @@ def test_paused_while_timing_continued_after_and_its_deadline_waits() -> None:
         quiet.hold(False, [child])
         assert _state(child.proc.pid) != "T"
         assert child.deadline is not None and child.deadline > first_deadline
-        reply = None
-        while reply is None:
-            multiprocessing.connection.wait(child.waitables(), timeout=0.5)
-            reply = child.poll()
-        assert reply.kind == "ok"
+        assert _reply(child).kind == "ok"
     finally:
         child.close()
-
-
-def _reply(child: Child, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    reply = child.poll()
-    while reply is None:
-        assert time.monotonic() < deadline, f"{child.name} never answered"
-        multiprocessing.connection.wait(child.waitables(), timeout=0.5)
-        reply = child.poll()
-    return reply
 
 
 def test_a_cold_build_stopped_while_it_prepared_runs_once_it_is_handed_the_device() -> None:
