@@ -150,6 +150,13 @@ class Link:
         with self.held():
             return self._get()
 
+    def ready(self) -> bool:
+        """Whether the connection is open, or a new one opened now (the backoff allowing)."""
+        try:
+            return self.get() is not None
+        except DatabaseUnavailable:
+            return False
+
     def _get(self) -> psycopg.Connection[Any] | None:
         if self.conn is not None and not self.conn.closed:
             return self.conn

@@ -30,14 +30,20 @@ dispatching end, ``stop`` releases every held trial that is not being timed, the
 timed finishes and is recorded, then the worker exits 0.
 
 What this module decides itself is only the order of things and the database's answers
-(a lost lease, a refused claim, a zombie's completion). The rest lives beside it:
+(a lost lease, a zombie's completion). The rest lives beside it:
 
+``holding``  the held trials, in claim order, and their leases: the one place a trial is
+             taken and forgotten
+``claims``   the claim stage: how many to claim, a refused claim (one bad row), nothing to
+             claim (drained, stood aside from every open run), ``--max-trials``
+``dispatch`` the dispatch stage: which process works on which held trial (code generation,
+             a cold build, the device), and the limits of each request
 ``results``  a held trial (:class:`~tunefleet.worker.results.Held`) and how a child's reply
              ends it (verdict, error, measurement row)
 ``outbox``   what a finished trial leaves in the database (the fenced completion, a
              hand-back, a stand-aside row) and the books of what was written (``complete``)
 ``cold``     a confirmation's cold build: a fresh process that prepares beside the device's
-             work and then times what it kept (``dispatch``)
+             work and then times what it kept
 ``timeline`` the moments a held trial passed here, and the phases they add up to
 ``judge``    whether an error is the configuration's or this worker's environment's (a
              trial may be held as a *suspect*; the worker may stand aside from a run): pure,
@@ -72,24 +78,19 @@ from tunefleet.db import pooler
 from tunefleet.db.engine import connect
 from tunefleet.db.pooler import Route
 from tunefleet.devices import HOST_DEVICE, DeviceInfo
-from tunefleet.errors import (
-    DatabaseProblem,
-    DatabaseUnavailable,
-    DeviceError,
-    StandingAside,
-    TunefleetError,
-    first_line,
-)
+from tunefleet.errors import DatabaseProblem, DeviceError, TunefleetError
 from tunefleet.queries import queue
-from tunefleet.queries.queue import ClaimedTrial
 from tunefleet.timeline import timing_share
 from tunefleet.version import __version__
 from tunefleet.vocabulary import ANY_DEVICE_CLASS, TrialState
 
 from . import results
-from .cold import ColdBuilds, at_once
-from .heartbeat import Heartbeat, HeldLeases, Liveness
-from .judge import Decision, Judge, Trial, cannot_serve
+from .claims import Claims
+from .cold import ColdBuilds
+from .dispatch import DEVICE_START_TIMEOUT_S, Dispatch
+from .heartbeat import Heartbeat, Liveness
+from .holding import BEFORE_CODE, Holding
+from .judge import Decision, Judge, Trial
 from .link import DatabaseDown, Link
 from .outbox import Outbox, Sent
 from .pool import CodegenPool
@@ -98,26 +99,14 @@ from .results import Held
 from .settings import WorkerSettings
 from .signals import Signals
 from .sizing import Sizing, detect_resources
-from .supervise import Child, Describe, Measure, Open, Prepare, Reply
-from .timeline import Marks
+from .supervise import Child, Describe, Open, Reply
 from .vocabulary import ReplyKind, Stage, Verdict
 from .wake import Wakeups
 
 log = logging.getLogger("tunefleet.worker")
 
-#: How long opening the device (or finding it) may take before we give up.
-DEVICE_START_TIMEOUT_S = 120.0
-#: Longest wait between claims the database keeps refusing (doubling from ``poll_s``).
-CLAIM_BACKOFF_S = 60.0
-#: Trials set aside in a row, without a claim that worked between them, before the worker
-#: calls it something other than bad rows (and only waits and retries).
-MAX_SKIPS_IN_ROW = 3
 #: A worker of the same host counts as sharing its cores while its heartbeat is this fresh.
 PEER_ALIVE_S = 60.0
-#: A search trial whose first launch takes this many times the best this worker measured of
-#: its run is raced: a couple of timed launches, not the protocol's count (kernels of a GEMM
-#: space span three orders of magnitude; a 3 s kernel took 39 s of a 60 s run in full).
-RACE_FACTOR = 5.0
 #: Stages of the held trials a graceful stop releases (all but the one being timed).
 RELEASED_ON_STOP = (Stage.CLAIMED, Stage.PREPARING, Stage.PREPARED, Stage.SUSPECT)
 
@@ -127,15 +116,12 @@ class Worker:
         self.settings = settings
         self.url = url
         self.worker_id: UUID = uuid4()
-        #: Returned by registration; claims, the worker heartbeat and the stop present it.
-        self.worker_secret = ""
         self.host = socket.gethostname()
         self.pid = os.getpid()
-        self.device: DeviceInfo = HOST_DEVICE
         self.device_id: int | None = None
-        self.classes: list[str] = [ANY_DEVICE_CLASS]
-        self.held: dict[int, Held] = {}
-        self.leases = HeldLeases()
+        #: The trials this worker holds, and their leases (which the heartbeat renews).
+        self.held = Holding()
+        self.leases = self.held.leases
         self.device_child = Child("device")
         #: The cold builds (confirmations) in progress, each a one-shot child with caches
         #: of its own (:mod:`tunefleet.worker.cold`).
@@ -168,21 +154,35 @@ class Worker:
         self.heartbeat: Heartbeat | None = None
         self.signals = Signals(settings.lease_s, self._children)
         self.judge = Judge(settings.stand_aside_after)
-        self.drained = False
-        self.idle = False
         #: A graceful stop has checked its leases once (:meth:`_beat_for_stop`).
         self._stop_beaten = False
-        self.claimed = 0
         #: The finished trials' writes, and the books of them: outcomes, seconds timed, the
-        #: fastest median per run (a search trial far slower is raced: :data:`RACE_FACTOR`).
+        #: fastest median per run (the racing bound of ``dispatch``).
         self.outbox = Outbox(self.link, self.worker_id)
-        self.next_claim_at = 0.0
+        #: The stages with books of their own: claiming, and handing trials to processes.
+        self.claims = Claims(
+            settings,
+            self.link,
+            self.wake,
+            self.judge,
+            self.held,
+            self.worker_id,
+            self.host,
+            settle=self._settle_suspects,
+        )
+        self.dispatch = Dispatch(
+            settings,
+            self.held,
+            self.pool,
+            self.colds,
+            self.device_child,
+            self.liveness,
+            self.outbox.best_s,
+            open_device=self._open_device,
+            on_reply=self._on_reply,
+        )
         self.next_reap_at = 0.0
         self.exit_code = 0
-        self.claim_failures = 0
-        #: Trials whose claim the database refused (one bad row), never claimed again here.
-        self.skipped: dict[int, str] = {}
-        self.skips_in_row = 0
 
     # --- the loop ------------------------------------------------------------------------------
     def run(self) -> int:
@@ -213,6 +213,33 @@ class Worker:
         finally:
             self.quiet.release()  # whatever ended the loop, nothing of ours stays stopped
             self._teardown()
+
+    @property
+    def worker_secret(self) -> str:
+        """Returned by registration; claims, the worker heartbeat and the stop present it."""
+        return self.claims.secret
+
+    @worker_secret.setter
+    def worker_secret(self, secret: str) -> None:
+        self.claims.secret = secret
+
+    @property
+    def device(self) -> DeviceInfo:
+        """The device served (the host until start-up has found it)."""
+        return self.dispatch.device
+
+    @device.setter
+    def device(self, device: DeviceInfo) -> None:
+        self.dispatch.device = device
+
+    @property
+    def classes(self) -> list[str]:
+        """The device classes this worker claims trials of."""
+        return self.claims.classes
+
+    @classes.setter
+    def classes(self, classes: list[str]) -> None:
+        self.claims.classes = classes
 
     @property
     def stopping(self) -> bool:
@@ -383,15 +410,15 @@ class Worker:
             return False
         if self.stopping:
             return True
-        if self.settings.max_trials is not None and self.claimed >= self.settings.max_trials:
+        if self.claims.exhausted:
             log.info("reached --max-trials %s", self.settings.max_trials)
             return True
-        return self.drained
+        return self.claims.drained
 
     def step_collect(self) -> None:
         now = time.monotonic()
         for child in self._children():
-            held = next((h for h in self.held.values() if h.child is child), None)
+            held = self.held.of_child(child)
             reply = child.poll(now)
             if reply is not None and held is not None:
                 self._on_reply(held, reply)
@@ -413,11 +440,11 @@ class Worker:
                 continue  # a finished result is still sent: the fence decides
             if held.child is not None:
                 held.child.kill()  # the evaluation is someone else's business now
-            self._forget(held)
+            self.held.forget(held)
             self.outbox.outcomes["lost"] += 1
 
     def step_start_next(self) -> None:
-        if self.device_child.alive and not self._device_busy():
+        if self.device_child.alive and not self.dispatch.device_busy():
             self.step_dispatch()
 
     def step_complete(self) -> None:
@@ -425,20 +452,20 @@ class Worker:
         environment fault, the trial itself back uncounted."""
         if not self.outbox.record_stand_asides(self.worker_secret):
             return
-        for held in [h for h in self.held.values() if h.stage == Stage.FINISHED]:
-            if not self._db_ready():
+        for held in self.held.in_stages(Stage.FINISHED):
+            if not self.link.ready():
                 return
             handback = held.state == Verdict.HANDBACK
             sent = self.outbox.hand_back(held) if handback else self.outbox.send(held)
             if sent is Sent.LATER:
                 return  # the database went away: tried again after reconnecting
             if sent is Sent.GONE:
-                self._forget(held)
-                self.next_claim_at = 0.0  # room for another trial
+                self.held.forget(held)
+                self.claims.due()  # room for another trial
 
     def step_reap(self) -> None:
         now = time.monotonic()
-        if self.stopping or now < self.next_reap_at or not self._db_ready():
+        if self.stopping or now < self.next_reap_at or not self.link.ready():
             return
         self.next_reap_at = now + self.settings.reap_s
         try:
@@ -454,184 +481,27 @@ class Worker:
                 r.state,
             )
             if r.state == TrialState.PENDING:
-                self.next_claim_at = 0.0
+                self.claims.due()
 
     def step_claim(self) -> None:
         if self.stopping:
             return
-        limit = self.capacity - len(self._busy())
-        if self.claim_failures:
-            limit = min(limit, 1)  # find the one bad row: claim one at a time
-        if self.settings.max_trials is not None:
-            limit = min(limit, self.settings.max_trials - self.claimed)
-            if limit <= 0:
-                self._settle_suspects("no more trials may be claimed (--max-trials)")
         now = time.monotonic()
-        if limit <= 0 or now < self.next_claim_at or not self._db_ready():
-            return
-        listen_first = self.wake.wants_listen(self._ready_for_device())
-        try:
-            claims = self.link.run(
-                queue.claim_trials,
-                worker_id=self.worker_id,
-                secret=self.worker_secret,
-                device_classes=self.classes,
-                limit=limit,
-                lease_s=self.settings.lease_s,
-                excluded_runs=sorted(self.judge.excluded),
-                skipped_trials=sorted(self.skipped),
-                listen_first=listen_first,
-            )
-        except DatabaseDown:
-            return
-        except psycopg.DatabaseError as exc:
-            self.wake.listening |= listen_first  # the LISTEN went first, in its own commit
-            self._claim_refused(exc, limit, now)
-            return
-        self.wake.listening |= listen_first
-        self.claim_failures = 0
-        if claims:
-            self._take(claims, now)
-        else:
-            self._found_nothing(now)
-        ready = self._ready_for_device()
-        self.next_claim_at = self.wake.after_claim(now, len(claims), limit, ready)
-        if self.wake.wants_unlisten(ready):
-            try:
-                self.link.run(queue.unlisten)
-                self.wake.listening = False
-            except DatabaseDown:
-                pass
+        if self.claims.step(self.capacity) and self.pool.first_claim_at is None:
+            self.pool.first_claim_at = now
 
     def step_dispatch(self) -> None:
-        if self.stopping:
-            return  # the trial being timed finishes; nothing new starts
-        inline = not self.pool.children
-        for child in self.pool.active():
-            if child.busy:
-                continue
-            held = self._first(Stage.CLAIMED, cold=False)
-            if held is None:
-                break
-            c = held.claim
-            child.submit(
-                Prepare(c.problem, c.problem_args, c.config, self.device, self.settings.prebuild),
-                self._evaluation_limit(c),
-                tag=c.key,
-            )
-            held.stage, held.child = Stage.PREPARING, child
-            held.marks.prepare_sent = time.monotonic()
-        idle = sum(not child.busy for child in self.pool.active())
-        while len(self.colds) < at_once(self.pool.resources.cores, idle):
-            held = self._first(Stage.CLAIMED, cold=True)
-            if held is None:
-                break
-            self._prepare_cold(held)
-        if self._device_busy():
-            return
-        held = self._next_to_time(inline)
-        if held is None:
-            return
-        c = held.claim
-        if held.cold:
-            self._time_cold(held)
-            return
-        if not self.device_child.alive:
-            with self.liveness.blocking(DEVICE_START_TIMEOUT_S):
-                self.device_child.start()
-                self._open_device()
-        race = self._race_above(c)
-        if inline:
-            self.device_child.submit(
-                self._measure(c, inline_prepare=True, race_above_s=race), self._timeout(c), c.key
-            )
-        else:
-            # Timing gets what code generation left of the evaluation's one limit (never more
-            # than the trial's own): a slow build followed by a slow timing is one slow
-            # evaluation, cut off at the limit, not after the two limits added up.
-            limit, left = self._evaluation_limit(c), self._evaluation_limit(c) - held.spent_s
-            own = self._timeout(c)
-            self.device_child.submit(
-                self._measure(c, prepared=held.prepared, inline_prepare=False, race_above_s=race),
-                min(own, left),
-                tag=c.key,
-                limit_s=limit if left < own else own,
-            )
-        held.stage, held.child, held.prepared = Stage.MEASURING, self.device_child, None
-        held.marks.measure_sent = time.monotonic()
-        log.debug("timing trial %s", c.trial_id)
-
-    def _ready_for_device(self) -> int:
-        """The trials held ready for the device or on it: none means the device waits (on
-        code generation, or for work), and ``wake`` may listen for the next batch."""
-        return sum(h.stage in (Stage.PREPARED, Stage.MEASURING) for h in self.held.values())
-
-    def _next_to_time(self, inline: bool) -> Held | None:
-        """The held trial the device takes next: a prepared cold build first (a
-        confirmation, which a run's time budget waits for), else the first (in claim order)
-        that is prepared, or claimed without code-generation processes."""
-        cold = self._first(Stage.PREPARED, cold=True)
-        if cold is not None:
-            return cold
-        ready = Stage.CLAIMED if inline else Stage.PREPARED
-        return self._first(ready, cold=False)
-
-    def _prepare_cold(self, held: Held) -> None:
-        """The first half of a cold build (:mod:`tunefleet.worker.cold`): a fresh process
-        with caches of its own generates, builds and readies ``held`` beside the device's
-        other work."""
-        c = held.claim
-        child = self.colds.start(c.trial_id)
-        child.submit(
-            Prepare(
-                c.problem, c.problem_args, c.config, self.device, keep=True, protocol=c.protocol
-            ),
-            self._evaluation_limit(c),
-            tag=c.key,
-        )
-        held.stage, held.child = Stage.PREPARING, child
-        held.marks.prepare_sent = time.monotonic()
-        log.info("trial %s: a cold build in a fresh process", c.trial_id)
-
-    def _time_cold(self, held: Held) -> None:
-        """The second half: the cold build's own process times what it kept, while the device
-        process stands idle (one timing at a time)."""
-        c = held.claim
-        child = self.colds.child(c.trial_id)
-        if child is None or not child.alive:  # what it kept went with it
-            self._on_reply(held, Reply(ReplyKind.DIED, message="ended before it was timed"))
-            return
-        limit, left = self._evaluation_limit(c), self._evaluation_limit(c) - held.spent_s
-        child.submit(self._measure(c, kept=True, cold=True), left, tag=c.key, limit_s=limit)
-        self.colds.timing(c.trial_id)
-        held.stage, held.child = Stage.MEASURING, child
-        held.marks.measure_sent = time.monotonic()
-
-    def _race_above(self, c: ClaimedTrial) -> float | None:
-        """The racing bound of claim ``c``: :data:`RACE_FACTOR` times the best this worker
-        measured of its run (a confirmation is a cold build, never raced)."""
-        best = self.outbox.best_s.get(c.run_id)
-        return None if best is None else RACE_FACTOR * best
-
-    def _measure(self, c: ClaimedTrial, **how: Any) -> Measure:
-        """The request that times claim ``c`` on this worker's device (``how``: the prepared
-        kernel or inline preparation, a cold build)."""
-        return Measure(c.problem, c.problem_args, c.config, self.device, c.protocol, **how)
+        if not self.stopping:  # stopping: the trial being timed finishes; nothing new starts
+            self.dispatch.step()
 
     def _sweep_colds(self) -> None:
         """End the cold builds whose trial has finished here or is no longer held."""
-        self.colds.sweep(
-            [h.claim.trial_id for h in self.held.values() if h.stage != Stage.FINISHED]
-        )
-
-    def _device_busy(self) -> bool:
-        """Something times on the device: the device process, or a cold build."""
-        return self.device_child.busy or self.colds.holds_device
+        self.colds.sweep(self.held.unfinished_ids())
 
     def step_isolate(self) -> None:
         """While the device process holds a request on a CPU device, the code-generation
         processes stand still (:mod:`tunefleet.worker.quiet`); once it is idle they run."""
-        self.quiet.hold(self._device_busy(), [*self.pool.children, *self.colds.preparing()])
+        self.quiet.hold(self.dispatch.device_busy(), [*self.pool.children, *self.colds.preparing()])
 
     def step_stop(self) -> None:
         """While stopping: give back every held trial that is not being timed. If the database
@@ -641,11 +511,11 @@ class Worker:
         if not self._stop_beaten:
             self._stop_beaten = True
             self._beat_for_stop()
-        waiting = [h for h in self.held.values() if h.stage in RELEASED_ON_STOP]
+        waiting = self.held.in_stages(*RELEASED_ON_STOP)
         deadline = self.signals.stop_deadline
         if deadline is not None and time.monotonic() > deadline:
-            unsent = [h for h in self.held.values() if h.stage != Stage.MEASURING]
-            if unsent and not self._db_ready():
+            unsent = [h for h in self.held if h.stage != Stage.MEASURING]
+            if unsent and not self.link.ready():
                 log.warning(
                     "giving up on %s held trial(s): database unreachable; their leases expire "
                     "within %g s",
@@ -655,10 +525,10 @@ class Worker:
                 for held in unsent:
                     if held.child is not None:
                         held.child.kill()
-                    self._forget(held)
+                    self.held.forget(held)
                 self.exit_code = 1
                 return
-        if not waiting or not self._db_ready():
+        if not waiting or not self.link.ready():
             return
         for held in waiting:
             if held.child is not None:
@@ -674,14 +544,14 @@ class Worker:
             if held.claim.trial_id in released:
                 log.info("released trial %s (back to pending)", held.claim.trial_id)
                 self.outbox.outcomes["released"] += 1
-            self._forget(held)
+            self.held.forget(held)
 
     def _beat_for_stop(self) -> None:
         """A graceful stop lets the trial being timed finish, unless it is no longer ours:
         one heartbeat now (not at the next interval) finds a trial its run handed back (a
         time budget's deadline cancels what is in flight), and ``abandon_lost`` then drops it
         at once instead of timing it to the end for a result the fence would refuse."""
-        if self.heartbeat is None or self._first(Stage.MEASURING) is None:
+        if self.heartbeat is None or self.held.first(Stage.MEASURING) is None:
             return
         self.heartbeat.beat()
 
@@ -689,19 +559,17 @@ class Worker:
         """Book the time since the last turn under what the device was doing then; when the
         window is full, let the controller resize the pool and report the sizing."""
         now = time.monotonic()
-        starved = not self.stopping and any(
-            h.stage in (Stage.CLAIMED, Stage.PREPARING) for h in self.held.values()
-        )
-        self.pool.book(now, busy=self._device_busy(), starved=starved)
-        self.pool.retire(self._in_use())
+        starved = not self.stopping and self.held.any_in(*BEFORE_CODE)
+        self.pool.book(now, busy=self.dispatch.device_busy(), starved=starved)
+        self.pool.retire(self.held.children())
         device = [self.device_child.proc.pid] if self.device_child.proc is not None else []
         ended = self.pool.end_window(now, [self.pid, *device])
         if ended is None:
             return
         window, whole = ended
-        if whole and not self.stopping and self.pool.control(window, self._in_use()):
-            self.next_claim_at = 0.0  # a larger prefetch claims at once
-        if self._db_ready():
+        if whole and not self.stopping and self.pool.control(window, self.held.children()):
+            self.claims.due()  # a larger prefetch claims at once
+        if self.link.ready():
             try:
                 self.link.run(self._report)
             except DatabaseDown:
@@ -709,7 +577,7 @@ class Worker:
 
     def step_wait(self) -> None:
         if self.wake.listening:
-            self._pump_notifications()
+            self.claims.pump_notifications()
         now = time.monotonic()
         # Turn at least every half of the liveness allowance: a loop that waits longer
         # looks stuck to the heartbeat thread.
@@ -717,7 +585,7 @@ class Worker:
         if not self.stopping:
             deadlines.append(self.next_reap_at)
         if not self.stopping and len(self.held) < self.capacity:
-            deadlines.append(self.next_claim_at)
+            deadlines.append(self.claims.next_at)
         for child in self._children():
             if child.busy and child.deadline is not None:
                 deadlines.append(child.deadline)
@@ -725,7 +593,7 @@ class Worker:
             wait = self.link.wait_s()
             if wait is not None:
                 deadlines.append(now + wait)
-        if any(h.stage == Stage.FINISHED for h in self.held.values()) and self.link.up:
+        if self.held.any_in(Stage.FINISHED) and self.link.up:
             deadlines.append(now)
         if self.stopping and self.signals.stop_deadline is not None:
             deadlines.append(self.signals.stop_deadline)
@@ -742,7 +610,7 @@ class Worker:
         if self.signals.waitable in ready:
             self.signals.drain()
         if db is not None and db in ready:
-            self._pump_notifications()
+            self.claims.pump_notifications()
 
     def step_finish(self) -> None:
         if self.heartbeat is not None:
@@ -755,94 +623,6 @@ class Worker:
         outcomes = sorted(self.outbox.outcomes.items())
         summary = ", ".join(f"{k} {v}" for k, v in outcomes) or "nothing"
         log.info("worker %s exiting: %s", self.worker_id, summary)
-
-    # --- claims --------------------------------------------------------------------------------
-    def _take(self, claims: Sequence[ClaimedTrial], now: float) -> None:
-        self.skips_in_row = 0
-        if self.pool.first_claim_at is None:
-            self.pool.first_claim_at = now
-        taken = time.monotonic()
-        for claim in claims:
-            self.held[claim.trial_id] = Held(claim, marks=Marks(taken))
-            self.leases.add(claim.key)
-            self.claimed += 1
-            log.info(
-                "claimed trial %s (run %s, attempt %s/%s)",
-                claim.trial_id,
-                claim.run_id,
-                claim.attempt,
-                claim.max_attempts,
-            )
-        self.next_claim_at = 0.0
-        self.drained = self.idle = False
-
-    def _found_nothing(self, now: float) -> None:
-        """Nothing to claim: settle the suspects nothing else can, and (holding nothing)
-        find out whether there is work left at all. (When to claim again is ``wake``'s.)"""
-        self._settle_suspects("no other trial of the run to compare with")
-        if not self.held and not self.idle:
-            self.idle = True
-            log.info(
-                "waiting for work (polling, backing off to every %g s%s)",
-                self.settings.poll_s,
-                ", woken by notifications" if self.wake.listen else "",
-            )
-        excluded = self.judge.excluded
-        if self.held or not (self.settings.drain or excluded):
-            return
-        try:
-            if excluded:
-                work = self.link.run(queue.open_work, self.classes, sorted(excluded))
-                if work.excluded and not work.servable:
-                    raise StandingAside(cannot_serve(str(self.worker_id), self.host, excluded))
-                open_work = work.servable or work.excluded
-            else:
-                open_work = self.link.run(queue.has_open_trials, self.classes)
-        except DatabaseDown:
-            return
-        if self.settings.drain:
-            self.drained = not open_work
-            if self.drained:
-                log.info(
-                    "drained: no trial of classes %s is pending or running, and no live "
-                    "coordinator drives a run of them",
-                    self.classes,
-                )
-
-    def _claim_refused(self, exc: psycopg.DatabaseError, limit: int, now: float) -> None:
-        """Never die of one bad row. A claim the database refuses (a row in a state no
-        statement of ours expects) is tried again for one trial; refused again, that trial is
-        the bad row: logged, never claimed again by this worker, and the worker goes on.
-        While that cannot be told apart (nothing pending, a read that fails too, or several
-        trials in a row refused: then it is not one row), it waits, longer each time."""
-        reason = first_line(exc)
-        self.claim_failures += 1
-        bad: int | None = None
-        if limit == 1 and self.skips_in_row < MAX_SKIPS_IN_ROW:
-            try:
-                bad = self.link.run(
-                    queue.next_pending,
-                    device_classes=self.classes,
-                    excluded_runs=sorted(self.judge.excluded),
-                    skipped_trials=sorted(self.skipped),
-                )
-            except (DatabaseDown, psycopg.DatabaseError):
-                bad = None
-        if bad is not None:
-            self.skipped[bad] = reason
-            self.skips_in_row += 1
-            self.claim_failures = 0
-            log.error(
-                "trial %s cannot be claimed (%s); this worker leaves it alone and goes on",
-                bad,
-                reason,
-            )
-            return
-        delay = 0.0
-        if self.claim_failures > 1:
-            delay = min(self.settings.poll_s * 2 ** (self.claim_failures - 2), CLAIM_BACKOFF_S)
-        self.next_claim_at = now + delay
-        log.error("claim failed: %s; trying one trial at a time in %g s", reason, delay)
 
     # --- replies from the children, and the fault policy -------------------------------------
     def _on_reply(self, held: Held, reply: Reply) -> None:
@@ -860,11 +640,11 @@ class Worker:
             return
         ended = results.ending(held.claim, reply, preparing)
         held.finish(ended.verdict, ended.error, ended.measurement)
-        decision = self.judge.judge(held.seen(), self._seen())
+        decision = self.judge.judge(held.seen(), self.held.seen())
         self._execute(decision)
         if decision.ask:
             elsewhere = self._handed_back_elsewhere(decision.ask)
-            self._execute(self.judge.weigh(decision.ask, elsewhere, self._seen()))
+            self._execute(self.judge.weigh(decision.ask, elsewhere, self.held.seen()))
         if held.stage == Stage.FINISHED and held.state not in (
             Verdict.DONE,
             Verdict.INVALID,
@@ -904,10 +684,10 @@ class Worker:
                 self.host,
                 reason,
             )
-            self.next_claim_at = 0.0
+            self.claims.due()
 
     def _settle_suspects(self, why: str) -> None:
-        self._execute(self.judge.settle(self._seen(), why))
+        self._execute(self.judge.settle(self.held.seen(), why))
 
     def _handed_back_elsewhere(self, streak: Sequence[Trial]) -> dict[int, set[str]] | None:
         """Which of the streak's trials other workers handed back, for which errors
@@ -967,7 +747,7 @@ class Worker:
         self.colds.kill()
         for child in self.pool.children:
             child.kill()
-        unfinished = [h for h in self.held.values() if h.stage != Stage.FINISHED]
+        unfinished = [h for h in self.held if h.stage != Stage.FINISHED]
         try:
             if unfinished:
                 self.link.run(
@@ -995,62 +775,8 @@ class Worker:
         self.signals.close()
 
     # --- helpers ---------------------------------------------------------------------------------
-    def _pump_notifications(self) -> None:
-        """Read notifications without waiting (psycopg also queues those that arrived during
-        other statements); one for our classes makes the next claim due now."""
-        for payload in self.link.notifies():
-            if not payload or payload in self.classes:
-                self.next_claim_at = self.wake.woken(time.monotonic())
-
-    def _db_ready(self) -> bool:
-        try:
-            return self.link.get() is not None
-        except DatabaseUnavailable:
-            return False
-
     def _children(self) -> list[Child]:
         return [*self.pool.children, self.device_child, *self.colds.children()]
-
-    def _in_use(self) -> list[Child]:
-        """The children tied to a held trial."""
-        return [h.child for h in self.held.values() if h.child is not None]
-
-    def _seen(self) -> list[Trial]:
-        """The held trials as the fault policy sees them."""
-        return [h.seen() for h in self.held.values()]
-
-    def _busy(self) -> list[Held]:
-        """Held trials that count against the capacity (all but the suspects)."""
-        return [h for h in self.held.values() if h.stage != Stage.SUSPECT]
-
-    def _timeout(self, claim: ClaimedTrial) -> float:
-        return claim.timeout_s if claim.timeout_s else self.settings.timeout_s
-
-    def _evaluation_limit(self, claim: ClaimedTrial) -> float:
-        """The one limit of a whole evaluation (code generation, build, validation, timing)
-        with code-generation processes, and of a cold build. It is never less than the
-        worker's own timeout: the run's adaptive
-        timeout follows its best kernel time, and loopy's code generation time varies far
-        more between configurations than the slowest one seen early in a run predicts (a
-        256^3 GEMM on PoCL: 6.4 s the slowest of the first results, over 19 s for two later
-        ones). A slow code generation is not a bad configuration; a hung one is still cut
-        off."""
-        return max(self._timeout(claim), self.settings.timeout_s)
-
-    def _first(self, stage: Stage, cold: bool | None = None) -> Held | None:
-        """The first held trial in ``stage`` (and, given ``cold``, of that kind)."""
-        return next(
-            (
-                h
-                for h in self.held.values()
-                if h.stage == stage and (cold is None or h.cold == cold)
-            ),
-            None,
-        )
-
-    def _forget(self, held: Held) -> None:
-        self.held.pop(held.claim.trial_id, None)
-        self.leases.remove(held.key)
 
 
 def _process_alive(pid: int | None) -> bool:

@@ -11,7 +11,7 @@ them.
 
 The books: outcomes by kind (the worker's closing summary), the seconds its device spent
 timing (its timing share), and the fastest median it measured per run (the racing bound,
-``loop.RACE_FACTOR``).
+``dispatch.RACE_FACTOR``).
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ class Held:
     @property
     def cold(self) -> bool:
         """The claim asks for a cold build (a confirmation): a fresh process, no shared
-        caches (:meth:`tunefleet.worker.loop.Worker._start_cold`)."""
+        caches (:mod:`tunefleet.worker.cold`)."""
         return bool(self.claim.protocol.get(COLD_KEY))
 
     def finish(
