@@ -17,6 +17,7 @@ from tunefleet.errors import UsageError
 from tunefleet.options import flags
 from tunefleet.options.args import add_problem_flags, raw_problem_args
 from tunefleet.options.db import add_db_flag, add_wait_flag, wait_for_db_s
+from tunefleet.text.render import range_text
 
 #: Flags that describe a new run, refused together with --resume.
 _NEW_RUN_FLAGS = {
@@ -50,9 +51,10 @@ def processes_line(result: Any) -> str | None:
         if result.unseparated_trial_id is not None
         else ""
     )
+    measured = range_text(result.process_range_s)
     return (
         f"across processes: {result.figure_s:.6g} s{tolerance} from {result.processes} "
-        f"processes, {result.standing}{tie}"
+        f"processes{measured}, {result.standing}{tie}"
     )
 
 

@@ -53,6 +53,7 @@ from typing import Any
 
 import psycopg
 
+from tunefleet import spread
 from tunefleet.backoff import Backoff
 from tunefleet.db.engine import connect
 from tunefleet.errors import (
@@ -65,6 +66,7 @@ from tunefleet.errors import (
 from tunefleet.problems.base import Problem
 from tunefleet.queries import budget as qb
 from tunefleet.queries import search as q
+from tunefleet.queries import spread as qs
 from tunefleet.settings import DatabaseSettings
 from tunefleet.space import Config, Space, config_hash
 from tunefleet.vocabulary import RunState, TrialPurpose, TrialSource, TrialState
@@ -160,8 +162,22 @@ class RunResult:
     spread_tolerance: float | None = None
     spread_typical: float | None = None
     unseparated_trial_id: int | None = None
+    #: The fastest and slowest of its processes when one lies beyond the ± it is quoted with
+    #: (:func:`tunefleet.spread.process_range`; None: all within it, or not judged).
+    process_range_s: tuple[float, float] | None = None
     #: Fresh-process re-measurements the shoot-out added (beyond one per finalist).
     shootout: int = 0
+
+
+def process_range_of(
+    conn: psycopg.Connection[Any], run_id: int, best: q.RunBest
+) -> tuple[float, float] | None:
+    """The range of ``best``'s processes its report prints beside its ± (None: it does not
+    agree across processes, or they all lie within it; :func:`tunefleet.spread.process_range`)."""
+    if best.standing != "agrees":
+        return None
+    medians = qs.process_medians(conn, run_id).get(best.trial_id, [])
+    return spread.process_range(best.figure_s, best.spread_tolerance, medians)
 
 
 # --- the session's pieces -------------------------------------------------------------------
@@ -743,6 +759,7 @@ class _Session:
             spread_tolerance=best.spread_tolerance,
             spread_typical=best.spread_typical,
             unseparated_trial_id=best.unseparated_trial_id,
+            process_range_s=process_range_of(self.conn, self.run_id, best),
             shootout=self.confirmation.shootout if self.confirmation else 0,
         )
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+import pytest
 
 from tests.helpers.coordinator import settings
 from tests.helpers.queue_data import insert_run, insert_trials, synthetic_configs
@@ -30,11 +31,12 @@ from tunefleet.api.tune import final_line
 from tunefleet.coordinator.budget import Speed
 from tunefleet.coordinator.cli import processes_line
 from tunefleet.coordinator.confirm import Confirmation
-from tunefleet.coordinator.engine import RunResult
+from tunefleet.coordinator.engine import RunResult, process_range_of
 from tunefleet.coordinator.phase import Confirmed
 from tunefleet.coordinator.settings import CoordinatorSettings
 from tunefleet.queries import search as q
 from tunefleet.settings import DatabaseSettings
+from tunefleet.text.output import seconds
 from tunefleet.text.progress import ProgressReader
 from tunefleet.text.render import best_text, read_best
 
@@ -215,6 +217,7 @@ def _report(db: Conn, run: Run) -> tuple[str, str, RunResult]:
         spread_tolerance=best.spread_tolerance,
         spread_typical=best.spread_typical,
         unseparated_trial_id=best.unseparated_trial_id,
+        process_range_s=process_range_of(db, run.run_id, best),
         shootout=run.phase.shootout,
     )
     return text, final_line(result, confirm=3), result
@@ -275,7 +278,7 @@ def test_an_outlying_confirmation_is_re_timed_beside_the_best_and_the_search_was
     # Its first re-measurement disagreed and was outvoted: said so, not "not reproducible".
     assert "DISAGREES: the medians differ by 75.8" in text and "outvoted" in text
     # tunefleet coordinator's summary says the same.
-    assert f" ± {tolerance} % from 3 processes, agrees" in (processes_line(result) or "")
+    assert f" ± {tolerance} % from 3 processes (they measured" in (processes_line(result) or "")
     assert f"best trial {a}: " in last and f"± {tolerance} % across 3 processes" in last
     assert "shoot-out timed 2 more fresh process(es)" in last
     # Processes 7 % apart typically: a ± over 15 %, said beside every figure of the run.
@@ -284,6 +287,16 @@ def test_an_outlying_confirmation_is_re_timed_beside_the_best_and_the_search_was
     rows = read_best(db, run.run_id, top=3).best
     assert [r["imprecise"] for r in rows] == [True, True, True]
     assert best_trial(rows[2]).imprecise is True
+    # The outvoted process (1 ms) lies beyond the ±: a fresh process of A may land there
+    # too, so both reports print the range its processes measured beside the ±.
+    lo, hi = rows[0]["process_range_s"]
+    assert lo == pytest.approx(480e-6, rel=0.01) and hi == pytest.approx(1e-3, rel=0.01)
+    measured = f"(they measured {seconds(lo)} to {seconds(hi)})"
+    assert f"± {tolerance} % across 3 processes {measured}, median" in text
+    assert f"± {tolerance} % across 3 processes {measured}, confirmed" in last
+    assert result.process_range_s == (lo, hi) and best_trial(rows[0]).process_range_s == (lo, hi)
+    assert f"from 3 processes {measured}, agrees" in (processes_line(result) or "")
+    assert [r["process_range_s"] is None for r in rows[1:]] == [True, True]
 
 
 def test_finalists_closer_than_the_noise_are_named_not_re_timed(db):
@@ -297,8 +310,9 @@ def test_finalists_closer_than_the_noise_are_named_not_re_timed(db):
     text, last, _ = _report(db, run)
     assert f"settled: NO, trial {a} and trial {b} are closer than fresh processes" in text
     assert f"could NOT be separated from trial {b}" in last
-    # Processes 4 % apart: a ± of 12 %, figures quotable to 15 %: no precision warning.
-    assert "precision:" not in text
+    # Processes 4 % apart: a ± of 12 %, figures quotable to 15 %: no precision warning; the
+    # best's processes lie within its ±, so no range beside it.
+    assert "precision:" not in text and "they measured" not in text + last
     assert not any(r["imprecise"] for r in read_best(db, run.run_id, top=3).best)
 
 

@@ -158,3 +158,34 @@ def test_figures_are_imprecise_once_the_tolerance_is_over_quotable(
     tolerance: float | None, warned: bool, why: str
 ) -> None:
     assert spread.imprecise(tolerance) is warned, why
+
+
+@pytest.mark.parametrize(
+    ("figure_ms", "tolerance", "medians_ms", "printed", "why"),
+    [
+        (1.0, 0.2, (0.9, 1.0, 1.15), None, "every process within the ±: the ± says it all"),
+        (1.0, 0.2, (0.95, 1.0, 1.2), None, "exactly at the edge is within"),
+        # benchmarks/published/readme_agreement_quiet_2cores_precision.json, quiet run 3: the
+        # search process (2.48 ms) was outvoted; alone, three fresh processes measured 2.31,
+        # 1.89 and 2.27 ms, beyond the ± 26 % of 1.55 ms but within its processes' range.
+        (1.551, 0.26, (2.483, 1.489, 1.612), (1.489, 2.483), "an outvoted slow process"),
+        (0.803, 0.426, (2.127, 0.803, 0.804), (0.803, 2.127), "the search in the slow mode"),
+        (1.0, 0.1, (0.85, 1.0, 1.02), (0.85, 1.02), "a process beyond it on the fast side"),
+        (None, 0.2, (1.0, 2.0), None, "not judged: no figure"),
+        (1.0, None, (1.0, 2.0), None, "no tolerance"),
+        (1.0, 0.2, (), None, "no finished process"),
+    ],
+)
+def test_the_range_of_a_bests_processes_is_printed_when_one_lies_beyond_its_plus_minus(
+    figure_ms: float | None,
+    tolerance: float | None,
+    medians_ms: tuple[float, ...],
+    printed: tuple[float, float] | None,
+    why: str,
+) -> None:
+    figure = None if figure_ms is None else figure_ms * 1e-3
+    got = spread.process_range(figure, tolerance, [m * 1e-3 for m in medians_ms])
+    if printed is None:
+        assert got is None, why
+    else:
+        assert got == pytest.approx((printed[0] * 1e-3, printed[1] * 1e-3)), why

@@ -162,6 +162,9 @@ class BestTrial:
     #: The run's processes differ too much to quote its figures to 15 %
     #: (:func:`tunefleet.spread.imprecise`): every figure of the run carries that warning.
     imprecise: bool | None = None
+    #: The fastest and slowest of its processes' medians when one lies beyond the ± it is
+    #: quoted with (:func:`tunefleet.spread.process_range`; None: all within it).
+    process_range_s: tuple[float, float] | None = None
 
     @property
     def confirmed(self) -> bool:

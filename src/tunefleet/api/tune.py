@@ -498,6 +498,7 @@ def _judged_line(result: RunResult) -> str:
     (:mod:`tunefleet.spread`): the best with the ± its processes allow, or plainly that the
     run could not settle its best."""
     from tunefleet.text.output import gflops, seconds
+    from tunefleet.text.render import range_text
 
     head = f"run {result.run_id}: best trial {result.best_trial_id}"
     rate = "" if result.figure_gflops is None else f"{gflops(result.figure_gflops)} GFLOP/s"
@@ -527,8 +528,9 @@ def _judged_line(result: RunResult) -> str:
         else ""
     )
     return (
-        f"{head}: {rate} ± {100 * tolerance:.0f} % across {result.processes} processes, "
-        f"confirmed (median {seconds(result.figure_s)}; {how}){tie}{extra}"
+        f"{head}: {rate} ± {100 * tolerance:.0f} % across {result.processes} processes"
+        f"{range_text(result.process_range_s)}, confirmed (median {seconds(result.figure_s)}; "
+        f"{how}){tie}{extra}"
     )
 
 

@@ -75,6 +75,17 @@ def finalist_processes(conn: Conn, run_id: int) -> list[ProcessRow]:
     ).fetchall()
 
 
+def process_medians(conn: Conn, run_id: int) -> dict[int, list[float]]:
+    """The medians of every process that finished timing each confirmed search trial of the
+    run (:func:`finalist_processes`, the search's own included), by search trial.
+    Locks: none."""
+    medians: dict[int, list[float]] = {}
+    for p in finalist_processes(conn, run_id):
+        if p.median_s is not None:
+            medians.setdefault(p.search_trial_id, []).append(p.median_s)
+    return medians
+
+
 @dataclass(frozen=True)
 class FinalistVerdict:
     """What :func:`record_judgement` stores on one judged search trial."""

@@ -21,6 +21,7 @@ from tunefleet.busy import busy_shares
 from tunefleet.errors import RunError, first_line
 from tunefleet.options.args import command_line_args, problem_sizes, shell_join
 from tunefleet.queries import report
+from tunefleet.queries import spread as qspread
 from tunefleet.text.output import (
     Column,
     age,
@@ -340,9 +341,17 @@ def read_best(conn: Any, run_id: int, top: int = 1) -> BestOfRun:
     best = report.best_trials(conn, run_id, limit=top)
     progress = report.run_progress(conn, run_id)
     assert progress is not None  # the run exists
+    medians = qspread.process_medians(conn, run_id) if best else {}
     for b in best:
         b["reproduce"] = reproduce_command(run, b)
         b["imprecise"] = spread.imprecise(b.get("spread_tolerance"))
+        b["process_range_s"] = (
+            spread.process_range(
+                b.get("figure_s"), b.get("spread_tolerance"), medians.get(b["trial_id"], [])
+            )
+            if b.get("standing") == "agrees"
+            else None
+        )
     default = _default_trial(conn, run)
     return BestOfRun(run, best, progress, default)
 
@@ -469,10 +478,20 @@ def _figures(b: Row) -> Row:
 def spread_text(top: Row) -> str:
     """`` ± 24 % across 3 processes`` for a best judged to agree across processes (the run's
     between-process tolerance: a fresh process of it lands within that about 19 times in
-    20), else nothing."""
+    20), else nothing; with the range its processes measured when one lies beyond that ±
+    (:func:`tunefleet.spread.process_range`)."""
     if top.get("standing") != "agrees" or top.get("spread_tolerance") is None:
         return ""
-    return f" ± {100 * top['spread_tolerance']:.0f} % across {top['processes']} processes"
+    text = f" ± {100 * top['spread_tolerance']:.0f} % across {top['processes']} processes"
+    return text + range_text(top.get("process_range_s"))
+
+
+def range_text(process_range: Any) -> str:
+    """`` (they measured 1.43 ms to 2.48 ms)`` for a process range, else nothing."""
+    if not process_range:
+        return ""
+    lo, hi = process_range
+    return f" (they measured {seconds(lo)} to {seconds(hi)})"
 
 
 def separation_lines(top: Row) -> list[str]:
