@@ -29,10 +29,11 @@ standing and figure, each confirmation's verdict and the run's spread, which ``b
 When the confirmations are done, the **shoot-out** re-times in one more fresh process each
 only what could change the headline (:func:`tunefleet.spread.challengers`: a finalist that
 does not agree but could beat the best agreeing one, paired with that best, both queued in
-one round), at most ``confirm`` such processes per ending and only what the time budget
-still fits; a configuration is timed in at most :data:`tunefleet.spread.MAX_PROCESSES`
-processes. Two agreeing finalists closer than the noise allows to separate are not re-timed:
-the report names them instead.
+one round), or else, where processes differ beyond the floor (a CPU device), the best
+itself until it has three processes, at most ``confirm`` such processes per ending and only
+what the time budget still fits; a configuration is timed in at most
+:data:`tunefleet.spread.MAX_PROCESSES` processes. Two agreeing finalists closer than the
+noise allows to separate are not re-timed: the report names them instead.
 
 Within a time budget (``max_seconds``) the confirmation is part of the run: the search stopped
 early enough to leave it its time (:mod:`.budget`), the phase queues only the confirmations

@@ -37,7 +37,9 @@ of all of them, and ranks after every finalist that agrees (among the rest, by f
 The **shoot-out** (:func:`challengers`) re-measures, in one more fresh process each, only
 what could change the headline: a finalist that does not agree and whose fastest process
 beats the best agreeing figure by more than nothing within the tolerance, paired with that
-best (both timed in the same round, under the same load). Two agreeing finalists whose
+best (both timed in the same round, under the same load); with no such finalist, on a device
+whose processes differ beyond the floor, the best itself until it has
+:data:`QUOTED_PROCESSES`. Two agreeing finalists whose
 figures are closer than the tolerance scaled to medians of their processes
 (:func:`separation`) cannot be separated by processes this noisy:
 :func:`unseparated` names them and the report says so instead of paying for rounds that
@@ -64,6 +66,9 @@ MIN_PAIRS = 3
 MAX_PROCESSES = 3
 #: A run whose tolerance is over this quotes every figure with a warning (:func:`imprecise`).
 QUOTABLE = 0.15
+#: Where processes differ beyond the floor, the best is quoted only after this many processes
+#: (:func:`challengers`): two that agree may both have met one of a machine's two speeds.
+QUOTED_PROCESSES = 3
 
 
 class Standing(StrEnum):
@@ -225,7 +230,14 @@ def challengers(
     settled: every finalist that does not agree (and has not failed) whose fastest process
     is within the tolerance of beating the best agreeing figure, or the two fastest of them
     when none agrees, each paired with the best agreeing finalist; only those still under
-    :data:`MAX_PROCESSES`, at most ``limit``."""
+    :data:`MAX_PROCESSES`, at most ``limit``.
+
+    With no challenger, the best agreeing finalist itself where the run's processes differ
+    beyond the floor (a CPU device) and it has fewer than :data:`QUOTED_PROCESSES`: on a
+    machine whose kernels run at one of two speeds from process to process, two processes
+    that agree may both have met one speed, and the figure quoted, or the range printed
+    beside it (:func:`process_range`), would say nothing of the other. A GPU's processes
+    agree within the floor: nothing more is timed there."""
     by_id = {f.trial_id: f for f in finalists}
     ranked = rank(judged)
     best = next((j for j in ranked if j.agrees), None)
@@ -236,6 +248,9 @@ def challengers(
         bar = best.figure_s * (1 + spread.tolerance)
         picked = [j for j in open_ if min(p.median_s for p in by_id[j.trial_id].processes) < bar]
     if not picked:
+        noisy = spread.estimated and spread.tolerance > agreement.FLOOR
+        if best is not None and noisy and best.processes < QUOTED_PROCESSES and limit > 0:
+            return [best.trial_id]
         return []
     out = [j.trial_id for j in picked]
     if best is not None and best.processes < MAX_PROCESSES:

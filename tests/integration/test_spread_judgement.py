@@ -302,9 +302,13 @@ def test_an_outlying_confirmation_is_re_timed_beside_the_best_and_the_search_was
 def test_finalists_closer_than_the_noise_are_named_not_re_timed(db):
     run = _run(db, [500, 530, 800, 900])
     a, b, _, _ = run.ids
-    answers = {(0, 1): 520, (1, 1): 510, (2, 1): 830}
-    assert _drive(run, answers) == 3
-    assert run.phase.shootout == 0
+    answers = {(0, 1): 520, (1, 1): 510, (2, 1): 830, (0, 2): 505}
+    # Processes 4 % apart (a ± of 12 %, over the floor): the best gets the third process a
+    # quoted figure needs here, and the runner-up none (it could not separate them).
+    assert _drive(run, answers) == 4
+    assert run.phase.shootout == 1
+    assert _rounds(db, run.run_id) == [(a, 1), (b, 1), (run.ids[2], 1), (a, 2)]
+    assert _standings(db, run.run_id)[a] == ("agrees", 3)
     best = _best(db, run.run_id)
     assert best["trial_id"] == a and best["unseparated_trial_id"] == b
     text, last, _ = _report(db, run)
