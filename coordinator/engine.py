@@ -174,10 +174,8 @@ def process_range_of(
 ) -> tuple[float, float] | None:
     """The range of ``best``'s processes its report prints beside its ± (None: it does not
     agree across processes, or they all lie within it; :func:`tunefleet.spread.process_range`)."""
-    if best.standing != "agrees":
-        return None
     medians = qs.process_medians(conn, run_id).get(best.trial_id, [])
-    return spread.process_range(best.figure_s, best.spread_tolerance, medians)
+    return spread.process_range(best.standing, best.figure_s, best.spread_tolerance, medians)
 
 
 # --- the session's pieces -------------------------------------------------------------------

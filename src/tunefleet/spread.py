@@ -170,15 +170,19 @@ def imprecise(tolerance: float | None) -> bool:
 
 
 def process_range(
-    figure_s: float | None, tolerance: float | None, medians: Sequence[float]
+    standing: str | None,
+    figure_s: float | None,
+    tolerance: float | None,
+    medians: Sequence[float],
 ) -> tuple[float, float] | None:
-    """The fastest and slowest of a judged configuration's process ``medians`` when one of
-    them lies beyond the ± its figure is quoted with (``figure_s * (1 ± tolerance)``), else
-    None. A process left out as outlying (outvoted by the others) is still a time the kernel
-    took in a fresh process here: on a device whose kernel times switch between speeds from
-    process to process (docs/protocol.md), a run alone may land there too, so the reports
-    print the range beside the ± instead of a ± its own processes contradict."""
-    if figure_s is None or tolerance is None or not medians:
+    """The fastest and slowest of a judged configuration's process ``medians`` when it agrees
+    across processes (only then is it quoted with a ±) and one of them lies beyond that ±
+    (``figure_s * (1 ± tolerance)``), else None. A process left out as outlying (outvoted
+    by the others) is still a time the kernel took in a fresh process here: on a device whose
+    kernel times switch between speeds from process to process (docs/protocol.md), a run
+    alone may land there too, so the reports print the range beside the ± instead of a ± its
+    own processes contradict."""
+    if standing != Standing.AGREES or figure_s is None or tolerance is None or not medians:
         return None
     lo, hi = min(medians), max(medians)
     if lo >= figure_s * (1 - tolerance) and hi <= figure_s * (1 + tolerance):

@@ -185,7 +185,7 @@ def test_the_range_of_a_bests_processes_is_printed_when_one_lies_beyond_its_plus
     why: str,
 ) -> None:
     figure = None if figure_ms is None else figure_ms * 1e-3
-    got = spread.process_range(figure, tolerance, [m * 1e-3 for m in medians_ms])
+    got = spread.process_range("agrees", figure, tolerance, [m * 1e-3 for m in medians_ms])
     if printed is None:
         assert got is None, why
     else:
@@ -210,3 +210,10 @@ def test_a_noisy_devices_best_is_quoted_after_a_third_process_and_a_gpus_is_not(
     assert s_gpu.tolerance == agreement.FLOOR
     judged_gpu = [spread.judge(f, s_gpu) for f in gpu]
     assert spread.challengers(judged_gpu, gpu, s_gpu, limit=3) == []
+
+
+def test_only_a_best_that_agrees_across_processes_gets_a_range() -> None:
+    outlying = [1.0e-3, 2.0e-3, 1.01e-3]
+    assert spread.process_range("agrees", 1.0e-3, 0.2, outlying) == (1.0e-3, 2.0e-3)
+    assert spread.process_range("disagrees", 1.0e-3, 0.2, outlying) is None
+    assert spread.process_range(None, 1.0e-3, 0.2, outlying) is None

@@ -345,12 +345,11 @@ def read_best(conn: Any, run_id: int, top: int = 1) -> BestOfRun:
     for b in best:
         b["reproduce"] = reproduce_command(run, b)
         b["imprecise"] = spread.imprecise(b.get("spread_tolerance"))
-        b["process_range_s"] = (
-            spread.process_range(
-                b.get("figure_s"), b.get("spread_tolerance"), medians.get(b["trial_id"], [])
-            )
-            if b.get("standing") == "agrees"
-            else None
+        b["process_range_s"] = spread.process_range(
+            b.get("standing"),
+            b.get("figure_s"),
+            b.get("spread_tolerance"),
+            medians.get(b["trial_id"], []),
         )
     default = _default_trial(conn, run)
     return BestOfRun(run, best, progress, default)
