@@ -14,6 +14,7 @@ from tests.helpers.queue_data import (
     attempts_of,
     insert_run,
     insert_trials,
+    refuse_claims,
     synthetic_configs,
     trial_states,
     wait_until,
@@ -70,21 +71,7 @@ def test_a_trial_the_database_refuses_to_claim_is_left_alone_and_the_worker_goes
     run = insert_run(db, problem_args={"duration": 0.01})
     ids = insert_trials(db, run, synthetic_configs(4))
     assert ids[0] == min(ids)  # a fresh database: the trigger below picks it by that
-    db.execute(
-        """
-        CREATE FUNCTION tunefleet.refuse_one() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            IF NEW.trial_id = (SELECT min(id) FROM tunefleet.trial) THEN
-                RAISE EXCEPTION 'this row is broken';
-            END IF;
-            RETURN NEW;
-        END $$
-        """
-    )
-    db.execute(
-        "CREATE TRIGGER refuse_one BEFORE INSERT ON tunefleet.attempt FOR EACH ROW "
-        "EXECUTE FUNCTION tunefleet.refuse_one()"
-    )
+    refuse_claims(db, only_the_first=True)
     w = start_worker(db_url, log_path=tmp_path / "w.log", drain=False, **OPTS)
     try:
         wait_until(

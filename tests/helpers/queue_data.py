@@ -172,6 +172,34 @@ def attempts_of(conn: psycopg.Connection[Any], trial_id: int) -> list[dict[str, 
     ).fetchall()
 
 
+#: The trigger functions of :func:`refuse_claims`: one broken row (the lowest trial id), or
+#: every row.
+_REFUSE_FIRST = """
+CREATE FUNCTION tunefleet.refuse_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.trial_id = (SELECT min(id) FROM tunefleet.trial) THEN
+        RAISE EXCEPTION 'this row is broken';
+    END IF;
+    RETURN NEW;
+END $$
+"""
+_REFUSE_ALL = """
+CREATE FUNCTION tunefleet.refuse_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'the attempt table is broken'; END $$
+"""
+
+
+def refuse_claims(conn: psycopg.Connection[Any], *, only_the_first: bool) -> None:
+    """Make the database refuse claims as a broken row (or table) would: a trigger on the
+    attempt rows a claim inserts raises ``this row is broken`` for the lowest trial id
+    (``only_the_first``), else ``the attempt table is broken`` for every trial."""
+    conn.execute(_REFUSE_FIRST if only_the_first else _REFUSE_ALL)
+    conn.execute(
+        "CREATE TRIGGER refuse_claim BEFORE INSERT ON tunefleet.attempt FOR EACH ROW "
+        "EXECUTE FUNCTION tunefleet.refuse_claim()"
+    )
+
+
 def wait_until(
     predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.05, what: str = ""
 ) -> Any:

@@ -14,7 +14,13 @@ import time
 import uuid
 from typing import Any
 
-from tests.helpers.queue_data import insert_run, insert_trials, synthetic_configs, trial_states
+from tests.helpers.queue_data import (
+    insert_run,
+    insert_trials,
+    refuse_claims,
+    synthetic_configs,
+    trial_states,
+)
 from tunefleet.queries import queue
 from tunefleet.settings import DatabaseSettings
 from tunefleet.worker.claims import Claims
@@ -104,21 +110,7 @@ def test_a_draining_worker_is_drained_only_when_no_work_of_its_classes_is_open(d
 def test_a_refused_claim_finds_its_bad_row_and_claiming_goes_on(db, db_url, caplog) -> None:
     run = insert_run(db)
     ids = insert_trials(db, run, synthetic_configs(3))
-    db.execute(
-        """
-        CREATE FUNCTION tunefleet.refuse_one() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            IF NEW.trial_id = (SELECT min(id) FROM tunefleet.trial) THEN
-                RAISE EXCEPTION 'this row is broken';
-            END IF;
-            RETURN NEW;
-        END $$
-        """
-    )
-    db.execute(
-        "CREATE TRIGGER refuse_one BEFORE INSERT ON tunefleet.attempt FOR EACH ROW "
-        "EXECUTE FUNCTION tunefleet.refuse_one()"
-    )
+    refuse_claims(db, only_the_first=True)
     claims, _ = claims_of(db, db_url)
     try:
         assert claims.step(capacity=3) == [] and claims.failures == 1  # all three refused
@@ -135,16 +127,7 @@ def test_a_refused_claim_finds_its_bad_row_and_claiming_goes_on(db, db_url, capl
 def test_a_refusal_that_is_not_one_row_backs_off_instead_of_failing(db, db_url) -> None:
     run = insert_run(db)
     ids = insert_trials(db, run, synthetic_configs(6))
-    db.execute(
-        """
-        CREATE FUNCTION tunefleet.refuse_all() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN RAISE EXCEPTION 'the attempt table is broken'; END $$
-        """
-    )
-    db.execute(
-        "CREATE TRIGGER refuse_all BEFORE INSERT ON tunefleet.attempt FOR EACH ROW "
-        "EXECUTE FUNCTION tunefleet.refuse_all()"
-    )
+    refuse_claims(db, only_the_first=False)
     claims, _ = claims_of(db, db_url)
     try:
         for _ in range(6):  # refused, then refused alone: a bad row, three times over
