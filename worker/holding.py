@@ -107,5 +107,6 @@ class Holding:
         """The held trials as the fault policy sees them."""
         return [h.seen() for h in self._held.values()]
 
-    def unfinished_ids(self) -> list[int]:
-        return [h.claim.trial_id for h in self._held.values() if h.stage != Stage.FINISHED]
+    def unfinished(self) -> list[Held]:
+        """The held trials that have not finished (a finished one only waits to be sent)."""
+        return [h for h in self._held.values() if h.stage != Stage.FINISHED]

@@ -496,7 +496,7 @@ class Worker:
 
     def _sweep_colds(self) -> None:
         """End the cold builds whose trial has finished here or is no longer held."""
-        self.colds.sweep(self.held.unfinished_ids())
+        self.colds.sweep([h.claim.trial_id for h in self.held.unfinished()])
 
     def step_isolate(self) -> None:
         """While the device process holds a request on a CPU device, the code-generation
@@ -747,7 +747,7 @@ class Worker:
         self.colds.kill()
         for child in self.pool.children:
             child.kill()
-        unfinished = [h for h in self.held if h.stage != Stage.FINISHED]
+        unfinished = self.held.unfinished()
         try:
             if unfinished:
                 self.link.run(

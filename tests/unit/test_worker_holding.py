@@ -49,5 +49,5 @@ def test_the_stages_answer_capacity_readiness_and_starvation() -> None:
     assert [h.claim.trial_id for h in holding.counted()] == [2, 3]  # the suspect waits free
     assert holding.ready_for_device() == 1
     assert not holding.any_in(Stage.CLAIMED, Stage.PREPARING)
-    assert holding.unfinished_ids() == [1, 2]
+    assert [h.claim.trial_id for h in holding.unfinished()] == [1, 2]
     assert [t.trial_id for t in holding.seen()] == [1, 2, 3]
