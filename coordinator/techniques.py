@@ -28,6 +28,9 @@ Registered names (usable with ``--technique``):
 ``NeighbourhoodBanditDE``     the bandit with differential evolution and greedy mutation too
 ``ModelSearch``               expected improvement on a learned model (:mod:`.model_search`):
                               the default
+``ModelSearchLocal``          ModelSearch with a quarter of its proposals sweeping the fastest
+                              configurations' one-step neighbourhoods (a candidate default for
+                              long GPU runs, docs/tuning.md)
 
 Every random draw goes through the ``random`` module, which :class:`~.tuner.Tuner` swaps for
 the run's own generator, so a seeded search repeats exactly.
@@ -196,3 +199,4 @@ register(
     )
 )
 register(ModelSearch(name="ModelSearch"))
+register(ModelSearch(local=0.25, name="ModelSearchLocal"))
