@@ -395,8 +395,8 @@ class ModelSearch(SearchTechnique):  # type: ignore[misc]
 
         A surrogate of a few hundred outcomes cannot rank configurations a few per cent
         apart, and on a real kernel space that is where the last gains are: on one H100 three
-        default 300 s GEMM runs ended 4-6 % past the default configuration, two
-        NeighbourhoodSearch runs' neighbour steps found 7-12 %. Sweeping the best's
+        default 300 s GEMM runs ended 4-6 % past the default configuration, three
+        NeighbourhoodSearch runs 7-12 % (docs/tuning.md). Sweeping the best's
         neighbourhood makes the best a local optimum in fact, whatever the model says."""
         y = np.array(self._log_s)
         done = np.flatnonzero(~np.isnan(y))
