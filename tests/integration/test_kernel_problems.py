@@ -642,6 +642,26 @@ def test_every_gemm_nest_nests_its_loops_so_and_computes_the_product(session, ne
     assert outcome.validation["passed"] and outcome.validation["args"] == args
 
 
+@pytest.mark.parametrize("name", ["face_mass", "dg_diff"])
+def test_every_dg_nest_builds_a_kernel_of_its_own_that_validates(session, name):
+    """With every loop of the nest in registers (face_mass: all fields in one work-item),
+    each legal nest generates other code, and each computes the operator on PoCL."""
+    problem = get_problem(name)
+    args = problem.normalise_args(SMALL[name])
+    base = {**problem.default_config(args), "wg_i": 8, "reg_e": 2}
+    if name == "face_mass":
+        base.update(fields="ilp", stage="all")
+    sources = set()
+    for nest in problem.nests:
+        config = problem.check_config(args, {**base, "nest": nest})
+        prepared = problem.prepare(args, config, session.info)
+        sources.add(prepared.target.source)
+        outcome = problem.measure(prepared, session, PROTOCOL)
+        assert outcome.state == "done", (nest, outcome.error)
+        assert outcome.validation["passed"]
+    assert len(sources) == len(problem.nests)
+
+
 #: The GEMM default's source before a's tile was padded, at n = m = k = 4096, byte for byte:
 #: float32 is the code that benchmarks/published/reproduce_gemm_h200.json and the H100
 #: reproductions timed. A configuration recorded before a parameter was added (without its

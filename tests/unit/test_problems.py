@@ -203,6 +203,59 @@ def test_a_gemm_configuration_from_before_a_parameter_gets_its_old_value(added):
         gemm.check_config(args, {**config, "order": "ikj"})
 
 
+def test_the_first_equivalent_nest_puts_each_absent_loop_as_far_out_as_it_may():
+    from tunefleet.problems.nests import first_equivalent
+
+    axes = ["i", "k", "e"]
+    assert first_equivalent("e,k,i", axes, []) == "e,k,i"  # every loop there: its own order
+    assert first_equivalent("e,i,k", axes, ["k"]) == "k,e,i"  # k ahead of e, behind nothing
+    assert first_equivalent("k,e,i", axes, ["k"]) == "k,e,i"
+    assert first_equivalent("k,i,e", axes, ["k"]) == "i,k,e"
+    assert first_equivalent("e,k,i", axes, ["i", "e"]) == "i,k,e"  # one loop: the first nest
+
+
+@pytest.mark.parametrize(
+    "name, setting, kernels",
+    [
+        ("face_mass", {"fields": "ilp", "reg_e": 2, "wg_i": 8}, 6),  # i, k and e in registers
+        ("face_mass", {"fields": "group"}, 2),  # i and e: k is a work-group axis
+        ("face_mass", {"fields": "ilp", "reg_e": 1, "wg_i": 8}, 2),  # i and k
+        ("face_mass", {"fields": "group", "i_in_registers": False, "stage": "all"}, 1),
+        ("dg_diff", {}, 2),
+        ("dg_diff", {"reg_e": 1}, 1),
+    ],
+)
+def test_dg_nests_one_legal_value_per_order_of_the_loops_in_registers(name, setting, kernels):
+    """The DG operators' ``nest`` orders the loops a work-item unrolls into registers (output
+    nodes i, face_mass's fields k, elements e); a loop not in registers orders nothing, so of
+    the nests that build one kernel exactly one is legal (the rest are ruled out naming it),
+    and the default's nest is the first, the order from before it was a parameter."""
+    problem = get_problem(name)
+    args = problem.normalise_args({"n_fields": 2} if name == "face_mass" else {})
+    base = problem.default_config(args)
+    assert base["nest"] == problem.nests[0] == ("i,k,e" if name == "face_mass" else "i,e")
+    assert problem.space(args).param("nest").values() == list(problem.nests)
+    legal = []
+    for nest in problem.nests:
+        try:
+            legal.append(problem.check_config(args, {**base, **setting, "nest": nest})["nest"])
+        except InvalidConfiguration as exc:
+            assert "builds the kernel of nest=" in str(exc), exc
+    assert len(legal) == kernels
+    assert problem.nests[0] in legal
+
+
+@pytest.mark.parametrize("name", ["face_mass", "dg_diff"])
+def test_a_dg_configuration_from_before_the_nest_gets_the_nest_it_was_built_with(name):
+    problem = get_problem(name)
+    args = problem.normalise_args({})
+    config = problem.default_config(args)
+    old = {k: v for k, v in config.items() if k != "nest"}
+    assert problem.check_config(args, old) == config
+    with pytest.raises(InvalidConfiguration):
+        problem.check_config(args, {**config, "nest": "k,j"})
+
+
 def test_gemm_pads_as_local_tile_only_where_there_is_one():
     """pad_a lengthens the rows of a's local tile: legal (0 or 1 vector) with prefetch_a,
     rejected without one, naming what to set; other values are not in the space."""

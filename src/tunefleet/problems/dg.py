@@ -31,6 +31,7 @@ The space, for both:
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -40,11 +41,21 @@ import numpy as np
 from tunefleet.devices import DeviceInfo
 from tunefleet.problems.base import ArgSpec
 from tunefleet.problems.kernel import KernelProblem
+from tunefleet.problems.nests import first_equivalent
 from tunefleet.space import Bool, Choice, Config, Param, PowerOfTwo, Space, require
 
 #: Accumulator budget per work-item (bytes): 96 doubles leave room for addresses and operands
 #: within 255 registers; more would spill.
 MAX_ACCUMULATOR_BYTES = 768
+
+#: The loops a work-item's tile unrolls into registers, by the letter a ``nest`` names them
+#: with: output nodes (``i_reg``), face_mass's fields (``k``), elements (``te_reg``).
+NEST_LOOPS = {"i": "i_reg", "k": "k", "e": "te_reg"}
+#: Their orders, outermost first (orders give other kernels: te_reg outside i_reg builds
+#: other code than the default's). The first of each is the nest every configuration had
+#: before the nest was a parameter: the loops by name (tunefleet.problems._loopy.nest_order).
+FACE_MASS_NESTS = tuple(",".join(order) for order in itertools.permutations("ike"))
+DG_DIFF_NESTS = ("i,e", "e,i")
 
 
 def _thread_counts(n: int) -> tuple[int, ...]:
@@ -101,15 +112,57 @@ def _map_work(
         outer_tag=i_tag,
     )
     outer = ",".join(("ge", *extra_outer))
-    # The ILP loops (i_reg, face_mass's k with fields=ilp, te_reg) nest by name, outermost
-    # first (tunefleet.problems._loopy.nest_order): the nest the defaults had when a fixed hash
-    # seed chose it. Not a searched parameter (yet), unlike GEMM's nest.
     return knl, outer
 
 
 class _DGOperator(KernelProblem):
-    """What both DG operators share: validation on a few element tiles, and the register
-    budget of the accumulators a work-item holds."""
+    """What both DG operators share: validation on a few element tiles, the register
+    budget of the accumulators a work-item holds, and the nest of the loops unrolled into
+    registers."""
+
+    #: The ``nest`` parameter's values, the first the nest from before it was a parameter.
+    nests: tuple[str, ...] = ()
+
+    def check_config(self, args: Mapping[str, Any], config: Mapping[str, Any]) -> Config:
+        # A configuration from before the nest was a parameter (a run created then proposes
+        # them still, a recording holds them) builds the kernel it built then.
+        if isinstance(config, Mapping):
+            config = {"nest": self.nests[0], **config}
+        return super().check_config(args, config)
+
+    def _absent_loops(self, args: Mapping[str, Any], config: Config) -> dict[str, str]:
+        """The nest's loops this configuration does not unroll into registers, each with
+        why (they order nothing)."""
+        out = {}
+        if not config["i_in_registers"]:
+            out["i"] = "the output nodes are not in registers (i_in_registers=false)"
+        elif _nodes_per_item(self._n_i(args), config["wg_i"]) == 1:
+            out["i"] = "one output node per work-item"
+        if config["reg_e"] == 1:
+            out["e"] = "one element per work-item (reg_e=1)"
+        return out
+
+    def _n_i(self, args: Mapping[str, Any]) -> int:
+        raise NotImplementedError
+
+    def _require_first_nest(self, args: Mapping[str, Any], config: Config) -> None:
+        absent = self._absent_loops(args, config)
+        first = first_equivalent(config["nest"], self.nests[0].split(","), list(absent))
+        require(
+            config["nest"] == first,
+            f"nest={config['nest']} builds the kernel of nest={first}: "
+            + "; ".join(absent.values())
+            + ", and a loop not in registers orders nothing (only the first of such nests, "
+            "in the order of the values, is searched)",
+        )
+
+    def _order_loops(self, knl: Any, args: Mapping[str, Any], config: Config) -> Any:
+        """Prioritise the loops unrolled into registers in the configuration's nest."""
+        import loopy as lp
+
+        absent = self._absent_loops(args, config)
+        nest = [NEST_LOOPS[a] for a in config["nest"].split(",") if a not in absent]
+        return lp.prioritize_loops(knl, ",".join(nest)) if len(nest) > 1 else knl
 
     def validation_args(self, args: Mapping[str, Any], config: Config) -> dict[str, Any]:
         return {**args, "n_elements": _validation_elements(args["n_elements"], config)}
@@ -134,8 +187,13 @@ class DGDiff(_DGOperator):
         ArgSpec("dtype", "float64", "element type", choices=("float32", "float64")),
     )
 
+    nests = DG_DIFF_NESTS
+
+    def _n_i(self, args: Mapping[str, Any]) -> int:
+        return int(args["n_dofs"])
+
     def space(self, args: Mapping[str, Any]) -> Space:
-        return Space.of(_common_params(args["n_dofs"]))
+        return Space.of([*_common_params(args["n_dofs"]), Choice("nest", self.nests)])
 
     def default_config(self, args: Mapping[str, Any]) -> Config:
         # The fastest of a short search on an H200 (1.87 TB/s, 8.2 TFLOP/s in float64).
@@ -147,6 +205,7 @@ class DGDiff(_DGOperator):
             "prefetch_u": True,
             "prefetch_op": True,
             "unroll": "hint",
+            "nest": self.nests[0],
         }
 
     def config_rules(self, args: Mapping[str, Any], config: Config) -> None:
@@ -156,6 +215,7 @@ class DGDiff(_DGOperator):
         self._require_register_budget(
             acc, args["dtype"], "lower reg_e, raise wg_i, or i_in_registers=false"
         )
+        self._require_first_nest(args, config)
 
     def build(self, args: Mapping[str, Any], config: Config, device: DeviceInfo) -> Any:
         import loopy as lp
@@ -182,6 +242,7 @@ class DGDiff(_DGOperator):
         )
         knl = lp.fix_parameters(knl, nel=nel, nd=nd)
         knl, outer = _map_work(knl, config, nd)
+        knl = self._order_loops(knl, args, config)
         lsizes = (config["wg_i"], config["wg_e"])
         if config["prefetch_u"]:
             knl = lp.extract_subst(knl, "u_elem", "u[eq, jq]", parameters="eq, jq")
@@ -251,12 +312,26 @@ class FaceMass(_DGOperator):
         ArgSpec("dtype", "float64", "element type", choices=("float32", "float64")),
     )
 
+    nests = FACE_MASS_NESTS
+
+    def _n_i(self, args: Mapping[str, Any]) -> int:
+        return int(args["n_voldofs"])
+
+    def _absent_loops(self, args: Mapping[str, Any], config: Config) -> dict[str, str]:
+        out = super()._absent_loops(args, config)
+        if config["fields"] != "ilp":
+            out["k"] = f"the fields are not in registers (fields={config['fields']})"
+        elif args["n_fields"] == 1:
+            out["k"] = "one field (n_fields=1)"
+        return {a: out[a] for a in self.nests[0].split(",") if a in out}
+
     def space(self, args: Mapping[str, Any]) -> Space:
         return Space.of(
             [
                 *_common_params(args["n_voldofs"]),
                 Choice("fields", ("ilp", "loop", "group")),
                 Choice("stage", ("all", "face")),
+                Choice("nest", self.nests),
             ]
         )
 
@@ -274,6 +349,7 @@ class FaceMass(_DGOperator):
             "fields": "group",
             # One face at a time needs several output nodes per work-item (see config_rules).
             "stage": "face" if _nodes_per_item(args["n_voldofs"], wg_i) > 1 else "all",
+            "nest": self.nests[0],
         }
 
     def config_rules(self, args: Mapping[str, Any], config: Config) -> None:
@@ -300,6 +376,7 @@ class FaceMass(_DGOperator):
                 "tile would be staged again inside the field loop); use fields=group or ilp, "
                 "or stage=all",
             )
+        self._require_first_nest(args, config)
 
     def build(self, args: Mapping[str, Any], config: Config, device: DeviceInfo) -> Any:
         import loopy as lp
@@ -338,6 +415,7 @@ class FaceMass(_DGOperator):
         elif fields == "group":
             knl = lp.tag_inames(knl, {"k": "g.1"})
         knl, outer = _map_work(knl, config, nv, extra_outer=("k",) if fields != "ilp" else ())
+        knl = self._order_loops(knl, args, config)
         lsizes = (config["wg_i"], config["wg_e"])
         # Staging one face at a time keeps a quarter of the data in local memory: larger
         # element tiles, more work-groups per compute unit, one barrier pair per face.

@@ -34,6 +34,7 @@ import numpy as np
 from tunefleet.devices import DeviceInfo
 from tunefleet.problems.base import ArgSpec
 from tunefleet.problems.kernel import KernelProblem
+from tunefleet.problems.nests import first_equivalent
 from tunefleet.space import Bool, Choice, Config, PowerOfTwo, Space, require
 
 #: Accumulator budget per work-item: more would spill registers on every GPU we know.
@@ -321,20 +322,9 @@ def _single_iterations(config: Mapping[str, Any]) -> dict[str, str]:
 
 
 def first_equivalent_nest(config: Mapping[str, Any]) -> str:
-    """The first nest of NESTS that builds the same kernel as ``config["nest"]``: the loops of
-    more than one iteration in the same order, each loop of one iteration as far out as that
-    allows (ahead of every loop after it in NEST_AXES)."""
-    single = _single_iterations(config)
-    rank = {axis: i for i, axis in enumerate(NEST_AXES)}
-    looped = [axis for axis in config["nest"].split(",") if axis not in single]
-    free = list(single)  # in NEST_AXES order
-    out = []
-    while looped or free:
-        if free and (not looped or rank[free[0]] < rank[looped[0]]):
-            out.append(free.pop(0))
-        else:
-            out.append(looped.pop(0))
-    return ",".join(out)
+    """The first nest of NESTS that builds the same kernel as ``config["nest"]``
+    (:func:`tunefleet.problems.nests.first_equivalent`: loops of one iteration are absent)."""
+    return first_equivalent(config["nest"], list(NEST_AXES), list(_single_iterations(config)))
 
 
 def _at_most(value: int, limit: int) -> int:
