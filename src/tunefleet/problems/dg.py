@@ -22,6 +22,10 @@ The space, for both:
   consecutive ``i`` read consecutive words;
 - ``unroll``: the innermost summed loop unrolled by loopy (``full``), by the OpenCL compiler
   (``hint``) or not at all;
+- ``nest``: the order, outermost first, of the loops a work-item unrolls into registers
+  (output nodes ``i``, face_mass's fields ``k``, elements ``e``): loopy would take it from
+  a set's order; a loop not in registers orders nothing, so only the first of the nests that
+  differ only there is legal;
 - ``face_mass`` only, ``fields``: all fields of an element in one work-item (``ilp``: each
   operator value is reused ``n_fields`` times), one field after the other (``loop``), or one
   field per work-group row (``group``); ``stage``: what the prefetches stage in local memory
