@@ -45,7 +45,7 @@ import numpy as np
 from tunefleet.devices import DeviceInfo
 from tunefleet.problems.base import ArgSpec
 from tunefleet.problems.kernel import KernelProblem
-from tunefleet.problems.nests import first_equivalent
+from tunefleet.problems.nests import require_first
 from tunefleet.space import Bool, Choice, Config, Param, PowerOfTwo, Space, require
 
 #: Accumulator budget per work-item (bytes): 96 doubles leave room for addresses and operands
@@ -126,6 +126,8 @@ class _DGOperator(KernelProblem):
 
     #: The ``nest`` parameter's values, the first the nest from before it was a parameter.
     nests: tuple[str, ...] = ()
+    #: The argument giving the output nodes per element (the ``i`` axis).
+    nodes_arg = ""
 
     def check_config(self, args: Mapping[str, Any], config: Mapping[str, Any]) -> Config:
         # A configuration from before the nest was a parameter (a run created then proposes
@@ -140,24 +142,18 @@ class _DGOperator(KernelProblem):
         out = {}
         if not config["i_in_registers"]:
             out["i"] = "the output nodes are not in registers (i_in_registers=false)"
-        elif _nodes_per_item(self._n_i(args), config["wg_i"]) == 1:
+        elif _nodes_per_item(args[self.nodes_arg], config["wg_i"]) == 1:
             out["i"] = "one output node per work-item"
         if config["reg_e"] == 1:
             out["e"] = "one element per work-item (reg_e=1)"
         return out
 
-    def _n_i(self, args: Mapping[str, Any]) -> int:
-        raise NotImplementedError
-
     def _require_first_nest(self, args: Mapping[str, Any], config: Config) -> None:
-        absent = self._absent_loops(args, config)
-        first = first_equivalent(config["nest"], self.nests[0].split(","), list(absent))
-        require(
-            config["nest"] == first,
-            f"nest={config['nest']} builds the kernel of nest={first}: "
-            + "; ".join(absent.values())
-            + ", and a loop not in registers orders nothing (only the first of such nests, "
-            "in the order of the values, is searched)",
+        require_first(
+            config["nest"],
+            self.nests[0].split(","),
+            self._absent_loops(args, config),
+            "a loop not in registers",
         )
 
     def _order_loops(self, knl: Any, args: Mapping[str, Any], config: Config) -> Any:
@@ -192,9 +188,7 @@ class DGDiff(_DGOperator):
     )
 
     nests = DG_DIFF_NESTS
-
-    def _n_i(self, args: Mapping[str, Any]) -> int:
-        return int(args["n_dofs"])
+    nodes_arg = "n_dofs"
 
     def space(self, args: Mapping[str, Any]) -> Space:
         return Space.of([*_common_params(args["n_dofs"]), Choice("nest", self.nests)])
@@ -317,9 +311,7 @@ class FaceMass(_DGOperator):
     )
 
     nests = FACE_MASS_NESTS
-
-    def _n_i(self, args: Mapping[str, Any]) -> int:
-        return int(args["n_voldofs"])
+    nodes_arg = "n_voldofs"
 
     def _absent_loops(self, args: Mapping[str, Any], config: Config) -> dict[str, str]:
         out = super()._absent_loops(args, config)

@@ -34,7 +34,7 @@ import numpy as np
 from tunefleet.devices import DeviceInfo
 from tunefleet.problems.base import ArgSpec
 from tunefleet.problems.kernel import KernelProblem
-from tunefleet.problems.nests import first_equivalent
+from tunefleet.problems.nests import require_first
 from tunefleet.space import Bool, Choice, Config, PowerOfTwo, Space, require
 
 #: Accumulator budget per work-item: more would spill registers on every GPU we know.
@@ -177,14 +177,8 @@ class Gemm(KernelProblem):
         # A loop of one iteration (vec_i = 1, or reg_i = vec_i: one chunk) orders nothing, so
         # nests that differ only in where it stands build one kernel: only the first of them,
         # in NESTS' order, is a configuration of its own.
-        first = first_equivalent_nest(config)
-        single = _single_iterations(config)
-        require(
-            config["nest"] == first,
-            f"nest={config['nest']} builds the kernel of nest={first}: "
-            + "; ".join(single.values())
-            + ", and a loop of one iteration orders nothing (only the first of such nests, "
-            "in the order of the values, is searched)",
+        require_first(
+            config["nest"], list(NEST_AXES), _single_iterations(config), "a loop of one iteration"
         )
 
     def validation_args(self, args: Mapping[str, Any], config: Config) -> dict[str, Any]:
@@ -319,12 +313,6 @@ def _single_iterations(config: Mapping[str, Any]) -> dict[str, str]:
         if vec == 1:
             out[f"vec_{d}"] = f"chunks of one of the {what} (vec_{d} = 1)"
     return {axis: out[axis] for axis in NEST_AXES if axis in out}
-
-
-def first_equivalent_nest(config: Mapping[str, Any]) -> str:
-    """The first nest of NESTS that builds the same kernel as ``config["nest"]``
-    (:func:`tunefleet.problems.nests.first_equivalent`: loops of one iteration are absent)."""
-    return first_equivalent(config["nest"], list(NEST_AXES), list(_single_iterations(config)))
 
 
 def _at_most(value: int, limit: int) -> int:

@@ -11,7 +11,9 @@ No loopy here: the coordinator applies the rules.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+from tunefleet.space import require
 
 
 def first_equivalent(nest: str, axes: Sequence[str], absent: Sequence[str]) -> str:
@@ -29,3 +31,18 @@ def first_equivalent(nest: str, axes: Sequence[str], absent: Sequence[str]) -> s
         else:
             out.append(looped.pop(0))
     return ",".join(out)
+
+
+def require_first(nest: str, axes: Sequence[str], absent: Mapping[str, str], what: str) -> None:
+    """The rule: ``nest`` must be :func:`first_equivalent`'s nest, else the configuration is
+    ruled out naming the nest that builds its kernel and why each absent loop is absent
+    (``absent``: loop -> why); ``what`` says what an absent loop is (``a loop of one
+    iteration``)."""
+    first = first_equivalent(nest, axes, list(absent))
+    require(
+        nest == first,
+        f"nest={nest} builds the kernel of nest={first}: "
+        + "; ".join(absent.values())
+        + f", and {what} orders nothing (only the first of such nests, "
+        "in the order of the values, is searched)",
+    )
