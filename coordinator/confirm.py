@@ -341,6 +341,7 @@ class Confirmation:
                 spread.tolerance,
                 spread.processes,
                 None if unseparated is None else unseparated[1],
+                spread.within,
             ),
         )
         self._judged_on = seen

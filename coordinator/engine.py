@@ -162,6 +162,8 @@ class RunResult:
     spread_tolerance: float | None = None
     spread_typical: float | None = None
     unseparated_trial_id: int | None = None
+    #: The run's within-process noise (:attr:`tunefleet.spread.Spread.within`).
+    spread_within: float | None = None
     #: The fastest and slowest of its processes when one lies beyond the ± it is quoted with
     #: (:func:`tunefleet.spread.process_range`; None: all within it, or not judged).
     process_range_s: tuple[float, float] | None = None
@@ -757,6 +759,7 @@ class _Session:
             spread_tolerance=best.spread_tolerance,
             spread_typical=best.spread_typical,
             unseparated_trial_id=best.unseparated_trial_id,
+            spread_within=best.spread_within,
             process_range_s=process_range_of(self.conn, self.run_id, best),
             shootout=self.confirmation.shootout if self.confirmation else 0,
         )

@@ -217,3 +217,42 @@ def test_only_a_best_that_agrees_across_processes_gets_a_range() -> None:
     assert spread.process_range("agrees", 1.0e-3, 0.2, outlying) == (1.0e-3, 2.0e-3)
     assert spread.process_range("disagrees", 1.0e-3, 0.2, outlying) is None
     assert spread.process_range(None, 1.0e-3, 0.2, outlying) is None
+
+
+def _noisy(trial_id: int, *medians_us: float, jitter: float) -> Finalist:
+    """A finalist whose processes' samples spread ``jitter`` either side of their medians
+    (IQR over median about ``jitter``)."""
+    return Finalist(
+        trial_id,
+        tuple(proc(trial_id * 100 + i, m, jitter=jitter, n=401) for i, m in enumerate(medians_us)),
+    )
+
+
+def test_processes_that_agree_while_their_launches_spread_get_that_spread_as_tolerance():
+    # Issue 51's busy run: three processes agreed within 1 % while each one's launches spread
+    # ~20 %, and the best alone measured 1.2-1.7 times their figure.
+    lucky = [_noisy(1, 4340, 4310, 4350, jitter=0.12), _noisy(2, 4600, 4590, jitter=0.12)]
+    s = spread.estimate(lucky)
+    assert s.typical is not None and s.typical < 0.01
+    assert s.within == pytest.approx(0.12, rel=0.15)
+    assert s.tolerance == pytest.approx(spread.WITHIN_FACTOR * s.within) and s.set_by_within
+    # A fresh process 1.2 times slower is consistent with them; 1.5 times is not.
+    alone = _noisy(1, 4340, 5200, jitter=0.12)
+    assert spread.judge(alone, s).agrees
+    assert not spread.judge(_noisy(1, 4340, 6500, jitter=0.01), s).agrees
+    assert "launches spread 12." in spread.basis_text(s.typical, s.within)
+    # The ceiling holds: launches spreading 40 % give a tolerance of 50 %, not 100.
+    wild = spread.estimate([_noisy(1, 4340, 4310, jitter=0.4), _noisy(2, 4600, 4590, jitter=0.4)])
+    assert wild.tolerance == spread.CEILING
+
+
+def test_a_gpus_tight_launches_leave_the_tolerance_to_the_processes_differences():
+    s = spread.estimate(ISSUE)
+    assert s.within is not None and s.within < 0.002
+    assert not s.set_by_within and s.tolerance == pytest.approx(3 * 40 / 600)
+    assert "launches" not in spread.basis_text(s.typical, s.within)
+    # One finalist alone (no pairs to estimate from): tight launches leave the floor ...
+    assert spread.estimate(ISSUE[:1]).tolerance == agreement.FLOOR
+    # ... noisy ones set it, though the processes' differences are not estimated.
+    one = spread.estimate([_noisy(1, 500, 505, jitter=0.1)])
+    assert not one.estimated and one.tolerance == pytest.approx(2.5 * one.within)

@@ -157,6 +157,9 @@ class BestTrial:
     #: best is quoted with) and the median difference of two processes of one kernel.
     spread_tolerance: float | None = None
     spread_typical: float | None = None
+    #: The run's within-process noise (median IQR over median of those processes' samples),
+    #: which the tolerance is kept above a multiple of (:mod:`tunefleet.spread`).
+    spread_within: float | None = None
     #: The runner-up the run's best could not be told apart from (None: separated).
     unseparated_trial_id: int | None = None
     #: The run's processes differ too much to quote its figures to 15 %

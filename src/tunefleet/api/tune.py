@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tunefleet import agreement
+from tunefleet import agreement, spread
 from tunefleet.api.display import ProgressDisplay
 from tunefleet.api.fleet import (
     BUDGET_STOP_S,
@@ -515,12 +515,13 @@ def _judged_line(result: RunResult) -> str:
             f"{rate}; see `tunefleet best {result.run_id} --top 5`){extra}"
         )
     tolerance = result.spread_tolerance or agreement.FLOOR
-    how = (
-        f"fresh processes of one kernel differ by {100 * result.spread_typical:.1f} % here"
-        if result.spread_typical is not None
-        else "too few processes to estimate how far apart they differ: the "
-        f"{100 * agreement.FLOOR:g} % floor"
-    )
+    if result.spread_typical is None and not spread.within_sets(None, result.spread_within):
+        how = (
+            "too few processes to estimate how far apart they differ: the "
+            f"{100 * agreement.FLOOR:g} % floor"
+        )
+    else:
+        how = spread.basis_text(result.spread_typical, result.spread_within)
     tie = (
         f"; it could NOT be separated from trial {result.unseparated_trial_id} (closer than "
         "these processes tell apart)"

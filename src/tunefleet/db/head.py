@@ -7,4 +7,4 @@ itself loading Alembic and SQLAlchemy. A new migration updates it;
 tests/integration/test_head_check.py says so if not.
 """
 
-HEAD = "0016_spread"
+HEAD = "0017_spread_within"

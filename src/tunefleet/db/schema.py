@@ -95,12 +95,15 @@ run = Table(
     # confirmation from its finalists (tunefleet.spread): ``spread_typical`` the median
     # relative difference of two processes of one configuration (NULL: too few to tell),
     # ``spread_tolerance`` what a re-measurement must stay within (the ± a best is quoted
-    # with), ``spread_processes`` the process measurements it rests on, and
-    # ``unseparated_trial_id`` the runner-up the best could not be told apart from.
+    # with), ``spread_processes`` the process measurements it rests on,
+    # ``unseparated_trial_id`` the runner-up the best could not be told apart from, and
+    # ``spread_within`` the median noise (IQR over median) of one of those processes' samples,
+    # which the tolerance is kept above a multiple of.
     Column("spread_typical", DOUBLE_PRECISION, nullable=True),
     Column("spread_tolerance", DOUBLE_PRECISION, nullable=True),
     Column("spread_processes", Integer, nullable=True),
     Column("unseparated_trial_id", BigInteger, nullable=True),
+    Column("spread_within", DOUBLE_PRECISION, nullable=True),
     Column("state", Text, nullable=False, server_default=text("'running'")),
     Column("stop_reason", Text, nullable=True),
     Column("coordinator_id", UUID(as_uuid=True), nullable=True),

@@ -168,7 +168,8 @@ def best_trials(conn: Conn, run_id: int, *, limit: int = 1) -> list[Row]:
                c.confirm_worker_id, cw.host AS confirm_worker_host,
                c.spread, c.noise, c.disagrees, c.agreement_p, c.same_source, c.cold_build,
                r.noise AS measured_noise, r.noisy, t.standing, t.figure_s, t.processes,
-               run.spread_tolerance, run.spread_typical, run.unseparated_trial_id,
+               run.spread_tolerance, run.spread_typical, run.spread_within,
+               run.unseparated_trial_id,
                coalesce(t.figure_s, c.confirmed_median_s, m.median_s) AS ranked_median_s
           FROM tunefleet.trial t
           JOIN tunefleet.measurement m ON m.trial_id = t.id

@@ -195,6 +195,8 @@ class RunBest:
     spread_tolerance: float | None = None
     spread_typical: float | None = None
     unseparated_trial_id: int | None = None
+    #: The run's within-process noise (``run.spread_within``; None: not judged).
+    spread_within: float | None = None
 
 
 @dataclass(frozen=True)
@@ -751,9 +753,10 @@ def best_of_run(conn: Conn, run_id: int) -> RunBest | None:
                b.confirmed_median_s, b.confirmed_gflops, b.spread, b.noise, b.disagrees,
                b.agreement_p, b.noisy, b.same_source, b.standing, b.figure_s,
                b.figure_gflops, b.processes, b.spread_tolerance, b.spread_typical,
-               b.unseparated_trial_id
+               b.unseparated_trial_id, r.spread_within
           FROM tunefleet.best_per_run b
           JOIN tunefleet.trial t ON t.id = b.trial_id
+          JOIN tunefleet.run r ON r.id = b.run_id
          WHERE b.run_id = %s
         """,
         (run_id,),

@@ -115,6 +115,7 @@ class RunSpread:
     tolerance: float
     processes: int
     unseparated_trial_id: int | None
+    within: float | None = None
 
 
 def record_judgement(
@@ -176,7 +177,7 @@ def record_judgement(
             """
             UPDATE tunefleet.run
                SET spread_typical = %s, spread_tolerance = %s, spread_processes = %s,
-                   unseparated_trial_id = %s
+                   unseparated_trial_id = %s, spread_within = %s
              WHERE id = %s
             """,
             (
@@ -184,6 +185,7 @@ def record_judgement(
                 spread.tolerance,
                 spread.processes,
                 spread.unseparated_trial_id,
+                spread.within,
                 run_id,
             ),
         )

@@ -604,14 +604,15 @@ def confirmation_text(best: Row) -> str:
         f"{best['confirm_trial_id']}, extra to the budget, on "
         f"{where}, {', '.join(how)}, input seed {best['confirm_input_seed']}); "
     )
-    if best.get("spread_typical") is not None and best.get("same_source") is not False:
+    typical, within = best.get("spread_typical"), best.get("spread_within")
+    judged = typical is not None or spread.within_sets(typical, within)
+    if judged and best.get("same_source") is not False:
         # Judged against how far apart fresh processes time one kernel (tunefleet.spread).
         text += (
             f"{'DISAGREES' if best.get('disagrees') else 'agrees'}: the medians differ by "
             f"{100 * best['spread']:.2f} %, {'over' if best.get('disagrees') else 'within'} "
             f"the run's between-process tolerance of {100 * best['spread_tolerance']:.1f} % "
-            f"(fresh processes of one kernel differ by {100 * best['spread_typical']:.1f} % "
-            "here, the median over the finalists)"
+            f"({spread.basis_text(typical, within)}, medians over the finalists)"
         )
         if best.get("processes") and best["processes"] > 2:
             text += f"; timed in {best['processes']} processes in all"
@@ -641,10 +642,10 @@ def precision_text(best: Row) -> str | None:
         return None
     return (
         f"precision: every figure of this run is good to ± {100 * best['spread_tolerance']:.0f} "
-        f"% only: fresh processes of one kernel differ by {100 * best['spread_typical']:.1f} % "
-        f"on this device (over {100 * spread.QUOTABLE:.0f} %: other work on its cores, or a "
-        "device whose speed varies from process to process; see docs/protocol.md), so a figure "
-        "here, confirmed or not, may be that far from the kernel's time alone"
+        f"% only ({spread.basis_text(best.get('spread_typical'), best.get('spread_within'))}; "
+        f"over {100 * spread.QUOTABLE:.0f} %: other work on its cores, or a device whose speed "
+        "varies from process to process; see docs/protocol.md), so a figure here, confirmed or "
+        "not, may be that far from the kernel's time alone"
     )
 
 
