@@ -15,6 +15,7 @@ about 20 minutes on one shared core (1,193 s for the published JSON; ``seconds``
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -53,6 +54,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--short-evals", type=int, default=300, help="largest budget of the others")
     p.add_argument("--long", default=",".join(dict.fromkeys(LONG)))
     p.add_argument("--short", default=",".join(SHORT))
+    p.add_argument(
+        "--workers",
+        default="1",
+        help="virtual worker counts, comma-separated; a cell of more than one worker is named "
+        "TECHNIQUE xN",
+    )
     p.add_argument("--out", default=None)
     return p.parse_args(argv)
 
@@ -64,12 +71,14 @@ def main(argv: list[str] | None = None) -> int:
     plan = [(t, budgets) for t in check_techniques([t for t in args.long.split(",") if t])]
     short = [b for b in budgets if b <= args.short_evals] or budgets[:1]
     plan += [(t, short) for t in check_techniques([t for t in args.short.split(",") if t])]
+    workers = sorted({int(w) for w in args.workers.split(",") if w.strip()})
     started = time.monotonic()
     data: dict[str, Any] = {
         "machine": machine(),
         "seeds": args.seeds,
         "evals": budgets,
         "default": DEFAULT_TECHNIQUE,
+        "workers": workers,
         "recordings": {},
     }
     rows = []
@@ -78,14 +87,15 @@ def main(argv: list[str] | None = None) -> int:
         answers = Answers(rec, problem_rules(rec))
         best = rec.best.median_s or 0.0
         cells: dict[str, Any] = {}
-        for technique, evals in plan:
+        for (technique, evals), n_workers in itertools.product(plan, workers):
             t0 = time.monotonic()
             curves = [
-                replay(answers, [technique], seed=s, evaluations=evals[-1])
+                replay(answers, [technique], seed=s, evaluations=evals[-1], workers=n_workers)
                 for s in range(args.seeds)
             ]
             summary = summarise(technique, curves, best, evals)
-            cells[technique] = {
+            name = technique if n_workers == 1 else f"{technique} x{n_workers}"
+            cells[name] = {
                 "at": {
                     str(n): dict(zip(("median", "worst", "best"), summary.at[n], strict=True))
                     for n in evals
@@ -96,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                 "cpu_s": time.monotonic() - t0,
             }
             rows.append(
-                [rec.problem, technique]
+                [Path(path).stem.removeprefix("recording_"), name]
                 + [
                     f"{fmt(summary.at[n][0])} / {fmt(summary.at[n][1])}" if n in evals else "-"
                     for n in budgets
@@ -104,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                 + [f"{summary.missing_share:.0%}", fmt(summary.rejected_per_eval, 2)]
             )
             print(rows[-1], flush=True)
-        data["recordings"][rec.problem] = {
+        # Keyed by the file (recording_gemm.json: "gemm"): one problem may have several.
+        data["recordings"][Path(path).stem.removeprefix("recording_")] = {
             "source": Path(path).name,
             "recorded": len(rec.rows),
             "best_s": best,

@@ -35,13 +35,18 @@ def test_replay_techniques_smoke(tmp_path: Path) -> None:
     _, data = script(
         "replay_techniques.py", tmp_path / "replay.json",
         "--seeds", "2", "--evals", "5,20", "--short-evals", "5",
-        "--long", "PureRandom", "--short", "NeighbourhoodSearch",
+        "--long", "PureRandom", "--short", "NeighbourhoodSearch", "--workers", "1,4",
     )  # fmt: skip
-    assert set(data["recordings"]) == {"gemm", "face_mass"}
+    assert {"gemm", "face_mass"} <= set(data["recordings"])
     for rec in data["recordings"].values():
         cells = rec["techniques"]
-        assert set(cells["PureRandom"]["at"]) == {"5", "20"}
+        assert set(cells) == {
+            "PureRandom", "PureRandom x4", "NeighbourhoodSearch", "NeighbourhoodSearch x4"
+        }  # fmt: skip
+        assert set(cells["PureRandom"]["at"]) == set(cells["PureRandom x4"]["at"]) == {"5", "20"}
         assert set(cells["NeighbourhoodSearch"]["at"]) == {"5"}
+        # Four virtual workers finish 20 evaluations in less virtual time than one.
+        assert cells["PureRandom x4"]["virtual_s"]["20"] < cells["PureRandom"]["virtual_s"]["20"]
         for cell in cells.values():
             for at in cell["at"].values():
                 assert 0 < at["worst"] <= at["median"] <= at["best"] <= 1.0
