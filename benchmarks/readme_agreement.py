@@ -230,6 +230,7 @@ def one_run(index: int, condition: str, opts: argparse.Namespace) -> dict[str, A
             "standing": best.get("standing"),
             "spread_tolerance": tolerance,
             "spread_typical": best.get("spread_typical"),
+            "spread_within": best.get("spread_within"),
             "unseparated_trial_id": best.get("unseparated_trial_id"),
             "headline_ok": best.get("standing") == "agrees" or said_unsettled,
             "process_range_s": printed_range,
