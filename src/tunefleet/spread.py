@@ -32,11 +32,11 @@ apart *processes* measure one kernel, estimated from the finalists themselves:
   smallest round factor that covers, under the ceiling, every best of the 30 published README
   runs of ``benchmarks/readme_agreement.py`` that measured alone beyond what its run printed
   (they lay 0.7-2.1 times that noise from the figure; docs/protocol.md has the forward
-  measurement). With no pairs it is the within term or the
-  floor, and the rank test decides beside it as before. A GPU's processes agree to well
-  under the floor and its samples' noise is under 1 %: GPU verdicts are unchanged. The
-  ceiling is there because the finalists are chosen for measuring fast: when most of them
-  were lucky in the search, their pairs are luck, not process noise, and an uncapped
+  measurement). With no pairs it is the within term or the floor, and the rank test decides
+  beside it as before. A GPU's processes agree to well under the floor and its samples'
+  noise is under 1 %, so the within term stays under the floor: GPU verdicts are unchanged.
+  The ceiling is there because the finalists are chosen for measuring fast: when most of
+  them were lucky in the search, their pairs are luck, not process noise, and an uncapped
   estimate would let every one of them agree.
 
 A **finalist agrees** when a majority of its processes are consistent with its *reference*
