@@ -84,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for path in recordings:
         rec = load(path)
+        # Keyed by the file (recording_gemm.json: "gemm"): one problem may have several.
+        label = Path(path).stem.removeprefix("recording_")
         answers = Answers(rec, problem_rules(rec))
         best = rec.best.median_s or 0.0
         cells: dict[str, Any] = {}
@@ -106,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                 "cpu_s": time.monotonic() - t0,
             }
             rows.append(
-                [Path(path).stem.removeprefix("recording_"), name]
+                [label, name]
                 + [
                     f"{fmt(summary.at[n][0])} / {fmt(summary.at[n][1])}" if n in evals else "-"
                     for n in budgets
@@ -114,8 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                 + [f"{summary.missing_share:.0%}", fmt(summary.rejected_per_eval, 2)]
             )
             print(rows[-1], flush=True)
-        # Keyed by the file (recording_gemm.json: "gemm"): one problem may have several.
-        data["recordings"][Path(path).stem.removeprefix("recording_")] = {
+        data["recordings"][label] = {
             "source": Path(path).name,
             "recorded": len(rec.rows),
             "best_s": best,

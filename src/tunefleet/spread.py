@@ -201,10 +201,13 @@ def within_sets(typical: float | None, within: float | None) -> bool:
     return term > agreement.FLOOR and term > FACTOR * (typical or 0.0)
 
 
-def basis_text(typical: float | None, within: float | None) -> str:
+def basis_text(typical: float | None, within: float | None) -> str | None:
     """What a run's tolerance rests on, for the reports: ``fresh processes of one kernel
     differ by 1.0 % here`` and, where it set the tolerance, ``, but one process's launches
-    spread 19.3 % quartile to quartile: the ± is 2.5 times that``."""
+    spread 19.3 % quartile to quartile: the ± is 2.5 times that``; None where neither was
+    estimated or set it (the floor, with the rank test beside it)."""
+    if typical is None and not within_sets(typical, within):
+        return None
     if typical is not None:
         text = f"fresh processes of one kernel differ by {100 * typical:.1f} % here"
     else:

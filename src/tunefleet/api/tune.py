@@ -515,13 +515,10 @@ def _judged_line(result: RunResult) -> str:
             f"{rate}; see `tunefleet best {result.run_id} --top 5`){extra}"
         )
     tolerance = result.spread_tolerance or agreement.FLOOR
-    if result.spread_typical is None and not spread.within_sets(None, result.spread_within):
-        how = (
-            "too few processes to estimate how far apart they differ: the "
-            f"{100 * agreement.FLOOR:g} % floor"
-        )
-    else:
-        how = spread.basis_text(result.spread_typical, result.spread_within)
+    how = spread.basis_text(result.spread_typical, result.spread_within) or (
+        "too few processes to estimate how far apart they differ: the "
+        f"{100 * agreement.FLOOR:g} % floor"
+    )
     tie = (
         f"; it could NOT be separated from trial {result.unseparated_trial_id} (closer than "
         "these processes tell apart)"

@@ -604,15 +604,14 @@ def confirmation_text(best: Row) -> str:
         f"{best['confirm_trial_id']}, extra to the budget, on "
         f"{where}, {', '.join(how)}, input seed {best['confirm_input_seed']}); "
     )
-    typical, within = best.get("spread_typical"), best.get("spread_within")
-    judged = typical is not None or spread.within_sets(typical, within)
-    if judged and best.get("same_source") is not False:
+    basis = spread.basis_text(best.get("spread_typical"), best.get("spread_within"))
+    if basis is not None and best.get("same_source") is not False:
         # Judged against how far apart fresh processes time one kernel (tunefleet.spread).
         text += (
             f"{'DISAGREES' if best.get('disagrees') else 'agrees'}: the medians differ by "
             f"{100 * best['spread']:.2f} %, {'over' if best.get('disagrees') else 'within'} "
             f"the run's between-process tolerance of {100 * best['spread_tolerance']:.1f} % "
-            f"({spread.basis_text(typical, within)}, medians over the finalists)"
+            f"({basis}, medians over the finalists)"
         )
         if best.get("processes") and best["processes"] > 2:
             text += f"; timed in {best['processes']} processes in all"
