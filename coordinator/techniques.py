@@ -31,6 +31,9 @@ Registered names (usable with ``--technique``):
 ``ModelSearchLocal``          ModelSearch with a quarter of its proposals sweeping the fastest
                               configurations' one-step neighbourhoods (a candidate default for
                               long GPU runs, docs/tuning.md)
+``ModelSearchSteady``         ModelSearch that spreads half its proposals out once stalled, not
+                              0.8 (a candidate default: a long GPU run's last gains are each
+                              under the 1 % that counts as progress)
 
 Every random draw goes through the ``random`` module, which :class:`~.tuner.Tuner` swaps for
 the run's own generator, so a seeded search repeats exactly.
@@ -200,3 +203,4 @@ register(
 )
 register(ModelSearch(name="ModelSearch"))
 register(ModelSearch(local=0.25, name="ModelSearchLocal"))
+register(ModelSearch(stalled_explore=0.5, name="ModelSearchSteady"))
