@@ -51,7 +51,7 @@ def processes_line(result: Any) -> str | None:
         if result.unseparated_trial_id is not None
         else ""
     )
-    measured = range_text(result.process_range_s)
+    measured = range_text(result.process_range_s, result.spread_tolerance)
     return (
         f"across processes: {result.figure_s:.6g} s{tolerance} from {result.processes} "
         f"processes{measured}, {result.standing}{tie}"

@@ -243,13 +243,28 @@ def process_range(
     by the others) is still a time the kernel took in a fresh process here: on a device whose
     kernel times switch between speeds from process to process (docs/protocol.md), a run
     alone may land there too, so the reports print the range beside the ± instead of a ± its
-    own processes contradict."""
+    own processes contradict, and where a fresh one may land (:func:`landing_range`)."""
     if standing != Standing.AGREES or figure_s is None or tolerance is None or not medians:
         return None
     lo, hi = min(medians), max(medians)
     if lo >= figure_s * (1 - tolerance) and hi <= figure_s * (1 + tolerance):
         return None
     return lo, hi
+
+
+def landing_range(
+    process_range: Sequence[float] | None, tolerance: float | None
+) -> tuple[float, float] | None:
+    """Where a fresh process of a configuration whose processes measured ``process_range``
+    (:func:`process_range`) may land: that range widened by the ``tolerance`` on each side,
+    as the ± reads (``lo * (1 - tolerance)`` to ``hi * (1 + tolerance)``). Each process was
+    one draw of a machine's speeds; the next one lands within the tolerance of one of them,
+    not only between them (a README run's processes measured 666 us to 1.28 ms, ± 12 %, and
+    its best alone 593-677 us)."""
+    if not process_range or tolerance is None:
+        return None
+    lo, hi = process_range
+    return lo * (1 - tolerance), hi * (1 + tolerance)
 
 
 def consistent(a: Process, b: Process, spread: Spread) -> bool:

@@ -11,6 +11,7 @@ import pytest
 
 from tunefleet import agreement, spread
 from tunefleet.spread import Finalist, Process, Standing
+from tunefleet.text.render import range_text
 
 
 def proc(trial_id: int, median_us: float, n: int = 200, jitter: float = 0.001) -> Process:
@@ -217,6 +218,28 @@ def test_only_a_best_that_agrees_across_processes_gets_a_range() -> None:
     assert spread.process_range("agrees", 1.0e-3, 0.2, outlying) == (1.0e-3, 2.0e-3)
     assert spread.process_range("disagrees", 1.0e-3, 0.2, outlying) is None
     assert spread.process_range(None, 1.0e-3, 0.2, outlying) is None
+
+
+def test_where_a_fresh_process_may_land_is_the_range_widened_by_the_plus_minus() -> None:
+    # The README run it comes from: processes at 666 us and 1.28 ms (two), ± 12 %; alone
+    # its best measured 593, 604 and 677 us, under the range but within the ± of its fast
+    # process.
+    processes = [666.1e-6, 1.27e-3, 1.28e-3]
+    printed = spread.process_range("agrees", 1.275e-3, 0.12, processes)
+    assert printed == pytest.approx((666.1e-6, 1.28e-3))
+    lo, hi = spread.landing_range(printed, 0.12) or (0.0, 0.0)
+    assert lo == pytest.approx(666.1e-6 * 0.88) and hi == pytest.approx(1.28e-3 * 1.12)
+    assert all(lo <= alone <= hi for alone in (593e-6, 604e-6, 677e-6))
+    assert lo > 0.5e-3  # and not a range so wide it could not fail
+    # Nothing printed (no range, or no tolerance): nowhere to expect it beyond the ±.
+    assert spread.landing_range(None, 0.12) is None
+    assert spread.landing_range(printed, None) is None
+
+
+def test_the_range_text_says_what_the_processes_measured_and_where_to_expect_one_alone() -> None:
+    text = range_text((1.0e-3, 2.0e-3), 0.25)
+    assert text == " (they measured 1 ms to 2 ms; alone, expect 750.0 us to 2.5 ms)"
+    assert range_text(None, 0.25) == "" and range_text((1.0e-3, 2.0e-3), None) == ""
 
 
 def _noisy(trial_id: int, *medians_us: float, jitter: float) -> Finalist:

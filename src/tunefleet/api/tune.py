@@ -527,8 +527,8 @@ def _judged_line(result: RunResult) -> str:
     )
     return (
         f"{head}: {rate} ± {100 * tolerance:.0f} % across {result.processes} processes"
-        f"{range_text(result.process_range_s)}, confirmed (median {seconds(result.figure_s)}; "
-        f"{how}){tie}{extra}"
+        f"{range_text(result.process_range_s, tolerance)}, confirmed "
+        f"(median {seconds(result.figure_s)}; {how}){tie}{extra}"
     )
 
 

@@ -482,15 +482,21 @@ def spread_text(top: Row) -> str:
     if top.get("standing") != "agrees" or top.get("spread_tolerance") is None:
         return ""
     text = f" ± {100 * top['spread_tolerance']:.0f} % across {top['processes']} processes"
-    return text + range_text(top.get("process_range_s"))
+    return text + range_text(top.get("process_range_s"), top.get("spread_tolerance"))
 
 
-def range_text(process_range: Any) -> str:
-    """`` (they measured 1.43 ms to 2.48 ms)`` for a process range, else nothing."""
-    if not process_range:
+def range_text(process_range: Any, tolerance: float | None) -> str:
+    """`` (they measured 1.43 ms to 2.48 ms; alone, expect 1.09 ms to 3.13 ms)`` for a
+    process range and the run's tolerance (:func:`tunefleet.spread.landing_range`), else
+    nothing."""
+    landing = spread.landing_range(process_range, tolerance)
+    if not process_range or landing is None:
         return ""
     lo, hi = process_range
-    return f" (they measured {seconds(lo)} to {seconds(hi)})"
+    return (
+        f" (they measured {seconds(lo)} to {seconds(hi)}; alone, expect "
+        f"{seconds(landing[0])} to {seconds(landing[1])})"
+    )
 
 
 def separation_lines(top: Row) -> list[str]:
