@@ -26,14 +26,13 @@ Registered names (usable with ``--technique``):
 ``NeighbourhoodMix``          elite 5, and 4 proposals in 10 between two of the elite
 ``NeighbourhoodBandit``       OpenTuner's AUC bandit over NeighbourhoodSearch and uniform draws
 ``NeighbourhoodBanditDE``     the bandit with differential evolution and greedy mutation too
-``ModelSearch``               expected improvement on a learned model (:mod:`.model_search`):
-                              the default
+``ModelSearch``               expected improvement on a learned model (:mod:`.model_search`)
 ``ModelSearchLocal``          ModelSearch with a quarter of its proposals sweeping the fastest
                               configurations' one-step neighbourhoods (a candidate default for
                               long GPU runs, docs/tuning.md)
 ``ModelSearchSteady``         ModelSearch that spreads half its proposals out once stalled, not
-                              0.8 (a candidate default: a long GPU run's last gains are each
-                              under the 1 % that counts as progress)
+                              0.8: the default (a long GPU run's last gains are each under the
+                              1 % that counts as progress; ``tunefleet.settings``)
 
 Every random draw goes through the ``random`` module, which :class:`~.tuner.Tuner` swaps for
 the run's own generator, so a seeded search repeats exactly.

@@ -31,10 +31,13 @@ COORDINATOR_ALIVE_S = 30.0
 #: model-based search, which escaped the deceptive basin of held-out landscapes where the
 #: neighbourhood search and Optuna's TPE sampler did not, at a few milliseconds of the
 #: coordinator's CPU per evaluation (benchmarks/default_technique.py; the table in
-#: docs/tuning.md). Where scikit-learn does not import, a run falls back to
-#: ``NeighbourhoodSearch`` (:func:`tunefleet.coordinator.tuner.default_search`). Here, not
-#: in the coordinator, so that the flags' help quotes this value without importing OpenTuner.
-DEFAULT_TECHNIQUE = "ModelSearch"
+#: docs/tuning.md), spreading half its proposals out once stalled rather than 0.8: a long GPU
+#: run's last gains are each under the 1 % that counts as progress, and two such runs on one
+#: H100 ended 0.94-0.98 of cuBLAS where two ModelSearch runs beside them stopped at 0.88.
+#: Where scikit-learn does not import, a run falls back to ``NeighbourhoodSearch``
+#: (:func:`tunefleet.coordinator.tuner.default_search`). Here, not in the coordinator, so
+#: that the flags' help quotes this value without importing OpenTuner.
+DEFAULT_TECHNIQUE = "ModelSearchSteady"
 
 
 #: Most configurations one run confirms (``--confirm``; each costs one more evaluation at the

@@ -179,7 +179,7 @@ def test_a_search_that_names_no_technique_falls_back_without_scikit_learn(monkey
     from tunefleet.coordinator import tuner as tuner_module
     from tunefleet.settings import DEFAULT_TECHNIQUE
 
-    assert tuner_module.default_search() == (DEFAULT_TECHNIQUE,) == ("ModelSearch",)
+    assert tuner_module.default_search() == (DEFAULT_TECHNIQUE,) == ("ModelSearchSteady",)
     monkeypatch.setattr(tuner_module, "model_available", lambda: False)
     with caplog.at_level("WARNING", logger=tuner_module.__name__):
         assert tuner_module.default_search() == ("NeighbourhoodSearch",)
