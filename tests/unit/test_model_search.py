@@ -199,3 +199,30 @@ def test_without_scikit_learn_the_technique_is_refused_in_one_line(monkeypatch):
     assert "scikit-learn" in message and "tunefleet[importance]" in message
     assert "\n" not in message
     check_techniques(["NeighbourhoodSearch"])  # the others do not need it
+
+
+@pytest.mark.parametrize(
+    ("technique", "stalled"), [("ModelSearch", 0.8), ("ModelSearchSteady", 0.5)]
+)
+def test_a_stalled_search_spreads_out_its_techniques_share(technique, stalled):
+    """The default (ModelSearchSteady) spreads half its proposals once 20 outcomes pass
+    without a 1 % gain, ModelSearch 8 in 10; a 0.5 % gain does not count as progress (a long
+    GPU run's last gains are that small), a 2 % gain does."""
+    tuner = Tuner(SPACE, [technique], seed=3)
+    try:
+        root = tuner._driver.root_technique
+        assert type(root).__name__ == "ModelSearch" and root.name == technique
+
+        def share_after(times_s):
+            for sug, t in zip(tuner.ask(len(times_s)), times_s, strict=True):
+                tuner.tell_many([(sug, t)])
+            tuner._driver.process_new_results()  # what the next ask does first
+            return root._explore_share()
+
+        assert share_after([1e-3]) == pytest.approx(root.explore)
+        # Twenty gains of 0.5 % each: stalled, all the way.
+        assert share_after([1e-3 * 0.995**i for i in range(1, 21)]) == pytest.approx(stalled)
+        # A 2 % gain is progress again.
+        assert share_after([0.98 * 1e-3 * 0.995**20]) == pytest.approx(root.explore)
+    finally:
+        tuner.close()
