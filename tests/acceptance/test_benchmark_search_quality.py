@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from tunefleet.settings import DEFAULT_TECHNIQUE
+
 pytestmark = [pytest.mark.acceptance, pytest.mark.benchmark]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,7 +73,7 @@ def test_default_technique_smoke(tmp_path: Path) -> None:
     land = data["landscapes"]
     assert land["landscapes"]["set"] == "held-out" and land["landscapes"]["first_variant"] == 1000
     cells = land["techniques"]
-    expected = {"ModelSearch", "NeighbourhoodSearch"}
+    expected = {DEFAULT_TECHNIQUE, "ModelSearch", "NeighbourhoodSearch"}
     try:
         import optuna  # noqa: F401
     except ImportError:
@@ -86,7 +88,7 @@ def test_default_technique_smoke(tmp_path: Path) -> None:
             assert cell["within_5pct"] == sum(f >= 0.95 for f in cell["finals"])
             assert cell["search_s_per_eval"]["median"] > 0
     importance = data["importance"]
-    assert importance["technique"] == data["default"] == "ModelSearchSteady"
+    assert importance["technique"] == data["default"] == DEFAULT_TECHNIQUE == "ModelSearchSteady"
     for by_workers in importance["workers"].values():
         (run,) = by_workers["runs"]
         assert set(run["ranks"]) == {"reg_i", "reg_j"} and len(run["first_three"]) == 3
