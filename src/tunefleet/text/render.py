@@ -490,7 +490,7 @@ def range_text(process_range: Any, tolerance: float | None) -> str:
     process range and the run's tolerance (:func:`tunefleet.spread.landing_range`), else
     nothing."""
     landing = spread.landing_range(process_range, tolerance)
-    if not process_range or landing is None:
+    if landing is None:  # no range, or no tolerance to widen it by
         return ""
     lo, hi = process_range
     return (
