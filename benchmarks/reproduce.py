@@ -123,6 +123,9 @@ def one_run(i: int, args: argparse.Namespace, save: Any) -> dict[str, Any]:
         out["elapsed_s"] = time.monotonic() - started
         out["exit"] = proc.returncode
         out["tail"] = (proc.stdout + proc.stderr)[-4000:]
+        # The run's rate and where its wall went (the devices' timing share), as users see it.
+        status = _run([*TUNEFLEET, "status", "1"], env, 300)
+        out["status"] = (status.stdout + status.stderr)[-4000:]
         best = _run([*TUNEFLEET, "best", "1", "--json", "--top", str(args.top)], env, 300)
         rows = json.loads(best.stdout)["best"] if best.returncode == 0 else []
         out["top"] = []
