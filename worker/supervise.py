@@ -440,18 +440,15 @@ class Child:
             return None
         assert self.conn is not None and self.proc is not None
         now = time.monotonic() if now is None else now
-        gone = False
-        try:
-            while self.conn.poll(0):
-                reply = self.conn.recv()
-                self.armed = True
-                if reply.kind == ReplyKind.STARTED:
-                    self.loaded = True
-                    continue
-                self._ended(now)
-                return reply  # type: ignore[no-any-return]
-        except (EOFError, OSError):
-            gone = True  # the pipe closed: the child is exiting
+        reply, gone = self._read()
+        if reply is None and not gone and not self.proc.is_alive():
+            # It may have spoken, then died, after the read above (a parent descheduled
+            # under load): everything it sent is in the pipe now. Read it before judging
+            # how it ended, or a crash after loading reads as a death while loading.
+            reply, gone = self._read()
+        if reply is not None:
+            self._ended(now)
+            return reply
         loading = self.loads and not self.loaded
         if gone or not self.proc.is_alive():
             self.proc.join(2.0)
@@ -472,6 +469,22 @@ class Child:
             self.kill()
             return Reply(ReplyKind.TIMEOUT, message=f"exceeded the {self.limit_s:g} s timeout")
         return None
+
+    def _read(self) -> tuple[Reply | None, bool]:
+        """What the child has sent so far: its reply if it answered (noting a ``started``
+        on the way), and whether the pipe closed (the child is exiting)."""
+        assert self.conn is not None
+        try:
+            while self.conn.poll(0):
+                reply = self.conn.recv()
+                self.armed = True
+                if reply.kind == ReplyKind.STARTED:
+                    self.loaded = True
+                    continue
+                return reply, False
+        except (EOFError, OSError):
+            return None, True
+        return None, False
 
     def _ended(self, now: float) -> None:
         """The request in flight answered: note what it spent of its limit."""

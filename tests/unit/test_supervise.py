@@ -111,6 +111,43 @@ def test_a_child_that_dies_loading_the_problem_is_an_environment_fault(monkeypat
         child.close()
 
 
+class _ReadBeforeItSpoke:
+    """The parent's end of a child's pipe whose first ``poll`` finds nothing, as when the
+    parent read the pipe a moment before its child spoke (a parent descheduled under load);
+    everything after that is the real pipe."""
+
+    def __init__(self, conn):
+        self.conn, self.first = conn, True
+
+    def poll(self, timeout=0.0):
+        if self.first:
+            self.first = False
+            return False
+        return self.conn.poll(timeout)
+
+    def __getattr__(self, name):
+        return getattr(self.conn, name)
+
+
+def test_a_crash_right_after_loading_is_the_configurations_even_if_read_late():
+    """The child loads the problem, says so and crashes in the configuration, all between
+    the parent's read of the pipe and its look at whether the child lives: still the
+    configuration's crash, never an environment fault (which makes a worker stand aside
+    from the run; under load a drain worker then exited 1)."""
+    child = Child("device")
+    try:
+        assert child.call(Open(HOST_DEVICE), 30).kind == "ok"
+        child.submit(measure({"fail_rate": 1.0, "duration": 0}), timeout_s=60)
+        child.proc.join(30)  # loaded, said so and died: all before the parent looks
+        assert child.proc.exitcode is not None and child.proc.exitcode < 0
+        child.conn = _ReadBeforeItSpoke(child.conn)
+        crash = child.poll()
+        assert crash is not None and crash.kind == "died", crash
+        assert crash.message == "killed by SIGSEGV"
+    finally:
+        child.close()
+
+
 ENVIRONMENT_PROBLEM = str(
     Path(__file__).resolve().parents[1] / "acceptance" / "environment_problem.py"
 )
