@@ -12,8 +12,9 @@ OpenCL device unless ``--device``):
 2. **spread**: the best's reproduce command, run alone in ``--repeats`` fresh processes
    (default 3), lands within the spread the run printed: the median of those processes is
    within the run's figure ± ``spread_tolerance``, as the line reads, or within where the
-   line says to expect it alone when one of the best's own processes lay beyond that ± (the
-   range they measured, ``process_range_s``, widened by the ±: ``landing_range_s``);
+   line says to expect it alone when one of the best's own processes or a tenth of their
+   launches lay beyond that ± (the range they measured, ``process_range_s``, widened by the
+   ±, with the range their launches ran at, ``launch_range_s``: ``landing_range_s``);
 3. **top**: each of the ``--top`` best (default 5), measured alone the same way, is within
    ``--tolerance`` (default 15 %) of its in-run figure, or carries the run's own warning
    (its status is not ``confirmed``, its samples stayed noisy, or the run says its figures
@@ -220,7 +221,8 @@ def one_run(index: int, condition: str, opts: argparse.Namespace) -> dict[str, A
         tolerance = best.get("spread_tolerance")
         printed_range = best.get("process_range_s")
         alone_best = rows[0]["alone_median_s"]
-        landing = landing_range(printed_range, tolerance)
+        launches = best.get("launch_range_s")
+        landing = landing_range(printed_range, tolerance, launches, best.get("figure_s"))
         last = [ln for ln in report.strip().splitlines() if ln.startswith("run 1: best")]
         said_unsettled = "could not separate" in report or "could NOT be separated" in report
         return {
@@ -236,6 +238,7 @@ def one_run(index: int, condition: str, opts: argparse.Namespace) -> dict[str, A
             "unseparated_trial_id": best.get("unseparated_trial_id"),
             "headline_ok": best.get("standing") == "agrees" or said_unsettled,
             "process_range_s": printed_range,
+            "launch_range_s": launches,
             "landing_range_s": landing,
             "within_spread": (
                 None

@@ -51,7 +51,9 @@ def processes_line(result: Any) -> str | None:
         if result.unseparated_trial_id is not None
         else ""
     )
-    measured = range_text(result.process_range_s, result.spread_tolerance)
+    measured = range_text(
+        result.process_range_s, result.spread_tolerance, result.launch_range_s, result.figure_s
+    )
     return (
         f"across processes: {result.figure_s:.6g} s{tolerance} from {result.processes} "
         f"processes{measured}, {result.standing}{tie}"

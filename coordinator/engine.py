@@ -167,17 +167,25 @@ class RunResult:
     #: The fastest and slowest of its processes when one lies beyond the ± it is quoted with
     #: (:func:`tunefleet.spread.process_range`; None: all within it, or not judged).
     process_range_s: tuple[float, float] | None = None
+    #: Its processes' launches, 10th to 90th percentile, when they reach beyond that ±
+    #: (:func:`tunefleet.spread.launch_range`; None: within it, or not judged).
+    launch_range_s: tuple[float, float] | None = None
     #: Fresh-process re-measurements the shoot-out added (beyond one per finalist).
     shootout: int = 0
 
 
 def process_range_of(
     conn: psycopg.Connection[Any], run_id: int, best: q.RunBest
-) -> tuple[float, float] | None:
-    """The range of ``best``'s processes its report prints beside its ± (None: it does not
-    agree across processes, or they all lie within it; :func:`tunefleet.spread.process_range`)."""
-    medians = qs.process_medians(conn, run_id).get(best.trial_id, [])
-    return spread.process_range(best.standing, best.figure_s, best.spread_tolerance, medians)
+) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
+    """The range of ``best``'s processes' medians and of their launches that its report prints
+    beside its ± (each None: it does not agree across processes, or they lie within it;
+    :func:`tunefleet.spread.process_range`, :func:`tunefleet.spread.launch_range`)."""
+    timings = qs.process_timings(conn, run_id).get(best.trial_id, qs.Timings())
+    args = (best.standing, best.figure_s, best.spread_tolerance)
+    return (
+        spread.process_range(*args, timings.medians),
+        spread.launch_range(*args, timings.medians, timings.samples),
+    )
 
 
 # --- the session's pieces -------------------------------------------------------------------
@@ -737,6 +745,7 @@ class _Session:
         )
         if best is None:
             return result
+        ranges = process_range_of(self.conn, self.run_id, best)
         return dataclasses.replace(
             result,
             best_config=best.config,
@@ -760,7 +769,8 @@ class _Session:
             spread_typical=best.spread_typical,
             unseparated_trial_id=best.unseparated_trial_id,
             spread_within=best.spread_within,
-            process_range_s=process_range_of(self.conn, self.run_id, best),
+            process_range_s=ranges[0],
+            launch_range_s=ranges[1],
             shootout=self.confirmation.shootout if self.confirmation else 0,
         )
 

@@ -84,6 +84,10 @@ QUOTABLE = 0.15
 #: Where processes differ beyond the floor, the best is quoted only after this many processes
 #: (:func:`challengers`): two that agree may both have met one of a machine's two speeds.
 QUOTED_PROCESSES = 3
+#: A speed that held this share of one process's launches is one a fresh process may run at
+#: for most of its own (:func:`launch_range`: its processes' 10th to 90th percentiles).
+LAUNCH_SHARE = 0.1
+LAUNCH_SHARE_TEXT = "10th to 90th percentile"
 
 
 class Standing(StrEnum):
@@ -252,19 +256,68 @@ def process_range(
     return lo, hi
 
 
-def landing_range(
-    process_range: Sequence[float] | None, tolerance: float | None
+def launch_range(
+    standing: str | None,
+    figure_s: float | None,
+    tolerance: float | None,
+    medians: Sequence[float],
+    samples: Sequence[Sequence[float]],
 ) -> tuple[float, float] | None:
-    """Where a fresh process of a configuration whose processes measured ``process_range``
-    (:func:`process_range`) may land: that range widened by the ``tolerance`` on each side,
-    as the ± reads (``lo * (1 - tolerance)`` to ``hi * (1 + tolerance)``). Each process was
-    one draw of a machine's speeds; the next one lands within the tolerance of one of them,
-    not only between them (a README run's processes measured 666 us to 1.28 ms, ± 12 %, and
-    its best alone 593-677 us)."""
-    if not process_range or tolerance is None:
+    """The fastest 10th and slowest 90th percentile (:data:`LAUNCH_SHARE`) of the launches
+    of a judged configuration's processes (``samples``, one sequence per process; their
+    ``medians``) when it agrees across processes and that range reaches, by more than the
+    floor, beyond where its processes already say to expect it: the ± it is quoted with, or
+    the range its processes measured widened by it (:func:`landing_range`). Else None.
+
+    Why launches: a process's median is where the shares of a machine's speeds put it, and
+    a handful of processes that met similar shares say nothing of the next one. On a CPU that
+    shares its cores, a speed that held a tenth of one process's launches can hold most of
+    the next process's: a README run's three processes measured 2.56-2.72 ms (± 18 %) while a
+    quarter of one's launches ran at 4 ms, and its best alone measured 2.47, 4.15 and 4.36 ms.
+    Over the 50 published README runs of ``benchmarks/readme_agreement.py`` the best's alone
+    median lay within this range or the ± in 48 (docs/protocol.md). A GPU's launches spread
+    under 1 %: never beyond the ±."""
+    if standing != Standing.AGREES or figure_s is None or tolerance is None:
         return None
-    lo, hi = process_range
-    return lo * (1 - tolerance), hi * (1 + tolerance)
+    timed = [sorted(s) for s in samples if s]
+    if not timed:
+        return None
+    lo = min(agreement.quantile(s, LAUNCH_SHARE) for s in timed)
+    hi = max(agreement.quantile(s, 1 - LAUNCH_SHARE) for s in timed)
+    measured = process_range(standing, figure_s, tolerance, medians)
+    expected = landing_range(measured, tolerance) or (
+        figure_s * (1 - tolerance),
+        figure_s * (1 + tolerance),
+    )
+    if lo >= expected[0] * (1 - agreement.FLOOR) and hi <= expected[1] * (1 + agreement.FLOOR):
+        return None
+    return lo, hi
+
+
+def landing_range(
+    process_range: Sequence[float] | None,
+    tolerance: float | None,
+    launches: Sequence[float] | None = None,
+    figure_s: float | None = None,
+) -> tuple[float, float] | None:
+    """Where a fresh process of a configuration may land, when its processes or their
+    launches reach beyond its ± (None otherwise): the range its processes measured
+    (``process_range``, :func:`process_range`) widened by the ``tolerance`` on each side, as
+    the ± reads, together with the range its launches ran at (``launches``,
+    :func:`launch_range`) and the ± around ``figure_s``. Each process was one draw of a
+    machine's speeds; the next one lands within the tolerance of one of them, not only between
+    them (a README run's processes measured 666 us to 1.28 ms, ± 12 %, and its best alone
+    593-677 us), or at a speed some of their launches met."""
+    if tolerance is None or (not process_range and not launches):
+        return None
+    bounds: list[float] = []
+    if process_range:
+        bounds += [process_range[0] * (1 - tolerance), process_range[1] * (1 + tolerance)]
+    if launches:
+        bounds += list(launches)
+    if figure_s is not None:
+        bounds += [figure_s * (1 - tolerance), figure_s * (1 + tolerance)]
+    return min(bounds), max(bounds)
 
 
 def consistent(a: Process, b: Process, spread: Spread) -> bool:

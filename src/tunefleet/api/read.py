@@ -168,6 +168,9 @@ class BestTrial:
     #: The fastest and slowest of its processes' medians when one lies beyond the ± it is
     #: quoted with (:func:`tunefleet.spread.process_range`; None: all within it).
     process_range_s: tuple[float, float] | None = None
+    #: Its processes' launches, 10th to 90th percentile, when they reach beyond that ± by
+    #: more than the floor (:func:`tunefleet.spread.launch_range`; None: within it).
+    launch_range_s: tuple[float, float] | None = None
 
     @property
     def confirmed(self) -> bool:

@@ -527,7 +527,8 @@ def _judged_line(result: RunResult) -> str:
     )
     return (
         f"{head}: {rate} ± {100 * tolerance:.0f} % across {result.processes} processes"
-        f"{range_text(result.process_range_s, tolerance)}, confirmed "
+        f"{range_text(result.process_range_s, tolerance, result.launch_range_s, result.figure_s)}"
+        ", confirmed "
         f"(median {seconds(result.figure_s)}; {how}){tie}{extra}"
     )
 

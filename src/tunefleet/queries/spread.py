@@ -75,15 +75,26 @@ def finalist_processes(conn: Conn, run_id: int) -> list[ProcessRow]:
     ).fetchall()
 
 
-def process_medians(conn: Conn, run_id: int) -> dict[int, list[float]]:
-    """The medians of every process that finished timing each confirmed search trial of the
-    run (:func:`finalist_processes`, the search's own included), by search trial.
-    Locks: none."""
+@dataclass(frozen=True)
+class Timings:
+    """What every process that finished timing one confirmed search trial measured: each
+    one's median and its launches (samples), the search's process first."""
+
+    medians: tuple[float, ...] = ()
+    samples: tuple[tuple[float, ...], ...] = ()
+
+
+def process_timings(conn: Conn, run_id: int) -> dict[int, Timings]:
+    """The medians and launches of every process that finished timing each confirmed search
+    trial of the run (:func:`finalist_processes`, the search's own included), by search
+    trial. Locks: none."""
     medians: dict[int, list[float]] = {}
+    samples: dict[int, list[tuple[float, ...]]] = {}
     for p in finalist_processes(conn, run_id):
         if p.median_s is not None:
             medians.setdefault(p.search_trial_id, []).append(p.median_s)
-    return medians
+            samples.setdefault(p.search_trial_id, []).append(tuple(p.samples or ()))
+    return {tid: Timings(tuple(m), tuple(samples[tid])) for tid, m in medians.items()}
 
 
 @dataclass(frozen=True)

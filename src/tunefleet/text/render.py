@@ -341,16 +341,14 @@ def read_best(conn: Any, run_id: int, top: int = 1) -> BestOfRun:
     best = report.best_trials(conn, run_id, limit=top)
     progress = report.run_progress(conn, run_id)
     assert progress is not None  # the run exists
-    medians = qspread.process_medians(conn, run_id) if best else {}
+    timings = qspread.process_timings(conn, run_id) if best else {}
     for b in best:
         b["reproduce"] = reproduce_command(run, b)
         b["imprecise"] = spread.imprecise(b.get("spread_tolerance"))
-        b["process_range_s"] = spread.process_range(
-            b.get("standing"),
-            b.get("figure_s"),
-            b.get("spread_tolerance"),
-            medians.get(b["trial_id"], []),
-        )
+        judged = (b.get("standing"), b.get("figure_s"), b.get("spread_tolerance"))
+        times = timings.get(b["trial_id"], qspread.Timings())
+        b["process_range_s"] = spread.process_range(*judged, times.medians)
+        b["launch_range_s"] = spread.launch_range(*judged, times.medians, times.samples)
     default = _default_trial(conn, run)
     return BestOfRun(run, best, progress, default)
 
@@ -477,26 +475,43 @@ def _figures(b: Row) -> Row:
 def spread_text(top: Row) -> str:
     """`` ± 24 % across 3 processes`` for a best judged to agree across processes (the run's
     between-process tolerance: a fresh process of it lands within that about 19 times in
-    20), else nothing; with the range its processes measured when one lies beyond that ±
-    (:func:`tunefleet.spread.process_range`)."""
+    20), else nothing; with the range its processes or their launches measured when it
+    reaches beyond that ± (:func:`range_text`)."""
     if top.get("standing") != "agrees" or top.get("spread_tolerance") is None:
         return ""
     text = f" ± {100 * top['spread_tolerance']:.0f} % across {top['processes']} processes"
-    return text + range_text(top.get("process_range_s"), top.get("spread_tolerance"))
-
-
-def range_text(process_range: Any, tolerance: float | None) -> str:
-    """`` (they measured 1.43 ms to 2.48 ms; alone, expect 1.09 ms to 3.13 ms)`` for a
-    process range and the run's tolerance (:func:`tunefleet.spread.landing_range`), else
-    nothing."""
-    landing = spread.landing_range(process_range, tolerance)
-    if landing is None:  # no range, or no tolerance to widen it by
-        return ""
-    lo, hi = process_range
-    return (
-        f" (they measured {seconds(lo)} to {seconds(hi)}; alone, expect "
-        f"{seconds(landing[0])} to {seconds(landing[1])})"
+    return text + range_text(
+        top.get("process_range_s"),
+        top.get("spread_tolerance"),
+        top.get("launch_range_s"),
+        top.get("figure_s"),
     )
+
+
+def range_text(
+    process_range: Any,
+    tolerance: float | None,
+    launches: Any = None,
+    figure_s: float | None = None,
+) -> str:
+    """`` (they measured 1.43 ms to 2.48 ms; alone, expect 1.09 ms to 3.13 ms)`` for a
+    process range (:func:`tunefleet.spread.process_range`), `` (their launches ran 1.00 ms
+    to 2.33 ms, 10th to 90th percentile; alone, expect ...)`` for a launch range
+    (:func:`tunefleet.spread.launch_range`), both joined where both reach beyond the ±;
+    where to expect a fresh process from :func:`tunefleet.spread.landing_range`. Nothing
+    without either."""
+    landing = spread.landing_range(process_range, tolerance, launches, figure_s)
+    if landing is None:  # neither range, or no tolerance to widen one by
+        return ""
+    told = []
+    if process_range:
+        told.append(f"they measured {seconds(process_range[0])} to {seconds(process_range[1])}")
+    if launches:
+        told.append(
+            f"their launches ran {seconds(launches[0])} to {seconds(launches[1])}, "
+            f"{spread.LAUNCH_SHARE_TEXT}"
+        )
+    return f" ({', '.join(told)}; alone, expect {seconds(landing[0])} to {seconds(landing[1])})"
 
 
 def separation_lines(top: Row) -> list[str]:
