@@ -67,8 +67,6 @@ from opentuner.search.technique import SearchTechnique
 
 from tunefleet.errors import UsageError
 
-#: Techniques of this module (their names as registered), for :func:`require_model`.
-MODEL_TECHNIQUES = ("ModelSearch", "ModelSearchLocal", "ModelSearchSteady")
 #: Tries before a proposal falls back to a uniform draw when every candidate was asked.
 _TRIES = 24
 #: Most triples of parameters a spread proposal counts (220 for twelve parameters).

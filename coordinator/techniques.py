@@ -200,6 +200,13 @@ register(
         name="NeighbourhoodBanditDE",
     )
 )
-register(ModelSearch(name="ModelSearch"))
-register(ModelSearch(local=0.25, name="ModelSearchLocal"))
-register(ModelSearch(stalled_explore=0.5, name="ModelSearchSteady"))
+_MODEL_SEARCHES = (
+    ModelSearch(name="ModelSearch"),
+    ModelSearch(local=0.25, name="ModelSearchLocal"),
+    ModelSearch(stalled_explore=0.5, name="ModelSearchSteady"),
+)
+for _search in _MODEL_SEARCHES:
+    register(_search)
+#: The registered techniques that learn a model (they need scikit-learn:
+#: :func:`.model_search.require_model`).
+MODEL_TECHNIQUES = tuple(t.name for t in _MODEL_SEARCHES)

@@ -74,8 +74,8 @@ with _quiet():
     from opentuner.search.objective import MinimizeTime
 
     from . import grid_technique as _grid_technique  # noqa: F401  (registers ``grid``)
-    from . import techniques as _own_techniques  # noqa: F401  (registers them by name)
-    from .model_search import MODEL_TECHNIQUES, model_available, require_model
+    from .model_search import model_available, require_model
+    from .techniques import MODEL_TECHNIQUES  # importing it registers them by name
 # Importing OpenTuner replaces logging.Formatter process-wide; put it back.
 logging.Formatter = _formatter  # type: ignore[misc]
 # Its logging setup writes ``opentuner.log`` into the working directory: never run it.
