@@ -174,7 +174,7 @@ class RunResult:
     shootout: int = 0
 
 
-def process_range_of(
+def printed_ranges(
     conn: psycopg.Connection[Any], run_id: int, best: q.RunBest
 ) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
     """The range of ``best``'s processes' medians and of their launches that its report prints
@@ -745,7 +745,7 @@ class _Session:
         )
         if best is None:
             return result
-        ranges = process_range_of(self.conn, self.run_id, best)
+        ranges = printed_ranges(self.conn, self.run_id, best)
         return dataclasses.replace(
             result,
             best_config=best.config,

@@ -87,6 +87,7 @@ QUOTED_PROCESSES = 3
 #: A speed that held this share of one process's launches is one a fresh process may run at
 #: for most of its own (:func:`launch_range`: its processes' 10th to 90th percentiles).
 LAUNCH_SHARE = 0.1
+#: How the reports name that range.
 LAUNCH_SHARE_TEXT = "10th to 90th percentile"
 
 

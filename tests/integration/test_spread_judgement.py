@@ -32,7 +32,7 @@ from tunefleet.api.tune import final_line
 from tunefleet.coordinator.budget import Speed
 from tunefleet.coordinator.cli import processes_line
 from tunefleet.coordinator.confirm import Confirmation
-from tunefleet.coordinator.engine import RunResult, process_range_of
+from tunefleet.coordinator.engine import RunResult, printed_ranges
 from tunefleet.coordinator.phase import Confirmed
 from tunefleet.coordinator.settings import CoordinatorSettings
 from tunefleet.queries import search as q
@@ -220,7 +220,7 @@ def _report(db: Conn, run: Run) -> tuple[str, str, RunResult]:
     text = best_text(read_best(db, run.run_id, top=3))
     best = q.best_of_run(db, run.run_id)
     assert best is not None
-    measured, launched = process_range_of(db, run.run_id, best)
+    measured, launched = printed_ranges(db, run.run_id, best)
     result = RunResult(
         run_id=run.run_id,
         state="finished",
