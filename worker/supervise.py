@@ -441,16 +441,18 @@ class Child:
         assert self.conn is not None and self.proc is not None
         now = time.monotonic() if now is None else now
         reply, gone = self._read()
-        if reply is None and not gone and not self.proc.is_alive():
+        dead = gone or (reply is None and not self.proc.is_alive())
+        if dead and not gone:
             # It may have spoken, then died, after the read above (a parent descheduled
             # under load): everything it sent is in the pipe now. Read it before judging
-            # how it ended, or a crash after loading reads as a death while loading.
+            # how it ended, or a crash after loading reads as a death while loading. Its
+            # liveness is asked once: a child that dies after that is judged next poll.
             reply, gone = self._read()
         if reply is not None:
             self._ended(now)
             return reply
         loading = self.loads and not self.loaded
-        if gone or not self.proc.is_alive():
+        if dead:
             self.proc.join(2.0)
             if self.proc.is_alive():  # closed its pipe but lingers: finish it
                 self.proc.kill()
