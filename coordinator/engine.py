@@ -182,10 +182,8 @@ def printed_ranges(
     :func:`tunefleet.spread.process_range`, :func:`tunefleet.spread.launch_range`)."""
     timings = qs.process_timings(conn, run_id).get(best.trial_id, qs.Timings())
     args = (best.standing, best.figure_s, best.spread_tolerance)
-    return (
-        spread.process_range(*args, timings.medians),
-        spread.launch_range(*args, timings.medians, timings.samples),
-    )
+    measured = spread.process_range(*args, timings.medians)
+    return measured, spread.launch_range(*args, measured, timings.samples)
 
 
 # --- the session's pieces -------------------------------------------------------------------

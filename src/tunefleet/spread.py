@@ -261,14 +261,15 @@ def launch_range(
     standing: str | None,
     figure_s: float | None,
     tolerance: float | None,
-    medians: Sequence[float],
+    measured: Sequence[float] | None,
     samples: Sequence[Sequence[float]],
 ) -> tuple[float, float] | None:
     """The fastest 10th and slowest 90th percentile (:data:`LAUNCH_SHARE`) of the launches
-    of a judged configuration's processes (``samples``, one sequence per process; their
-    ``medians``) when it agrees across processes and that range reaches, by more than the
-    floor, beyond where its processes already say to expect it: the ± it is quoted with, or
-    the range its processes measured widened by it (:func:`landing_range`). Else None.
+    of a judged configuration's processes (``samples``, one sequence per process) when it
+    agrees across processes and that range reaches, by more than the floor, beyond where its
+    processes already say to expect it: the ± it is quoted with, or the range they measured
+    (``measured``, :func:`process_range`; None: within the ±) widened by it
+    (:func:`landing_range`). Else None.
 
     Why launches: a process's median is where the shares of a machine's speeds put it, and
     a handful of processes that met similar shares say nothing of the next one. On a CPU that
@@ -285,7 +286,6 @@ def launch_range(
         return None
     lo = min(agreement.quantile(s, LAUNCH_SHARE) for s in timed)
     hi = max(agreement.quantile(s, 1 - LAUNCH_SHARE) for s in timed)
-    measured = process_range(standing, figure_s, tolerance, medians)
     expected = landing_range(measured, tolerance) or (
         figure_s * (1 - tolerance),
         figure_s * (1 + tolerance),

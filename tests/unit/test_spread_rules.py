@@ -304,7 +304,7 @@ def _as_printed(run: dict) -> tuple[float, float, tuple[float, float] | None]:
     medians = [agreement.median(s) for s in samples]
     figure, tol = best["in_run_s"], run["spread_tolerance"]
     measured = spread.process_range("agrees", figure, tol, medians)
-    launches = spread.launch_range("agrees", figure, tol, medians, samples)
+    launches = spread.launch_range("agrees", figure, tol, measured, samples)
     return figure, tol, spread.landing_range(measured, tol, launches, figure)
 
 
@@ -343,20 +343,21 @@ def test_the_published_readme_bests_land_where_their_lines_would_now_say() -> No
 
 def test_launches_within_where_the_processes_already_say_print_nothing() -> None:
     tight = [[1e-3 * (1 + 0.004 * (i % 5 - 2)) for i in range(41)] for _ in range(3)]
-    assert spread.launch_range("agrees", 1e-3, 0.03, [1e-3] * 3, tight) is None  # a GPU
+    assert spread.launch_range("agrees", 1e-3, 0.03, None, tight) is None  # a GPU
     slow = [[*s[:35], *(1.6e-3 for _ in range(6))] for s in tight]
-    assert spread.launch_range("agrees", 1e-3, 0.03, [1e-3] * 3, slow) == pytest.approx(
+    assert spread.launch_range("agrees", 1e-3, 0.03, None, slow) == pytest.approx(
         (min(tight[0]), 1.6e-3), rel=0.01
     )
-    assert spread.launch_range("disagrees", 1e-3, 0.03, [1e-3] * 3, slow) is None
-    assert spread.launch_range("agrees", None, 0.03, [1e-3] * 3, slow) is None
-    assert spread.launch_range("agrees", 1e-3, 0.03, [], []) is None
+    assert spread.launch_range("disagrees", 1e-3, 0.03, None, slow) is None
+    assert spread.launch_range("agrees", None, 0.03, None, slow) is None
+    assert spread.launch_range("agrees", 1e-3, 0.03, None, []) is None
     # A process whose median lies at the slow speed already widens where to expect it: its
     # launches, no further than that, print nothing more.
     outvoted = [tight[0], tight[1], [1.6e-3 * x / 1e-3 for x in tight[2]]]
     medians = [1e-3, 1e-3, 1.6e-3]
-    assert spread.process_range("agrees", 1e-3, 0.03, medians) == pytest.approx((1e-3, 1.6e-3))
-    assert spread.launch_range("agrees", 1e-3, 0.03, medians, outvoted) is None
+    measured = spread.process_range("agrees", 1e-3, 0.03, medians)
+    assert measured == pytest.approx((1e-3, 1.6e-3))
+    assert spread.launch_range("agrees", 1e-3, 0.03, measured, outvoted) is None
 
 
 def test_the_range_text_names_the_launches_and_where_to_expect_one_alone() -> None:

@@ -347,8 +347,8 @@ def read_best(conn: Any, run_id: int, top: int = 1) -> BestOfRun:
         b["imprecise"] = spread.imprecise(b.get("spread_tolerance"))
         judged = (b.get("standing"), b.get("figure_s"), b.get("spread_tolerance"))
         times = timings.get(b["trial_id"], qspread.Timings())
-        b["process_range_s"] = spread.process_range(*judged, times.medians)
-        b["launch_range_s"] = spread.launch_range(*judged, times.medians, times.samples)
+        b["process_range_s"] = measured = spread.process_range(*judged, times.medians)
+        b["launch_range_s"] = spread.launch_range(*judged, measured, times.samples)
     default = _default_trial(conn, run)
     return BestOfRun(run, best, progress, default)
 
