@@ -11,6 +11,14 @@ phase's run finished its trials.
     python benchmarks/record_space.py gemm --size m=4096,n=4096,k=4096 --dtype float32 \\
         --phase PureRandom:240 --phase AUCBanditMetaTechniqueA:120 --out recording-gemm.json
 
+A dense recording measures a whole region with the grid (``--phase grid:SECONDS``; the
+regions are narrowed built-ins, ``benchmarks/inputs/regions.py``), gzipped when ``--out``
+ends ``.gz``; on one H100 the GEMM region's 2,304 configurations took 439 s:
+
+    python benchmarks/record_space.py benchmarks/inputs/regions.py:GemmRegion \\
+        --size m=4096,n=4096,k=4096 --dtype float32 --phase grid:520 \\
+        --tune-flag=--device --tune-flag=gpu --out recording_gemm_region_h100.json.gz
+
 ``--db URL`` records into an existing database (and includes what it already holds for the
 key); without it a private embedded server is used and removed afterwards.
 """
@@ -18,6 +26,7 @@ key); without it a private embedded server is used and removed afterwards.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import subprocess
 import sys
@@ -85,7 +94,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="one tune run (repeatable, in order); default PureRandom:60",
     )
     p.add_argument("--db", help="record into this database (default: a private embedded one)")
-    p.add_argument("--out", required=True, help="the recording's JSON file")
+    p.add_argument("--out", required=True, help="the recording's JSON file (.json.gz: gzipped)")
     p.add_argument("--tune-flag", action="append", default=[], help="passed to every tune")
     return p.parse_args(argv)
 
@@ -177,7 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     recording["machine"] = machine()
     recording["seconds"] = round(time.monotonic() - started, 1)
     recording["phases"] = [{"technique": t, "seconds": s} for t, s in phases]
-    Path(args.out).write_text(json.dumps(recording, separators=(",", ":")) + "\n")
+    text = json.dumps(recording, separators=(",", ":")) + "\n"
+    if args.out.endswith(".gz"):  # a dense recording: a tenth of the size
+        Path(args.out).write_bytes(gzip.compress(text.encode(), mtime=0))
+    else:
+        Path(args.out).write_text(text)
     states: dict[str, int] = {}
     for row in recording["rows"]:
         states[row[1]] = states.get(row[1], 0) + 1

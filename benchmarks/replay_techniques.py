@@ -1,20 +1,28 @@
 """Which search technique finds a recorded space's best: many seeded replays, no device.
 
-Replays each technique against each recording (``benchmarks/published/recording_*.json``,
-measured on an H200) with ``--seeds`` seeds, one virtual worker, up to the largest budget of
-``--evals`` evaluations (see ``tunefleet replay --help`` for the policies: rule-rejected
-proposals are free, missing configurations are answered by the nearest recorded one). Prints
-the median and worst best-found over the recording's best at each budget and writes JSON.
+Replays each technique against each recording (``benchmarks/published/recording_*.json``
+and ``recording_*.json.gz``: sparse ones of whole spaces measured on an H200, dense ones of
+the good regions of ``benchmarks/inputs/regions.py`` measured whole on an H100) with
+``--seeds`` seeds, one virtual worker, up to the largest budget of ``--evals`` evaluations
+(see ``tunefleet replay --help`` for the policies: rule-rejected proposals are free, missing
+configurations are answered by the nearest recorded one, which a dense recording never
+needs). Prints the median and worst best-found over the recording's best at each budget and
+writes JSON.
 
     python benchmarks/replay_techniques.py --out benchmarks/published/replay_techniques.json
+    python benchmarks/replay_techniques.py --recording \
+        benchmarks/published/recording_gemm_region_h100.json.gz --evals 100,300 \
+        --long ModelSearchSteady,ModelSearchSweep --short "" --workers 1,64
 
-The full run (3 techniques to 1,000 evaluations, 4 more to 300, 50 seeds, 2 recordings) takes
-about 20 minutes on one shared core (1,193 s for the published JSON; ``seconds``).
+A cell of 50 seeds of a model search to 300 evaluations takes two to five minutes on one
+shared core; the first run above (3 techniques to 1,000 evaluations, 4 more to 300, 50
+seeds, 2 recordings) took 1,193 s (``seconds``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import sys
 import time
@@ -27,10 +35,11 @@ from _harness import fmt, machine, table, write_json
 
 from tunefleet.coordinator.replay import Answers, problem_rules, replay, summarise
 from tunefleet.coordinator.tuner import check_techniques
-from tunefleet.recording import load
+from tunefleet.recording import Recording, load
 from tunefleet.settings import DEFAULT_TECHNIQUE
 
-PUBLISHED = Path(__file__).resolve().parent / "published"
+ROOT = Path(__file__).resolve().parents[1]
+PUBLISHED = ROOT / "benchmarks" / "published"
 
 #: Replayed to the largest budget: the table in docs/tuning.md.
 LONG = (DEFAULT_TECHNIQUE, "AUCBanditMetaTechniqueA", "PureRandom")
@@ -64,10 +73,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def rooted(rec: Recording) -> Recording:
+    """The recording with a problem file named relative to the repository (the regions of
+    benchmarks/inputs/regions.py) found from any directory, so its rules apply."""
+    file, colon, attr = rec.problem.partition(":")
+    if file.endswith(".py") and not Path(file).exists() and (ROOT / file).is_file():
+        return dataclasses.replace(rec, problem=f"{ROOT / file}{colon}{attr}")
+    return rec
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     budgets = sorted({int(b) for b in args.evals.split(",") if b})
-    recordings = args.recording or sorted(str(p) for p in PUBLISHED.glob("recording_*.json"))
+    recordings = args.recording or sorted(
+        str(p)
+        for pattern in ("recording_*.json", "recording_*.json.gz")
+        for p in PUBLISHED.glob(pattern)
+    )
     plan = [(t, budgets) for t in check_techniques([t for t in args.long.split(",") if t])]
     short = [b for b in budgets if b <= args.short_evals] or budgets[:1]
     plan += [(t, short) for t in check_techniques([t for t in args.short.split(",") if t])]
@@ -83,9 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     rows = []
     for path in recordings:
-        rec = load(path)
+        rec = rooted(load(path))
         # Keyed by the file (recording_gemm.json: "gemm"): one problem may have several.
-        label = Path(path).stem.removeprefix("recording_")
+        label = Path(path).name.split(".")[0].removeprefix("recording_")
         answers = Answers(rec, problem_rules(rec))
         best = rec.best.median_s or 0.0
         cells: dict[str, Any] = {}

@@ -14,8 +14,10 @@ report a wrong best.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,8 +82,16 @@ def load(path: str | Path) -> Recording:
             "(benchmarks/published/recording_*.json) or a run id"
         )
     try:
-        data = json.loads(p.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raw = p.read_bytes()
+        # Dense recordings are published gzipped (a few MB of repetitive JSON each).
+        data = json.loads(gzip.decompress(raw) if p.suffix == ".gz" else raw)
+    except (
+        UnicodeDecodeError,
+        json.JSONDecodeError,
+        gzip.BadGzipFile,
+        EOFError,
+        zlib.error,
+    ) as exc:
         raise UsageError(
             f"recording {str(p)!r} is not JSON ({exc}); give a recording file"
         ) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 from pathlib import Path
@@ -238,3 +239,18 @@ def test_the_python_api_refuses_a_bad_search_seed_before_anything_runs():
 
     with pytest.raises(UsageError, match="search_seed=-1"):
         tunefleet.tune("synthetic", search_seed=-1, progress=False)
+
+
+def test_a_gzipped_recording_loads_as_the_json_it_holds(tmp_path):
+    packed = tmp_path / "recording_face_mass.json.gz"
+    packed.write_bytes(gzip.compress(FACE_MASS.read_bytes()))
+    assert load(packed).rows == load(FACE_MASS).rows
+    # A file named .gz that is not gzip data (or is cut short) is one line, not a traceback.
+    broken = tmp_path / "cut.json.gz"
+    broken.write_bytes(packed.read_bytes()[:200])
+    with pytest.raises(UsageError, match="is not JSON"):
+        load(broken)
+    plain = tmp_path / "plain.json.gz"
+    plain.write_bytes(FACE_MASS.read_bytes())
+    with pytest.raises(UsageError, match="is not JSON"):
+        load(plain)
