@@ -31,7 +31,10 @@ importance report's forest sees every parameter move).
 With ``local`` > 0 (0 in ``ModelSearch``, 0.25 in ``ModelSearchLocal``) that share of the
 proposals sweeps the untried one-step neighbours of the fastest configurations instead
 (:meth:`ModelSearch._neighbours`): a model of a few hundred outcomes cannot rank
-configurations a few per cent apart, which is where a long GPU run's last gains are.
+configurations a few per cent apart, which is where a long GPU run's last gains are. With
+``stalled_local`` the share moves from ``local`` to that value as the search stalls (in
+``ModelSearchSweep``: 0.25 of the proposals while it improves, none once stalled, so a
+search stuck in a deceptive basin spreads out as the default does).
 
 On held-out deceptive landscapes of :mod:`.landscape` (benchmarks/default_technique.py: 50
 runs of 300 evaluations, variants 1000-1049 in four shapes) 48 of 50 runs at 1 worker and 48
@@ -284,10 +287,12 @@ class ModelSearch(SearchTechnique):  # type: ignore[misc]
         stall: int = 20,
         spread_pool: int = 1024,
         local: float = 0.0,
+        stalled_local: float | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.local = local
+        self.stalled_local = stalled_local  # None: ``local`` throughout
         self.initial = initial
         self.explore = explore
         self.candidates = candidates
@@ -329,6 +334,7 @@ class ModelSearch(SearchTechnique):  # type: ignore[misc]
             "stall",
             "spread_pool",
             "local",
+            "stalled_local",
         ]
 
     # --- learning ---------------------------------------------------------------------------
@@ -378,7 +384,8 @@ class ModelSearch(SearchTechnique):  # type: ignore[misc]
         measured = int(np.sum(~np.isnan(np.array(self._log_s)))) if self._log_s else 0
         if measured < self.initial or not self._fit():
             return self._propose(self._uniform(enc))
-        if self.local and random.random() < self.local:
+        local = self._local_share()
+        if local and random.random() < local:
             ranked = self._neighbours(enc)
             if ranked:
                 return self._propose(ranked)
@@ -419,15 +426,28 @@ class ModelSearch(SearchTechnique):  # type: ignore[misc]
                 return [pool[i] for i in np.argsort(mu, kind="stable")]
         return []
 
-    def _explore_share(self) -> float:
-        """``explore``, rising to ``stalled_explore`` as the outcomes since the best last
-        improved by 1 % grow to ``stall`` : a search stuck in one basin looks elsewhere."""
+    def _stalled(self) -> float:
+        """How stalled the search is, 0 to 1: the outcomes since the best last improved by
+        1 %, over ``stall``."""
         y = np.array(self._log_s)
         y = np.where(np.isnan(y), np.inf, y)
         running = np.minimum.accumulate(y)
         improved = np.flatnonzero(running[1:] < running[:-1] - 0.01)
         since = len(y) - 1 - (int(improved[-1]) + 1 if len(improved) else 0)
-        return self.explore + (self.stalled_explore - self.explore) * min(1.0, since / self.stall)
+        return min(1.0, since / self.stall)
+
+    def _explore_share(self) -> float:
+        """``explore``, rising to ``stalled_explore`` as the outcomes since the best last
+        improved by 1 % grow to ``stall`` : a search stuck in one basin looks elsewhere."""
+        return self.explore + (self.stalled_explore - self.explore) * self._stalled()
+
+    def _local_share(self) -> float:
+        """``local``, moving to ``stalled_local`` as the search stalls (:meth:`_stalled`): a
+        search improving near its best sweeps the neighbourhood, one stuck in a broad basin
+        spends that share spreading out and on the model instead."""
+        if self.stalled_local is None or self.stalled_local == self.local:
+            return self.local
+        return self.local + (self.stalled_local - self.local) * self._stalled()
 
     def _spread(self, enc: _Encoding) -> list[np.ndarray]:
         """Uniform draws likely valid that bring the most value combinations of three

@@ -33,6 +33,10 @@ Registered names (usable with ``--technique``):
 ``ModelSearchSteady``         ModelSearch that spreads half its proposals out once stalled, not
                               0.8: the default (a long GPU run's last gains are each under the
                               1 % that counts as progress; ``tunefleet.settings``)
+``ModelSearchSweep``          ModelSearchSteady that sweeps the ten fastest configurations'
+                              neighbourhoods with a quarter of its proposals while it improves,
+                              none once stalled (a candidate default: docs/tuning.md, "Dense
+                              recordings")
 
 Every random draw goes through the ``random`` module, which :class:`~.tuner.Tuner` swaps for
 the run's own generator, so a seeded search repeats exactly.
@@ -204,6 +208,9 @@ _MODEL_SEARCHES = (
     ModelSearch(name="ModelSearch"),
     ModelSearch(local=0.25, name="ModelSearchLocal"),
     ModelSearch(stalled_explore=0.5, name="ModelSearchSteady"),
+    ModelSearch(
+        stalled_explore=0.5, local=0.25, stalled_local=0.0, elite=10, name="ModelSearchSweep"
+    ),
 )
 for _search in _MODEL_SEARCHES:
     register(_search)

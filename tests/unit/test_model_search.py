@@ -202,7 +202,8 @@ def test_without_scikit_learn_the_technique_is_refused_in_one_line(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("technique", "stalled"), [("ModelSearch", 0.8), ("ModelSearchSteady", 0.5)]
+    ("technique", "stalled"),
+    [("ModelSearch", 0.8), ("ModelSearchSteady", 0.5), ("ModelSearchSweep", 0.5)],
 )
 def test_a_stalled_search_spreads_out_its_techniques_share(technique, stalled):
     """The default (ModelSearchSteady) spreads half its proposals once 20 outcomes pass
@@ -220,9 +221,33 @@ def test_a_stalled_search_spreads_out_its_techniques_share(technique, stalled):
             return root._explore_share()
 
         assert share_after([1e-3]) == pytest.approx(root.explore)
+        assert root._local_share() == root.local
         # Twenty gains of 0.5 % each: stalled, all the way.
         assert share_after([1e-3 * 0.995**i for i in range(1, 21)]) == pytest.approx(stalled)
+        # ModelSearchSweep's sweep of the neighbourhoods stops once stalled (the others have
+        # none): a search stuck in a deceptive basin spreads out as the default does.
+        stalled_local = root.local if root.stalled_local is None else root.stalled_local
+        assert root._local_share() == pytest.approx(stalled_local)
         # A 2 % gain is progress again.
         assert share_after([0.98 * 1e-3 * 0.995**20]) == pytest.approx(root.explore)
+        assert root._local_share() == pytest.approx(root.local)
     finally:
         tuner.close()
+
+
+def test_the_sweep_candidate_sweeps_while_it_improves_and_not_once_stalled():
+    """ModelSearchSweep: a quarter of the proposals while the search improves, none once
+    stalled; the ten fastest configurations' neighbourhoods, not five."""
+    tuner = Tuner(SPACE, ["ModelSearchSweep"], seed=5)
+    try:
+        root = tuner._driver.root_technique
+        assert (root.local, root.stalled_local, root.elite) == (0.25, 0.0, 10)
+        assert root.stalled_explore == 0.5
+    finally:
+        tuner.close()
+    steady = Tuner(SPACE, ["ModelSearchSteady"], seed=5)
+    try:
+        # The default has no sweep: its local share is none, stalled or not.
+        assert steady._driver.root_technique._local_share() == 0.0
+    finally:
+        steady.close()
