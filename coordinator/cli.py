@@ -17,6 +17,7 @@ from tunefleet.errors import UsageError
 from tunefleet.options import flags
 from tunefleet.options.args import add_problem_flags, raw_problem_args
 from tunefleet.options.db import add_db_flag, add_wait_flag, wait_for_db_s
+from tunefleet.text.lines import write_line
 from tunefleet.text.render import range_text
 
 #: Flags that describe a new run, refused together with --resume.
@@ -140,11 +141,11 @@ def _coordinator(args: argparse.Namespace) -> int:
     coordinator = Coordinator(settings, url, clock_start=clock_start)
     run_id = settings.resume if settings.resume is not None else create_run(settings, url)
     if settings.resume is None:
-        print(f"created run {run_id}", file=sys.stderr, flush=True)
+        write_line(f"created run {run_id}", sys.stderr)
 
     def show(line: str | None, p: Progress) -> None:
         if line is not None:
-            print(line, file=sys.stderr, flush=True)
+            write_line(line, sys.stderr)
 
     # Driven as `tune` drives its search (one implementation): a second signal ends a stop
     # that hangs, exit 130 (`tunefleet: interrupted`).

@@ -45,6 +45,7 @@ from tunefleet.api.read import BestTrial, best_trial
 from tunefleet.errors import RunError, TunefleetError, TuneInterrupted, UsageError
 from tunefleet.options.flags import MAX_COUNT, MAX_ID
 from tunefleet.settings import DatabaseSettings, home_dir
+from tunefleet.text.lines import write_line
 from tunefleet.vocabulary import RunState
 
 if TYPE_CHECKING:
@@ -545,7 +546,7 @@ def _callback(progress: ProgressCallback | bool | None) -> ProgressCallback:
         def default(p: TuneProgress) -> None:
             if p.phase in ("start", "notice"):
                 display.end()
-                print(p.line, file=sys.stderr, flush=True)
+                write_line(p.line, sys.stderr)
             else:
                 display.show(p.line, force=p.phase == "end")
                 if p.phase == "end":

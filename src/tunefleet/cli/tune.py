@@ -23,6 +23,7 @@ from tunefleet.options import flags
 from tunefleet.options.args import add_problem_flags, raw_problem_args
 from tunefleet.options.db import add_db_flag
 from tunefleet.processes import started_monotonic
+from tunefleet.text.lines import write_line
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -95,11 +96,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     def show(p: TuneProgress) -> None:
         if p.phase == "start":
-            print(p.line, flush=True)
+            write_line(p.line, sys.stdout)
             return
         if p.phase == "notice":
             display.end()  # a live line on a terminal keeps what it said
-            print(f"tunefleet: note: {p.line}", file=sys.stderr, flush=True)
+            write_line(f"tunefleet: note: {p.line}", sys.stderr)
             return
         display.show(p.line, force=p.phase == "end")
         if p.phase == "end":
