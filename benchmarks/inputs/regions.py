@@ -9,7 +9,8 @@ stays one), so the searches see the same kind of space they see in a real run; t
 configuration of each problem lies inside its region.
 
     python benchmarks/record_space.py benchmarks/inputs/regions.py:GemmRegion \\
-        --size m=4096,n=4096,k=4096 --dtype float32 --phase grid:540 --out rec.json
+        --size m=4096,n=4096,k=4096 --dtype float32 --phase grid:520 \\
+        --tune-flag=--device --tune-flag=gpu --out recording_gemm_region_h100.json.gz
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ def narrowed(space: Space, keep: Mapping[str, Sequence[Any]]) -> Space:
         if param.name not in keep:
             params.append(param)
             continue
-        values = [v for v in param.values() if v in list(keep[param.name])]
-        if len(values) != len(set(map(repr, keep[param.name]))):
+        # By repr, as the space's membership is exact: True is not 1.
+        wanted = set(map(repr, keep[param.name]))
+        values = [v for v in param.values() if repr(v) in wanted]
+        if len(values) != len(wanted):
             raise ProblemError(f"region of {param.name!r}: {keep[param.name]!r} leaves its space")
         if (
             isinstance(param, PowerOfTwo)
@@ -96,7 +99,7 @@ class FaceMassRegion(FaceMass):
 
 
 class TransposeRegion(Transpose):
-    """Transpose float32 with tiles and work-groups of whole warps' widths."""
+    """Transpose float32 with tiles of 16 to 128 and work-groups 16 to 64 wide, unrolled."""
 
     name = "transpose_region"
     description = "transpose narrowed to its good region (benchmarks/inputs/regions.py)"

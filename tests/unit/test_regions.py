@@ -89,6 +89,8 @@ def test_a_region_that_leaves_its_space_says_which_parameter():
         module.narrowed(space, {"wg_x": (1,)})
     with pytest.raises(ProblemError, match=r"'tile_k'.*leaves its space"):
         module.narrowed(space, {"tile_k": (32, 48)})
+    with pytest.raises(ProblemError, match=r"'pad_a'.*leaves its space"):
+        module.narrowed(space, {"pad_a": (True,)})  # exact, as the space is: True is not 1
     kept = module.narrowed(space, {"wg_i": (2, 8), "unroll_k": ("none",)})
     # 2 and 8 are not a contiguous power-of-two range: a choice of the two.
     assert isinstance(kept.param("wg_i"), Choice) and kept.param("wg_i").values() == [2, 8]
