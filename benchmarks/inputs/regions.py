@@ -51,7 +51,16 @@ def narrowed(space: Space, keep: Mapping[str, Sequence[Any]]) -> Space:
     return Space.of(params)
 
 
-class GemmRegion(Gemm):
+class _Region:
+    """A built-in problem whose space is narrowed to ``region`` (put first in the bases)."""
+
+    region: Mapping[str, Sequence[Any]] = {}
+
+    def space(self, args: Mapping[str, Any]) -> Space:
+        return narrowed(super().space(args), self.region)  # type: ignore[misc]
+
+
+class GemmRegion(_Region, Gemm):
     """GEMM float32 around the 16x16 and 8x32 work-groups of 8x8 register tiles."""
 
     name = "gemm_region"
@@ -76,11 +85,8 @@ class GemmRegion(Gemm):
         "pad_a": (1,),
     }
 
-    def space(self, args: Mapping[str, Any]) -> Space:
-        return narrowed(super().space(args), self.region)
 
-
-class FaceMassRegion(FaceMass):
+class FaceMassRegion(_Region, FaceMass):
     """DG face-mass float64 with the outputs' nodes in registers and u staged."""
 
     name = "face_mass_region"
@@ -94,11 +100,8 @@ class FaceMassRegion(FaceMass):
         "unroll": ("hint", "full"),
     }
 
-    def space(self, args: Mapping[str, Any]) -> Space:
-        return narrowed(super().space(args), self.region)
 
-
-class TransposeRegion(Transpose):
+class TransposeRegion(_Region, Transpose):
     """Transpose float32 with tiles of 16 to 128 and work-groups 16 to 64 wide, unrolled."""
 
     name = "transpose_region"
@@ -110,6 +113,3 @@ class TransposeRegion(Transpose):
         "wg_1": (1, 2, 4, 8, 16),
         "unroll": (True,),
     }
-
-    def space(self, args: Mapping[str, Any]) -> Space:
-        return narrowed(super().space(args), self.region)
