@@ -384,12 +384,13 @@ class ModelSearch(SearchTechnique):  # type: ignore[misc]
         measured = int(np.sum(~np.isnan(np.array(self._log_s)))) if self._log_s else 0
         if measured < self.initial or not self._fit():
             return self._propose(self._uniform(enc))
-        local = self._local_share()
+        stalled = self._stalled()  # once per proposal: both shares follow it
+        local = self._local_share(stalled)
         if local and random.random() < local:
             ranked = self._neighbours(enc)
             if ranked:
                 return self._propose(ranked)
-        if random.random() < self._explore_share():
+        if random.random() < self._explore_share(stalled):
             return self._propose(self._spread(enc))
         return self._propose(self._best_candidates(enc))
 
@@ -436,18 +437,22 @@ class ModelSearch(SearchTechnique):  # type: ignore[misc]
         since = len(y) - 1 - (int(improved[-1]) + 1 if len(improved) else 0)
         return min(1.0, since / self.stall)
 
-    def _explore_share(self) -> float:
+    def _explore_share(self, stalled: float | None = None) -> float:
         """``explore``, rising to ``stalled_explore`` as the outcomes since the best last
         improved by 1 % grow to ``stall`` : a search stuck in one basin looks elsewhere."""
-        return self.explore + (self.stalled_explore - self.explore) * self._stalled()
+        if stalled is None:
+            stalled = self._stalled()
+        return self.explore + (self.stalled_explore - self.explore) * stalled
 
-    def _local_share(self) -> float:
+    def _local_share(self, stalled: float | None = None) -> float:
         """``local``, moving to ``stalled_local`` as the search stalls (:meth:`_stalled`): a
         search improving near its best sweeps the neighbourhood, one stuck in a broad basin
         spends that share spreading out and on the model instead."""
         if self.stalled_local is None or self.stalled_local == self.local:
             return self.local
-        return self.local + (self.stalled_local - self.local) * self._stalled()
+        if stalled is None:
+            stalled = self._stalled()
+        return self.local + (self.stalled_local - self.local) * stalled
 
     def _spread(self, enc: _Encoding) -> list[np.ndarray]:
         """Uniform draws likely valid that bring the most value combinations of three
