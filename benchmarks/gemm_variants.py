@@ -1,8 +1,9 @@
-"""GEMM configurations alone, side by side: the default, the best found so far, and variants
-of them with and without issue 50's transformation (``pad_a``: a's local tile a vector longer
-per row, so the fetch's transposing stores spread over the banks). Prints each one's time and
-its ratio to the default (and to cuBLAS, where PyTorch is installed), and writes the numbers
-as JSON.
+"""GEMM configurations alone, side by side: the default, the previous default, the best found
+so far, and variants of them with and without issue 50's transformation (``pad_a``: a's local
+tile a vector longer per row, so the fetch's transposing stores spread over the banks). Prints
+each one's time and its ratio to the default (and to cuBLAS, where PyTorch is installed), and
+writes the numbers as JSON. ``--problem face_mass`` times face-mass's default against its
+previous default the same way (``--args`` then face-mass's arguments).
 
 Each configuration is measured by ``tunefleet measure --json`` (a fresh process: code
 generation, build, validation, the default protocol), ``--repeats`` times, round-robin over the
@@ -12,6 +13,7 @@ spread of those medians, and the sha256 of its generated code (one per configura
     python benchmarks/gemm_variants.py                       # 4096^3 float32, first GPU
     python benchmarks/gemm_variants.py --repeats 5 --out gemm_variants_h100.json
     python benchmarks/gemm_variants.py --configs mine.json   # a list of configurations
+    python benchmarks/gemm_variants.py --problem face_mass --repeats 3
     python benchmarks/gemm_variants.py --quick               # a smoke run on any device
 
 ``--configs`` is a JSON list whose items are either ``{"name": ..., "config": {...}}`` or a
@@ -37,35 +39,45 @@ from _harness import fmt, machine, table, write_json
 #: The best configuration found by a 300 s search on an H100 before a's tile was padded
 #: (3.04 ms alone at 4096^3 float32, the default then 3.16-3.28 ms): over the default, these
 #: changes (b not staged, so ``pad_a`` applies to a's tile only).
-BEST_H100 = {"reg_i": 16, "reg_j": 4, "tile_k": 64, "wg_i": 4, "wg_j": 64, "prefetch_b": False}
+BEST_H100 = {
+    "reg_i": 16, "reg_j": 4, "tile_k": 64, "wg_i": 4, "wg_j": 64, "prefetch_b": False,
+    "nest": "reg_i,reg_j,vec_i,vec_j",
+}  # fmt: skip
 UNPADDED = {"pad_a": 0}
+#: float32's default until 2026-12-07 over today's (8 x 32 work-items, the first nest).
+PREVIOUS_DEFAULT = {"wg_i": 8, "wg_j": 32, "nest": "reg_i,reg_j,vec_i,vec_j"}
 
 #: The variants timed by default: (name, changes over the default configuration, whose a tile
 #: is padded). benchmarks/published/gemm_variants_h100.json timed an earlier list, when the
-#: default was unpadded (and a work-group of 3/4 of wg_i work-items was a parameter: 1.45-2.2x
-#: slower, since removed).
+#: default was unpadded, 8 x 32 work-items in the first nest (and a work-group of 3/4 of wg_i
+#: work-items was a parameter: 1.45-2.2x slower, since removed).
 VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("default", {}),
     ("unpadded", UNPADDED),
-    # a's stores no longer conflict: work-groups whose warps are 2D (16 x 16) and a k-block
-    # of 16 (the H200's runner-up) may now win.
-    ("wg16x16", {"wg_i": 16, "wg_j": 16}),
-    ("wg16x16 unpadded", {"wg_i": 16, "wg_j": 16, **UNPADDED}),
+    ("previous default", PREVIOUS_DEFAULT),
+    ("first nest", {"nest": "reg_i,reg_j,vec_i,vec_j"}),
     ("tile_k16", {"tile_k": 16}),
     ("best", BEST_H100),
     ("best unpadded", {**BEST_H100, **UNPADDED}),
     # b staged again (a k-block of 32 fits 48 KiB) once a's stores are conflict-free.
     ("best prefetch_b k32", {**BEST_H100, "prefetch_b": True, "tile_k": 32}),
 ]
-QUICK_VARIANTS = ["default", "unpadded", "wg16x16", "best"]
+QUICK_VARIANTS = ["default", "unpadded", "previous default", "best"]
+#: face-mass's (``--problem face_mass``): the default and the default until 2026-12-07.
+FACE_MASS_VARIANTS: list[tuple[str, dict[str, Any]]] = [
+    ("default", {}),
+    ("previous default", {"nest": "i,k,e"}),
+]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--problem", default="gemm", choices=("gemm", "face_mass"))
     p.add_argument(
         "--args",
-        default='{"n": 4096, "m": 4096, "k": 4096, "dtype": "float32"}',
-        help="gemm arguments, a JSON object",
+        default=None,
+        help='the problem\'s arguments, a JSON object (gemm: {"n": 4096, "m": 4096, "k": 4096, '
+        '"dtype": "float32"}; face_mass: its defaults)',
     )
     p.add_argument("--configs", default=None, help="a JSON file: a list of configurations")
     p.add_argument("--repeats", type=int, default=3, help="fresh processes per configuration")
@@ -84,6 +96,8 @@ def variants(args: argparse.Namespace, default: dict[str, Any]) -> list[dict[str
             (item["name"], item["config"]) if "config" in item else (json.dumps(item), item)
             for item in items
         ]
+    elif args.problem == "face_mass":
+        named = FACE_MASS_VARIANTS
     else:
         named = [(n, c) for n, c in VARIANTS if not args.quick or n in QUICK_VARIANTS]
     out = []
@@ -103,8 +117,8 @@ def one(
     reproduce its best): its state, times, device and the sha256 of its generated code."""
     from tunefleet.options.args import command_line_args, problem_sizes
 
-    command = [sys.executable, "-m", "tunefleet", "measure", "gemm"]
-    command += command_line_args(problem_args, problem_sizes("gemm"))
+    command = [sys.executable, "-m", "tunefleet", "measure", args.problem]
+    command += command_line_args(problem_args, problem_sizes(args.problem))
     command += ["--config", json.dumps(config), "--protocol", json.dumps(protocol), "--json"]
     command += ["--device", args.device] if args.device else []
     proc = subprocess.run(
@@ -122,16 +136,22 @@ def one(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.problem != "gemm":
+        args.no_cublas = True
     if args.quick:
-        args.args = json.dumps({"n": 256, "m": 256, "k": 256, "dtype": "float32"})
+        quick = {"n": 256, "m": 256, "k": 256, "dtype": "float32"}
+        args.args = json.dumps(quick if args.problem == "gemm" else {"n_elements": 512})
         args.repeats = 1
         args.no_cublas = True
+    if args.args is None:
+        gemm_4096 = {"n": 4096, "m": 4096, "k": 4096, "dtype": "float32"}
+        args.args = json.dumps(gemm_4096 if args.problem == "gemm" else {})
     from tunefleet.problems.base import Protocol
     from tunefleet.problems.registry import get_problem
 
-    gemm = get_problem("gemm")
-    full = gemm.normalise_args(json.loads(args.args))
-    default = gemm.default_config(full)
+    problem = get_problem(args.problem)
+    full = problem.normalise_args(json.loads(args.args))
+    default = problem.default_config(full)
     protocol = (
         Protocol(warmup=1, min_launches=3, min_seconds=0.0, max_launches=5)
         if args.quick
@@ -140,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     entries = variants(args, default)
     data: dict[str, Any] = {
         "machine": machine(),
+        "problem": args.problem,
         "problem_args": full,
         "protocol": protocol,
         "repeats": args.repeats,

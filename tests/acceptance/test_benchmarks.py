@@ -511,17 +511,34 @@ def test_codegen_variants_times_one_configuration_under_several_seeds(tmp_path: 
 
 def test_gemm_variants_times_each_transformation_alone_against_the_default(tmp_path: Path) -> None:
     """benchmarks/gemm_variants.py --quick on PoCL: the default and three variants (a's tile
-    unpadded, 16 x 16 work-items, the best H100 configuration with a's tile padded), each in
-    a fresh process; each is done, with one source of its own, and a ratio to the default."""
+    unpadded, the previous default, the best H100 configuration with a's tile padded), each
+    in a fresh process; each is done, with one source of its own, and a ratio to the default.
+    With --problem face_mass: its default against its previous default's nest."""
     out = tmp_path / "gemm_variants.json"
     proc = run_benchmark("gemm_variants.py", "--quick", "--out", str(out), timeout=600)
     assert f"wrote {out}" in proc.stdout and "time/default" in proc.stdout
     data = json.loads(out.read_text())
     entries = {e["name"]: e for e in data["variants"]}
-    assert list(entries) == ["default", "unpadded", "wg16x16", "best"]
+    assert list(entries) == ["default", "unpadded", "previous default", "best"]
     assert entries["default"]["changes"] == {} and entries["default"]["over_default"] == 1.0
     assert entries["unpadded"]["changes"] == {"pad_a": 0}
+    assert entries["previous default"]["changes"] == {
+        "wg_i": 8, "wg_j": 32, "nest": "reg_i,reg_j,vec_i,vec_j"
+    }  # fmt: skip
     for entry in entries.values():
         assert [r["state"] for r in entry["runs"]] == ["done"], entry["runs"]
         assert len(entry["sources"]) == 1 and entry["over_default"] > 0
     assert len({e["sources"][0] for e in entries.values()}) == 4
+
+    out = tmp_path / "face_mass_variants.json"
+    run_benchmark(
+        "gemm_variants.py", "--quick", "--problem", "face_mass", "--out", str(out), timeout=600
+    )
+    data = json.loads(out.read_text())
+    assert data["problem"] == "face_mass" and data["problem_args"]["n_elements"] == 512
+    entries = {e["name"]: e for e in data["variants"]}
+    assert entries["previous default"]["changes"] == {"nest": "i,k,e"}
+    assert entries["default"]["config"]["nest"] == "k,e,i"
+    for entry in entries.values():
+        assert [r["state"] for r in entry["runs"]] == ["done"], entry["runs"]
+    assert entries["default"]["sources"] != entries["previous default"]["sources"]

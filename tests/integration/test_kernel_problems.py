@@ -604,11 +604,16 @@ def _register_nest(
 
 
 def test_the_default_nest_is_the_register_tile_order_measured_fastest(session):
-    """Rows, columns, then the vector components, b's innermost: the order the fixed hash
-    seed gave the default configuration before the nest was a parameter, and measured
-    fastest on an H200 (b's components outermost ran 1.27-1.40x slower)."""
+    """float32: the rows (chunks, then a chunk's rows), then the columns, b's components
+    innermost, the fastest of the region recorded on an H100. float64: rows, columns, then
+    the vector components, b's innermost: the order the fixed hash seed gave the default
+    configuration before the nest was a parameter (b's components outermost ran 1.27-1.40x
+    slower on an H200)."""
     problem = get_problem("gemm")
     args = problem.normalise_args({"n": 4096, "m": 4096, "k": 4096})
+    nest = _register_nest(problem, args, problem.default_config(args), session.info)
+    assert nest == ["ti_reg", "ti_vec", "tj_reg", "tj_vec"]
+    args = problem.normalise_args({"n": 4096, "m": 4096, "k": 4096, "dtype": "float64"})
     nest = _register_nest(problem, args, problem.default_config(args), session.info)
     assert nest == ["ti_reg", "tj_reg", "ti_vec", "tj_vec"]
 
@@ -662,10 +667,15 @@ def test_every_dg_nest_builds_a_kernel_of_its_own_that_validates(session, name):
     assert len(sources) == len(problem.nests)
 
 
-#: The GEMM default's source before a's tile was padded, at n = m = k = 4096, byte for byte:
-#: float32 is the code that benchmarks/published/reproduce_gemm_h200.json and the H100
-#: reproductions timed. A configuration recorded before a parameter was added (without its
-#: key) must build the code it built then.
+#: The GEMM default before the nest and a's padding were parameters (float32's until
+#: 2026-12-07, float64's still, less the padding), at n = m = k = 4096.
+DEFAULT_BEFORE_NEST = {
+    "wg_i": 8, "wg_j": 32, "reg_i": 8, "reg_j": 8, "vec_i": 4, "vec_j": 4,
+    "prefetch_a": True, "prefetch_b": True, "unroll_k": "hint",
+}  # fmt: skip
+#: Its source, byte for byte: float32 is the code that benchmarks/published/
+#: reproduce_gemm_h200.json and the H100 reproductions timed. A configuration recorded
+#: before a parameter was added (without its key) must build the code it built then.
 UNPADDED_GEMM_SOURCES = {
     "float32": "8e580bb28255f479ca1f0004fecb3023ae54f4ad6dcaed82376a458454502da5",
     "float64": "4977326b9bd3522de5af8913491e7dee545d4d4fb7b1f07c672836f35d04a571",
@@ -675,37 +685,39 @@ UNPADDED_GEMM_SOURCES = {
 @pytest.mark.parametrize("dtype", sorted(UNPADDED_GEMM_SOURCES))
 def test_a_configuration_recorded_before_new_parameters_builds_the_code_it_built(dtype):
     """The default before pad_a (and nest) existed, as a recording or an old run holds it:
-    without their keys, or with the values that build it (pad_a=0), the same code, byte for
-    byte; the padded default differs only there."""
+    without their keys, or with the values that build it (first nest, pad_a=0), the same
+    code, byte for byte; padded, it differs. float64's default is that configuration
+    padded."""
     from tunefleet.devices import DeviceInfo
     from tunefleet.problems.gemm import ADDED_DEFAULTS
 
     problem = get_problem("gemm")
     args = problem.normalise_args({"n": 4096, "m": 4096, "k": 4096, "dtype": dtype})
     device = DeviceInfo("none", "none", "no device", "0")  # no limits: only the rules
-    config = problem.default_config(args)
-    assert config["pad_a"] == 1
-    old = {k: v for k, v in config.items() if k not in ADDED_DEFAULTS}
+    old = {**DEFAULT_BEFORE_NEST, "tile_k": 32 if dtype == "float32" else 16}
+    then = {**old, **ADDED_DEFAULTS}
 
     def sha(given: dict[str, Any]) -> str:
         built = KernelProblem._build(problem, args, problem.check_config(args, given), device)
         return hashlib.sha256(built.source.encode()).hexdigest()
 
-    assert sha(old) == sha({**config, "pad_a": 0}) == UNPADDED_GEMM_SOURCES[dtype]
-    assert sha(config) != UNPADDED_GEMM_SOURCES[dtype]
+    assert sha(old) == sha(then) == UNPADDED_GEMM_SOURCES[dtype]
+    assert sha({**then, "pad_a": 1}) != UNPADDED_GEMM_SOURCES[dtype]
+    if dtype == "float64":
+        assert problem.default_config(args) == {**then, "pad_a": 1}
 
 
 def test_pad_a_lengthens_the_rows_of_as_local_tile_by_one_vector():
-    """The default's a tile at 4096 is float4 a_tile[32 * 16], k-major: the fetch stores a
-    row (one k) per work-item, 16 vectors apart, every store of a warp in one bank; pad_a=1
-    makes the rows 17 vectors long (vectors whole: the inner loop still reads float4), and a
-    scalar tile 65 values long."""
+    """The 8 x 32 work-group's a tile at 4096 (the float32 default before 2026-12-07) is
+    float4 a_tile[32 * 16], k-major: the fetch stores a row (one k) per work-item, 16 vectors
+    apart, every store of a warp in one bank; pad_a=1 makes the rows 17 vectors long
+    (vectors whole: the inner loop still reads float4), and a scalar tile 65 values long."""
     from tunefleet.devices import DeviceInfo
 
     problem = get_problem("gemm")
     args = problem.normalise_args({"n": 4096, "m": 4096, "k": 4096})
     device = DeviceInfo("none", "none", "no device", "0")
-    base = {**problem.default_config(args), "pad_a": 0}
+    base = {**DEFAULT_BEFORE_NEST, "tile_k": 32, "nest": "reg_i,reg_j,vec_i,vec_j", "pad_a": 0}
 
     def source(**change: Any) -> str:
         config = problem.check_config(args, {**base, **change})
@@ -723,8 +735,12 @@ def test_pad_a_lengthens_the_rows_of_as_local_tile_by_one_vector():
     assert "__local float a_tile[32 * 65];" in scalar and "a_tile[65 * kt + lid(1)]" in scalar
 
 
-#: A small register tile (4 x 4 outputs, k-blocks of 8).
-_SMALL_TILE = {"wg_i": 4, "wg_j": 4, "reg_i": 4, "reg_j": 4, "vec_j": 2, "tile_k": 8}
+#: A small register tile (4 x 4 outputs, k-blocks of 8), in the first nest (legal whichever
+#: of its loops has one iteration).
+_SMALL_TILE = {
+    "wg_i": 4, "wg_j": 4, "reg_i": 4, "reg_j": 4, "vec_j": 2, "tile_k": 8,
+    "nest": "reg_i,reg_j,vec_i,vec_j",
+}  # fmt: skip
 #: Configurations of a padded a tile (pad_a, both values), a's tile of each vector width, at
 #: sizes whose tiles leave remainders: each must compute the product.
 NEW_GEMM_CONFIGS = [

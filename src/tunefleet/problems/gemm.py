@@ -14,8 +14,10 @@ A work-item's register tile is four unrolled ILP loops, one per parameter that s
 extent: its chunks of rows (``reg_i / vec_i`` of them) and of columns (``reg_j / vec_j``), and
 the rows (``vec_i``) and columns (``vec_j``) of a chunk. Their ``nest``, outermost first,
 orders the multiply-adds of each ``k`` (and the accumulators' layout); it is searched, since
-the orders run at different speeds (1.27-1.40x apart on an H200). The default nests rows,
-columns, then the vector components, b's innermost: the order measured fastest there.
+the orders run at different speeds (1.27-1.40x apart on an H200). The float32 default nests
+each chunk's rows, then its columns, b's components innermost (``reg_i,vec_i,reg_j,vec_j``:
+the fastest of the region recorded on an H100); float64's rows, columns, then the vector
+components.
 
 ``pad_a`` lengthens each row of a's k-major local tile by one vector, so the fetch's
 transposing stores (one ``k`` per work-item, rows a multiple of 32 banks apart) spread over
@@ -51,10 +53,15 @@ MAX_UNROLLED_MADS = 1024
 #: chunks of columns, rows and columns of a chunk.
 NEST_AXES = {"reg_i": "ti_reg", "reg_j": "tj_reg", "vec_i": "ti_vec", "vec_j": "tj_vec"}
 #: Every order of them, outermost first, written ``reg_i,reg_j,vec_i,vec_j``. The first is the
-#: default: the nest the default configuration had when a fixed hash seed chose it, before the
-#: nest was a parameter (its code, the same then and now, is the one
-#: benchmarks/published/reproduce_gemm_h200.json timed).
+#: nest the default configuration had when a fixed hash seed chose it, before the nest was a
+#: parameter (its code, the same then and now, is the one
+#: benchmarks/published/reproduce_gemm_h200.json timed), float64's default still.
 NESTS = tuple(",".join(order) for order in itertools.permutations(NEST_AXES))
+
+#: The float32 default's nest: the rows (chunks, then a chunk's rows), then the columns
+#: (chunks, then b's vector components); 1.11x faster than the first nest at n = 4096 on an
+#: H100 with the default's tile.
+FAST_NEST_F32 = "reg_i,vec_i,reg_j,vec_j"
 
 #: Unused elements (vectors of ``vec_i``, where a's tile is vector-typed) after each row of
 #: a's k-major local tile. The fetch transposes: consecutive work-items store consecutive k,
@@ -105,16 +112,20 @@ class Gemm(KernelProblem):
         return super().check_config(args, config)
 
     def default_config(self, args: Mapping[str, Any]) -> Config:
-        # The best of a 300 s search on an H200 (float32, n = 4096), 3.27 ms in the run and
-        # alone in three fresh processes (benchmarks/published/reproduce_gemm_h200.json);
-        # the previous default, 16 x 16 work-items, took 3.43 ms with the same code
-        # generation. A k-block of 32 would overflow 48 KiB of local memory in float64, so
-        # float64 blocks by 16. Below 256 columns the previous default's narrower tile, and
-        # on small matrices no wider a row (column) of work-items than the matrix (the rule in
-        # config_rules). a's local tile padded (pad_a): the same kernel took 3.11 ms against
-        # 3.28 ms unpadded on an H100 (benchmarks/published/gemm_variants_h100.json).
+        # float32: the fastest kernel of the GEMM region recorded whole on an H100 (n = 4096,
+        # 2.80 ms, 0.96 of cuBLAS; benchmarks/published/recording_gemm_region_h100.json.gz),
+        # which default runs found there and on an H200. Alone on that H100 it ran 1.09-1.17x
+        # faster than the previous default (below) at n = 1,024-8,192 and k = 1,024, and no
+        # slower on PoCL at n = 256 and 512 (docs/problems.md). float64: the previous default,
+        # the best of a 300 s search on an H200 (reproduce_gemm_h200.json), whose work-group
+        # and nest were not bettered there (16 x 16 with FAST_NEST_F32 ran 1.13x slower); a
+        # k-block of 32 would overflow 48 KiB of local memory in float64, so it blocks by 16.
+        # Below 256 columns a 16 x 16 work-group, and on small matrices no wider a row (column)
+        # of work-items than the matrix (the rule in config_rules). a's local tile padded
+        # (pad_a): 3.11 ms against 3.28 ms unpadded on an H100 (gemm_variants_h100.json).
         n, m = args.get("n", 2048), args.get("m", 2048)
-        wg_i, wg_j = (8, 32) if m >= 256 else (16, 16)
+        float32 = args.get("dtype", "float32") == "float32"
+        wg_i, wg_j = (8, 32) if m >= 256 and not float32 else (16, 16)
         return {
             "wg_i": _at_most(wg_i, n // 4),
             "wg_j": _at_most(wg_j, m // 4),
@@ -122,11 +133,11 @@ class Gemm(KernelProblem):
             "reg_j": 8,
             "vec_i": 4,
             "vec_j": 4,
-            "tile_k": 32 if args.get("dtype", "float32") == "float32" else 16,
+            "tile_k": 32 if float32 else 16,
             "prefetch_a": True,
             "prefetch_b": True,
             "unroll_k": "hint",
-            "nest": NESTS[0],
+            "nest": FAST_NEST_F32 if float32 else NESTS[0],
             "pad_a": 1,
         }
 
