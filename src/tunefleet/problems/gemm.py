@@ -117,9 +117,10 @@ class Gemm(KernelProblem):
         # which default runs found there and on an H200. Alone on that H100 it ran 1.09-1.17x
         # faster than the previous default (below) at n = 1,024-8,192 and k = 1,024, and no
         # slower on PoCL at n = 256 and 512 (docs/problems.md). float64: the previous default,
-        # the best of a 300 s search on an H200 (reproduce_gemm_h200.json), whose work-group
-        # and nest were not bettered there (16 x 16 with FAST_NEST_F32 ran 1.13x slower); a
-        # k-block of 32 would overflow 48 KiB of local memory in float64, so it blocks by 16.
+        # the best of a 300 s search on an H200 (reproduce_gemm_h200.json); on the H100 16 x 16
+        # work-items ran 1.13x slower in FAST_NEST_F32 and 1.05x faster in the first nest, one
+        # process each, too little to change it on. A k-block of 32 would overflow 48 KiB of
+        # local memory in float64, so it blocks by 16.
         # Below 256 columns a 16 x 16 work-group, and on small matrices no wider a row (column)
         # of work-items than the matrix (the rule in config_rules). a's local tile padded
         # (pad_a): 3.11 ms against 3.28 ms unpadded on an H100 (gemm_variants_h100.json).
