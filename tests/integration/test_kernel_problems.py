@@ -667,8 +667,9 @@ def test_every_dg_nest_builds_a_kernel_of_its_own_that_validates(session, name):
     assert len(sources) == len(problem.nests)
 
 
-#: The GEMM default before the nest and a's padding were parameters (float32's until
-#: 2026-12-07, float64's still, less the padding), at n = m = k = 4096.
+#: The GEMM default at n = m = k = 4096 from before the nest and a's padding were parameters,
+#: less its k-block (32 in float32, 16 in float64). float32's default until 2026-12-07 built
+#: this with the first nest and a padded tile; float64's still does.
 DEFAULT_BEFORE_NEST = {
     "wg_i": 8, "wg_j": 32, "reg_i": 8, "reg_j": 8, "vec_i": 4, "vec_j": 4,
     "prefetch_a": True, "prefetch_b": True, "unroll_k": "hint",
