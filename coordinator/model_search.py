@@ -437,21 +437,17 @@ class ModelSearch(SearchTechnique):  # type: ignore[misc]
         since = len(y) - 1 - (int(improved[-1]) + 1 if len(improved) else 0)
         return min(1.0, since / self.stall)
 
-    def _explore_share(self, stalled: float | None = None) -> float:
-        """``explore``, rising to ``stalled_explore`` as the outcomes since the best last
-        improved by 1 % grow to ``stall`` : a search stuck in one basin looks elsewhere."""
-        if stalled is None:
-            stalled = self._stalled()
+    def _explore_share(self, stalled: float) -> float:
+        """``explore``, rising to ``stalled_explore`` as the search stalls (``stalled``, from
+        :meth:`_stalled`): a search stuck in one basin looks elsewhere."""
         return self.explore + (self.stalled_explore - self.explore) * stalled
 
-    def _local_share(self, stalled: float | None = None) -> float:
-        """``local``, moving to ``stalled_local`` as the search stalls (:meth:`_stalled`): a
-        search improving near its best sweeps the neighbourhood, one stuck in a broad basin
-        spends that share spreading out and on the model instead."""
-        if self.stalled_local is None or self.stalled_local == self.local:
+    def _local_share(self, stalled: float) -> float:
+        """``local``, moving to ``stalled_local`` as the search stalls (``stalled``, from
+        :meth:`_stalled`): a search improving near its best sweeps the neighbourhood, one
+        stuck in a broad basin spends that share spreading out and on the model instead."""
+        if self.stalled_local is None:
             return self.local
-        if stalled is None:
-            stalled = self._stalled()
         return self.local + (self.stalled_local - self.local) * stalled
 
     def _spread(self, enc: _Encoding) -> list[np.ndarray]:

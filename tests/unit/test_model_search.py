@@ -218,19 +218,19 @@ def test_a_stalled_search_spreads_out_its_techniques_share(technique, stalled):
             for sug, t in zip(tuner.ask(len(times_s)), times_s, strict=True):
                 tuner.tell_many([(sug, t)])
             tuner._driver.process_new_results()  # what the next ask does first
-            return root._explore_share()
+            return root._explore_share(root._stalled())
 
         assert share_after([1e-3]) == pytest.approx(root.explore)
-        assert root._local_share() == root.local
+        assert root._local_share(root._stalled()) == root.local
         # Twenty gains of 0.5 % each: stalled, all the way.
         assert share_after([1e-3 * 0.995**i for i in range(1, 21)]) == pytest.approx(stalled)
         # ModelSearchSweep's sweep of the neighbourhoods stops once stalled (the others have
         # none): a search stuck in a deceptive basin spreads out as the default does.
         stalled_local = root.local if root.stalled_local is None else root.stalled_local
-        assert root._local_share() == pytest.approx(stalled_local)
+        assert root._local_share(root._stalled()) == pytest.approx(stalled_local)
         # A 2 % gain is progress again.
         assert share_after([0.98 * 1e-3 * 0.995**20]) == pytest.approx(root.explore)
-        assert root._local_share() == pytest.approx(root.local)
+        assert root._local_share(root._stalled()) == pytest.approx(root.local)
     finally:
         tuner.close()
 
@@ -248,6 +248,7 @@ def test_the_sweep_candidate_sweeps_while_it_improves_and_not_once_stalled():
     steady = Tuner(SPACE, ["ModelSearchSteady"], seed=5)
     try:
         # The default has no sweep: its local share is none, stalled or not.
-        assert steady._driver.root_technique._local_share() == 0.0
+        root = steady._driver.root_technique
+        assert root._local_share(0.0) == root._local_share(1.0) == 0.0
     finally:
         steady.close()
