@@ -161,6 +161,47 @@ def confirmations_that_fit(pace: Speed | None, want: int, left_s: float) -> int:
     return min(want, rounds * max(pace.workers, 1))
 
 
+@dataclass(frozen=True)
+class Horizon:
+    """How far a search is through its budget, in evaluations: ``spent`` finished or in
+    flight, ``left`` still to start (under a time budget, an estimate at the run's pace).
+    A search that knows its end is near spends what is left near its best
+    (:class:`~.model_search.ModelSearch`'s ``end``) instead of opening new ground that
+    it will not have the evaluations to follow up."""
+
+    spent: int
+    left: int
+
+    def near_end(self, share: float, in_flight: int) -> bool:
+        """Whether what is left is at most ``share`` of the whole budget, or at most twice
+        the ``in_flight`` proposals (and the next): a proposal made later than that comes
+        back too late to be followed up by the proposals after it."""
+        return self.left <= max(share * (self.spent + self.left), 2 * (in_flight + 1))
+
+
+def horizon(
+    max_trials: int | None,
+    finished: int,
+    flying: int,
+    search_left_s: float | None,
+    pace: Speed | None,
+) -> Horizon | None:
+    """The search's :class:`Horizon`: trials left under ``max_trials`` (``finished`` and
+    ``flying`` spent), and under a time budget the trials the fleet starts in the
+    ``search_left_s`` seconds before the search must stop (:func:`confirm_reserve`), at its
+    throughput; the fewer of the two. None with neither budget, or with only a time budget
+    and no pace yet: the search then has no end in sight and behaves as one without."""
+    spent = finished + flying
+    lefts = []
+    if max_trials is not None:
+        lefts.append(max(0, max_trials - spent))
+    if search_left_s is not None and pace is not None:
+        lefts.append(max(0, math.floor(search_left_s * pace.throughput)))
+    if not lefts:
+        return None
+    return Horizon(spent, min(lefts))
+
+
 def avoid_seconds(usual_s: float, live_workers: int, slack_s: float | None) -> float:
     """How long a confirmation leaves the original's worker alone: ``usual_s`` without a time
     budget (``slack_s`` None); within one, not at all with one live worker (nobody else would

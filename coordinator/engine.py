@@ -71,7 +71,7 @@ from tunefleet.settings import DatabaseSettings
 from tunefleet.space import Config, Space, config_hash
 from tunefleet.vocabulary import RunState, TrialPurpose, TrialSource, TrialState
 
-from .budget import Budget, Cut, Speed, confirm_reserve, speed
+from .budget import Budget, Cut, Horizon, Speed, confirm_reserve, horizon, speed
 from .confirm import Confirmation
 from .create import coordinator_db_settings, create_run, raised, require_session_pooling
 from .enqueue import NewTrial, enqueue
@@ -671,6 +671,18 @@ class _Session:
             return None
         return self.budget.max_seconds - self.budget_elapsed()
 
+    def horizon(self) -> Horizon | None:
+        """How far the search is through its trial and time budgets (:func:`.budget.horizon`):
+        under a time budget, until the search must stop to leave the confirmation its time."""
+        search_left_s = self.time_left()
+        pace = self.speed()
+        if search_left_s is not None:
+            running = min(len(self.flights), self.in_flight())
+            search_left_s -= confirm_reserve(pace, self.settings.confirm, running)
+        return horizon(
+            self.budget.max_trials, self.stats.finished, len(self.flights), search_left_s, pace
+        )
+
     def speed(self) -> Speed | None:
         """The run's pace as the time budget's plan uses it (:func:`.budget.speed`)."""
         return speed(self.pace, self.in_flight(), self.live_workers)
@@ -855,7 +867,7 @@ class _Session:
         batch: dict[str, _Flight] = {}
         answered: list[tuple[Any, float | None]] = []
         for _ in range(3):  # a few asks: repeats answered from memory free up room
-            suggestions = self.tuner.ask(need - len(batch))
+            suggestions = self.tuner.ask(need - len(batch), self.horizon())
             if not suggestions:
                 break
             for sug in suggestions:

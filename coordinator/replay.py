@@ -44,6 +44,7 @@ from tunefleet.errors import InvalidConfiguration, ProblemError
 from tunefleet.recording import Recording, Row
 from tunefleet.space import Bool, Choice, Config, IntRange, PowerOfTwo, Space, config_hash
 
+from .budget import Horizon
 from .tuner import Tuner
 
 #: Whether a configuration passes the problem's device-free rules.
@@ -224,8 +225,9 @@ def replay(
                     break
                 told: list[tuple[Any, float | None]] = []
                 started = 0
+                spent = len(best_s) + len(busy)
                 t0 = time.process_time()
-                asked = tuner.ask(idle)
+                asked = tuner.ask(idle, Horizon(spent, max(0, evaluations - spent)))
                 took = time.process_time() - t0
                 search_s += took
                 if asked:

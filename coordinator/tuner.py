@@ -47,6 +47,7 @@ from tunefleet.settings import DEFAULT_TECHNIQUE
 from tunefleet.space import Config, Space, config_hash
 from tunefleet.vocabulary import TrialSource
 
+from .budget import Horizon
 from .mapping import SpaceMapping
 
 _log = logging.getLogger(__name__)
@@ -198,6 +199,9 @@ class LeanSearchDriver(SearchDriver):  # type: ignore[misc]
         self.requested: deque[Any] = deque()
         # Results told since the search last looked, in the order they were told.
         self.told: list[Any] = []
+        # How far the search is through its budget as of the last ask (None: no end in
+        # sight); techniques that plan for the end read it (:class:`.budget.Horizon`).
+        self.horizon: Horizon | None = None
 
     def process_new_results(self) -> None:
         """OpenTuner's own version reads the new results back from its database ordered by
@@ -384,12 +388,14 @@ class Tuner:
         self.told = 0
 
     # --- ask ------------------------------------------------------------------------------
-    def ask(self, n: int) -> list[Suggestion]:
+    def ask(self, n: int, horizon: Horizon | None = None) -> list[Suggestion]:
         """Up to ``n`` new suggestions (fewer, even none, while the search waits for
-        outcomes). OpenTuner never repeats a configuration it already asked for here."""
+        outcomes). OpenTuner never repeats a configuration it already asked for here.
+        ``horizon`` says how much of the budget is left (None: no end in sight)."""
         if n <= 0:
             return []
         driver = self._driver
+        driver.horizon = horizon
         if not driver.requested:
             self._args.parallelism = n
             with _quiet(), self._rng():

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentuner.search.technique import register
 
 import tunefleet
 from tests.helpers.coordinator import (
@@ -25,9 +26,11 @@ from tests.helpers.coordinator import (
 )
 from tests.helpers.coordinator_problems import KERNEL, RULED, TINY, TINY_ONE_INVALID
 from tests.helpers.queue_data import first_invalid, wait_until
+from tunefleet.coordinator.budget import Horizon
 from tunefleet.coordinator.create import create_run
 from tunefleet.coordinator.engine import Coordinator, Progress, RunResult
 from tunefleet.coordinator.settings import CoordinatorSettings
+from tunefleet.coordinator.techniques import UniformDraws
 from tunefleet.errors import ProblemError, RunError, UsageError
 from tunefleet.problems.synthetic import OPTIMUM
 from tunefleet.queries import dashboard as dashboard_queries
@@ -525,3 +528,41 @@ def test_opencl_problems_need_a_device_class_unless_the_live_workers_agree(db_ur
     register_worker(db, "amd-mi300")
     with pytest.raises(UsageError, match="live workers serve amd-mi300, nvidia-h200"):
         create_run(settings(problem=KERNEL), db_url)
+
+
+class _HorizonProbe(UniformDraws):
+    """Uniform draws that note the horizon the engine gave each proposal."""
+
+    seen: list[Horizon | None] = []
+
+    def desired_configuration(self) -> Any:
+        _HorizonProbe.seen.append(self.driver.horizon)
+        return super().desired_configuration()
+
+
+register(_HorizonProbe(name="HorizonProbe"))
+
+
+@pytest.mark.parametrize("budget", [{"max_trials": 24}, {"max_seconds": 6.0, "confirm": 0}])
+def test_the_search_is_told_how_much_of_its_budget_is_left(db_url, db, tmp_path, budget):
+    """Every proposal knows its horizon (ModelSearchFinish sweeps near the end by it): under
+    a trial budget exactly what is left of it, counting the trials in flight as spent; under
+    a time budget none until a worker finished a trial (no pace to estimate from), then an
+    estimate that shrinks as the search's time runs out (no confirmation here: with one,
+    the search's time ends that much sooner)."""
+    _HorizonProbe.seen.clear()
+    s = settings(**budget, techniques=("HorizonProbe",), problem_args={"duration": 0.02})
+    result, _ = drive(db_url, s, tmp_path, workers=2)
+    seen = _HorizonProbe.seen
+    assert result.state == "finished" and len(seen) >= result.trials > 0
+    known = [h for h in seen if h is not None]
+    if "max_trials" in budget:
+        assert len(known) == len(seen)
+        assert all(h.spent + h.left == 24 for h in known)
+        lefts = [h.left for h in known]
+        assert lefts[0] == 24 and lefts == sorted(lefts, reverse=True)
+    else:
+        assert seen[0] is None  # the first proposals: no trial finished yet
+        assert len(known) >= 10 and all(h.left >= 0 for h in known)
+        # The last proposal came with less than half the most it was ever told was left.
+        assert known[-1].left < 0.5 * max(h.left for h in known)

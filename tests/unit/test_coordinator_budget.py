@@ -1,5 +1,6 @@
 """The time budget's arithmetic (coordinator.budget): the pace, the confirmation's reserve,
-what fits, the confirmation's wait for another worker, and the line that says what was cut."""
+what fits, the confirmation's wait for another worker, the line that says what was cut, and
+how far a search is through its budget (the horizon its technique plans the end by)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import pytest
 from tunefleet.coordinator.budget import (
     COLD_START_S,
     Cut,
+    Horizon,
     Speed,
     avoid_seconds,
     confirm_reserve,
     confirmations_that_fit,
+    horizon,
     speed,
 )
 from tunefleet.queries.budget import Pace
@@ -155,3 +158,43 @@ def test_the_cut_line_says_when_no_confirmation_fitted():
 
 def test_a_budget_that_cut_nothing_says_nothing():
     assert not Cut(max_seconds=30.0, confirm_wanted=3, confirm_queued=3).anything
+
+
+@pytest.mark.parametrize(
+    ("max_trials", "finished", "flying", "search_left_s", "pace", "expected"),
+    [
+        (None, 5, 2, None, None, None),  # no budget: no end in sight
+        (300, 100, 16, None, None, Horizon(116, 184)),
+        (300, 290, 16, None, None, Horizon(306, 0)),  # past the budget: nothing left
+        # A time budget alone: the trials the fleet starts before the search must stop.
+        (None, 40, 4, 60.0, Speed(6.0, 0.5), Horizon(44, 30)),
+        (None, 40, 4, -3.0, Speed(6.0, 0.5), Horizon(44, 0)),
+        (None, 0, 4, 60.0, None, None),  # no pace yet: no estimate, no end in sight
+        (300, 0, 4, 60.0, None, Horizon(4, 296)),  # ... but the trial budget still counts
+        (300, 100, 16, 60.0, Speed(6.0, 0.5), Horizon(116, 30)),  # the nearer end decides
+        (120, 100, 16, 60.0, Speed(6.0, 0.5), Horizon(116, 4)),
+    ],
+)
+def test_the_horizon_is_what_is_left_of_the_nearer_budget(
+    max_trials, finished, flying, search_left_s, pace, expected
+):
+    assert horizon(max_trials, finished, flying, search_left_s, pace) == expected
+
+
+@pytest.mark.parametrize(
+    ("spent", "left", "share", "in_flight", "near"),
+    [
+        (255, 45, 0.15, 0, True),  # 15 % of 300 left
+        (254, 46, 0.15, 0, False),
+        (100, 200, 0.0, 0, False),
+        # 64 proposals in flight: what is proposed now comes back after 64 others, so the
+        # end game starts when 130 are left, not 45.
+        (170, 130, 0.15, 64, True),
+        (169, 131, 0.15, 64, False),
+        (0, 0, 0.15, 0, True),
+    ],
+)
+def test_the_end_is_near_at_a_share_of_the_budget_or_twice_the_proposals_in_flight(
+    spent, left, share, in_flight, near
+):
+    assert Horizon(spent, left).near_end(share, in_flight) is near
