@@ -31,12 +31,17 @@ Registered names (usable with ``--technique``):
                               configurations' one-step neighbourhoods (a candidate default for
                               long GPU runs, docs/tuning.md)
 ``ModelSearchSteady``         ModelSearch that spreads half its proposals out once stalled, not
-                              0.8: the default (a long GPU run's last gains are each under the
-                              1 % that counts as progress; ``tunefleet.settings``)
+                              0.8 (a long GPU run's last gains are each under the 1 % that
+                              counts as progress; the default until 2026-12-07)
 ``ModelSearchSweep``          ModelSearchSteady that sweeps the ten fastest configurations'
                               neighbourhoods with a quarter of its proposals while it improves,
                               none once stalled (a candidate default: docs/tuning.md, "Dense
                               recordings")
+``ModelSearchFinish``         ModelSearchSteady whose candidates include every one-step
+                              neighbour of the five fastest, and whose every proposal sweeps
+                              the ten fastest configurations' neighbourhoods once 15 % of the
+                              budget is left (or twice the proposals in flight): the default
+                              (``tunefleet.settings``; docs/tuning.md, "The end game")
 
 Every random draw goes through the ``random`` module, which :class:`~.tuner.Tuner` swaps for
 the run's own generator, so a seeded search repeats exactly.
@@ -211,6 +216,7 @@ _MODEL_SEARCHES = (
     ModelSearch(
         stalled_explore=0.5, local=0.25, stalled_local=0.0, elite=10, name="ModelSearchSweep"
     ),
+    ModelSearch(stalled_explore=0.5, ring=5, end=0.15, name="ModelSearchFinish"),
 )
 for _search in _MODEL_SEARCHES:
     register(_search)

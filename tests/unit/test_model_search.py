@@ -1,6 +1,6 @@
 """The model-based technique through the coordinator's own Tuner: valid proposals, learning
-an invalid region, distinct in-flight proposals, exact repeats under a seed, and a clear
-message without scikit-learn."""
+an invalid region, distinct in-flight proposals, exact repeats under a seed, the sweep of the
+fastest neighbourhoods near the budget's end, and a clear message without scikit-learn."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 
+from tunefleet.coordinator.budget import Horizon
 from tunefleet.coordinator.tuner import Tuner, check_techniques
 from tunefleet.errors import UsageError
 from tunefleet.space import Bool, Choice, PowerOfTwo, Space
@@ -179,7 +180,7 @@ def test_a_search_that_names_no_technique_falls_back_without_scikit_learn(monkey
     from tunefleet.coordinator import tuner as tuner_module
     from tunefleet.settings import DEFAULT_TECHNIQUE
 
-    assert tuner_module.default_search() == (DEFAULT_TECHNIQUE,) == ("ModelSearchSteady",)
+    assert tuner_module.default_search() == (DEFAULT_TECHNIQUE,) == ("ModelSearchFinish",)
     monkeypatch.setattr(tuner_module, "model_available", lambda: False)
     with caplog.at_level("WARNING", logger=tuner_module.__name__):
         assert tuner_module.default_search() == ("NeighbourhoodSearch",)
@@ -252,3 +253,89 @@ def test_the_sweep_candidate_sweeps_while_it_improves_and_not_once_stalled():
         assert root._local_share(0.0) == root._local_share(1.0) == 0.0
     finally:
         steady.close()
+
+
+def _next_to_the_fastest(technique: str, seed: int, left: int | None, elite: int) -> int:
+    """Of 28 proposals after 12 initial draws, how many are one parameter away from one of
+    the ``elite`` fastest told so far, every ask told ``left`` evaluations remain (None: no
+    horizon, as in a run without a budget)."""
+    tuner = Tuner(SPACE, [technique], seed=seed)
+    told: list[tuple[dict, float]] = []
+    near = 0
+    try:
+        for i in range(40):
+            [sug] = tuner.ask(1, None if left is None else Horizon(i, left))
+            if len(told) >= 12:  # past the initial uniform draws
+                fastest = sorted(told, key=lambda t: t[1])[:elite]
+                differ = [sum(sug.config[k] != c[k] for k in c) for c, _ in fastest]
+                near += min(differ) == 1
+            told.append((sug.config, seconds(sug.config)))
+            tuner.tell_many([(sug, told[-1][1])])
+    finally:
+        tuner.close()
+    return near
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_near_the_budgets_end_every_proposal_steps_next_to_the_fastest(seed):
+    """ModelSearchFinish: once 15 % of the budget or less is left, every proposal sweeps the
+    untried one-step neighbours of the ten fastest (a late proposal elsewhere cannot be
+    followed up); far from the end, and with no horizon at all, many do not."""
+    assert _next_to_the_fastest("ModelSearchFinish", seed, left=2, elite=10) == 28
+    assert _next_to_the_fastest("ModelSearchFinish", seed, left=1000, elite=10) < 24
+    assert _next_to_the_fastest("ModelSearchFinish", seed, left=None, elite=10) < 24
+    # A technique without an end game ignores the horizon.
+    assert _next_to_the_fastest("ModelSearchSteady", seed, left=2, elite=10) < 24
+
+
+def test_the_end_comes_sooner_with_more_proposals_in_flight():
+    """With 64 proposals in flight the end game starts when twice that is left, not 15 %:
+    what is proposed later comes back too late to be followed up."""
+    tuner = Tuner(SPACE, ["ModelSearchFinish"], seed=2)
+    try:
+        root = tuner._driver.root_technique
+        assert (root.end, root.ring, root.end_elite) == (0.15, 5, 10)
+        tuner.ask(1, Horizon(170, 130))
+        root._pending = {bytes([i]): np.zeros(1) for i in range(64)}
+        assert root._near_end()
+        tuner._driver.horizon = Horizon(169, 131)
+        assert not root._near_end()
+        root._pending.clear()
+        tuner._driver.horizon = Horizon(255, 45)
+        assert root._near_end()
+        tuner._driver.horizon = None  # no budget: never
+        assert not root._near_end()
+    finally:
+        tuner.close()
+
+
+def test_the_ring_puts_every_neighbour_of_the_five_fastest_in_the_candidate_pool():
+    from tunefleet.coordinator.model_search import _key
+
+    tuner = Tuner(SPACE, ["ModelSearchFinish"], seed=7)
+    try:
+        for _ in range(30):
+            tuner.tell_many([(s, seconds(s.config)) for s in tuner.ask(1)])
+        root = tuner._driver.root_technique
+        enc = root._encoding()
+        y = np.array(root._log_s)
+        fastest = [root._rows[i] for i in np.argsort(y, kind="stable")[:5]]
+        wanted = {_key(r) for c in fastest for r in enc.one_step(c)} - root._seen
+        assert len(wanted) >= 20
+        outer = random.getstate()  # called directly, the technique draws from `random`
+        try:
+            # A pool this small leaves neighbours out by chance, as a pool of 1,024 does in a
+            # space of millions.
+            root.candidates = 16
+            random.seed(3)
+            with_ring = {_key(r) for r in root._pool(enc)}
+            root.ring = 0
+            random.seed(3)
+            without = {_key(r) for r in root._pool(enc)}
+        finally:
+            random.setstate(outer)
+    finally:
+        tuner.close()
+    assert wanted <= with_ring
+    assert not wanted <= without  # random neighbours leave some out by chance
+    assert not with_ring & root._seen
