@@ -34,10 +34,13 @@ COORDINATOR_ALIVE_S = 30.0
 #: docs/tuning.md), spreading half its proposals out once stalled rather than 0.8: a long GPU
 #: run's last gains are each under the 1 % that counts as progress, and two such runs on one
 #: H100 ended 0.94-0.98 of cuBLAS where two ModelSearch runs beside them stopped at 0.88.
+#: Since 2026-12-07 it also sweeps the fastest configurations' neighbourhoods once the end of
+#: the budget nears, and keeps every one-step neighbour of the five fastest among the model's
+#: candidates (``ModelSearchFinish``; docs/tuning.md, "The end game").
 #: Where scikit-learn does not import, a run falls back to ``NeighbourhoodSearch``
 #: (:func:`tunefleet.coordinator.tuner.default_search`). Here, not in the coordinator, so
 #: that the flags' help quotes this value without importing OpenTuner.
-DEFAULT_TECHNIQUE = "ModelSearchSteady"
+DEFAULT_TECHNIQUE = "ModelSearchFinish"
 
 
 #: Most configurations one run confirms (``--confirm``; each costs one more evaluation at the

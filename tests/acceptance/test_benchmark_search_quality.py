@@ -88,7 +88,7 @@ def test_default_technique_smoke(tmp_path: Path) -> None:
             assert cell["within_5pct"] == sum(f >= 0.95 for f in cell["finals"])
             assert cell["search_s_per_eval"]["median"] > 0
     importance = data["importance"]
-    assert importance["technique"] == data["default"] == DEFAULT_TECHNIQUE == "ModelSearchSteady"
+    assert importance["technique"] == data["default"] == DEFAULT_TECHNIQUE == "ModelSearchFinish"
     for by_workers in importance["workers"].values():
         (run,) = by_workers["runs"]
         assert set(run["ranks"]) == {"reg_i", "reg_j"} and len(run["first_three"]) == 3
