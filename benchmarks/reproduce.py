@@ -54,6 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also run the fresh processes with these protocol overrides (e.g. a long warm-up)",
     )
     p.add_argument("--export", action="store_true", help="keep every trial of each run (JSON)")
+    p.add_argument("--log", action="store_true", help="keep each run's whole tune output")
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--out", default=None)
     p.add_argument("tune", nargs=argparse.REMAINDER, help="after --: PROBLEM and tune's flags")
@@ -123,6 +124,8 @@ def one_run(i: int, args: argparse.Namespace, save: Any) -> dict[str, Any]:
         out["elapsed_s"] = time.monotonic() - started
         out["exit"] = proc.returncode
         out["tail"] = (proc.stdout + proc.stderr)[-4000:]
+        if args.log:
+            out["output"] = proc.stdout + proc.stderr
         # The run's rate and where its wall went (the devices' timing share), as users see it.
         status = _run([*TUNEFLEET, "status", "1"], env, 300)
         out["status"] = (status.stdout + status.stderr)[-4000:]

@@ -88,9 +88,12 @@ def test_a_region_is_recorded_gzipped_and_replayed_from_any_directory(tmp_path: 
     assert 0 < sum(row[1] == "done" for row in data["rows"]) <= len(data["rows"]) <= 1440
     _, replayed = script(
         "replay_techniques.py", tmp_path / "replay.json", "--recording", str(recording),
-        "--seeds", "2", "--evals", "10", "--long", "ModelSearchSteady", "--short", "",
+        "--seeds", "2", "--evals", "10", "--long", "ModelSearchFinish", "--short", "",
         cwd=tmp_path,
     )  # fmt: skip
     [cell] = replayed["recordings"]["transpose_region"]["techniques"].values()
     assert replayed["recordings"]["transpose_region"]["space_size"] == 1440
     assert 0 < cell["at"]["10"]["worst"] <= 1.0
+    # The seeds that reached 0.97 of the recording's fastest, counted apart from the range.
+    at, reached = cell["at"]["10"], cell["reached"]["10"]
+    assert reached == (2 if at["worst"] >= 0.97 else 0 if at["best"] < 0.97 else 1)
