@@ -442,8 +442,9 @@ class ModelSearch(SearchTechnique):  # type: ignore[misc]
         A proposal that opens new ground late in the budget cannot be followed up; one that
         steps next to a fast configuration still can gain. Replayed on the dense GEMM
         recording of an H100 (50 seeds of 300 evaluations), 22 of 50 ModelSearchSteady runs
-        at 64 workers ended within 0.97 of its fastest and 49 with this end game (40 and 50
-        at one worker; benchmarks/replay_techniques.py, docs/tuning.md "The end game")."""
+        at 64 workers ended at 0.97 of its fastest or better, and 49 with this end game (40
+        and 50 at one worker; benchmarks/replay_techniques.py, docs/tuning.md "The end
+        game")."""
         horizon = getattr(self.driver, "horizon", None)  # None under a plain OpenTuner driver
         if self.end <= 0 or horizon is None:
             return False
