@@ -602,7 +602,8 @@ class ModelSearch(SearchTechnique):  # type: ignore[misc]
         uniform = rng.integers(0, enc.sizes, size=(half, d))
         y = np.array(self._log_s)
         done = np.flatnonzero(~np.isnan(y))
-        best = done[np.argsort(y[done], kind="stable")[: self.elite]]
+        order = done[np.argsort(y[done], kind="stable")]  # fastest first
+        best = order[: self.elite]
         weights = 1.0 / (np.arange(len(best)) + 1.0)
         centres = np.array(self._rows)[rng.choice(best, size=half, p=weights / weights.sum())]
         # Each centre moves min(moves, d) parameters, those of its smallest random keys;
@@ -617,8 +618,7 @@ class ModelSearch(SearchTechnique):  # type: ignore[misc]
         stepped = np.clip(stepped, 0, enc.sizes - 1)
         other = (centres + rng.integers(1, np.maximum(enc.sizes, 2), size=(half, d))) % enc.sizes
         local = np.where(move, np.where(enc.ordered, stepped, other), centres)
-        fastest = np.array(self._rows)[done[np.argsort(y[done], kind="stable")[: self.ring]]]
-        ring = [r for centre in fastest for r in enc.one_step(centre)]
+        ring = [r for i in order[: self.ring] for r in enc.one_step(self._rows[i])]
         pool = np.concatenate([np.array(ring, dtype=np.int64).reshape(-1, d), local, uniform])
         _, first = np.unique(pool, axis=0, return_index=True)
         pool = pool[np.sort(first)]

@@ -44,7 +44,7 @@ from tunefleet.errors import InvalidConfiguration, ProblemError
 from tunefleet.recording import Recording, Row
 from tunefleet.space import Bool, Choice, Config, IntRange, PowerOfTwo, Space, config_hash
 
-from .budget import Horizon
+from .budget import horizon
 from .tuner import Tuner
 
 #: Whether a configuration passes the problem's device-free rules.
@@ -225,9 +225,9 @@ def replay(
                     break
                 told: list[tuple[Any, float | None]] = []
                 started = 0
-                spent = len(best_s) + len(busy)
+                left = horizon(evaluations, len(best_s), len(busy), None, None)
                 t0 = time.process_time()
-                asked = tuner.ask(idle, Horizon(spent, max(0, evaluations - spent)))
+                asked = tuner.ask(idle, left)
                 took = time.process_time() - t0
                 search_s += took
                 if asked:

@@ -65,7 +65,7 @@ def search(
     """The finished trials of a seeded search of ``trials`` evaluations (as the importance
     analysis reads them), ``workers`` asked for at a time as the engine does; invalid
     configurations are finished trials too (the workers would find them invalid)."""
-    from tunefleet.coordinator.budget import Horizon
+    from tunefleet.coordinator.budget import horizon
     from tunefleet.coordinator.tuner import Tuner
 
     tuner = Tuner(SPACE, techniques, seed=seed)
@@ -74,7 +74,7 @@ def search(
     try:
         while len(rows) < trials:
             # The horizon a run of ``trials`` trials gives (ModelSearchFinish's end game).
-            batch = tuner.ask(workers, Horizon(len(rows), max(0, trials - len(rows))))
+            batch = tuner.ask(workers, horizon(trials, len(rows), 0, None, None))
             if not batch:
                 break
             for sug in batch:

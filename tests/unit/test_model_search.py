@@ -117,32 +117,38 @@ def test_the_in_flight_damping_moves_the_favourite_down():
     assert all(not np.array_equal(r, favourite) for r in damped[:3])
 
 
+def _next_to_the_fastest(
+    technique: str, seed: int, left: int | None, elite: int, **settings: float
+) -> int:
+    """Of 28 proposals after 12 initial draws, how many are one parameter away from one of
+    the ``elite`` fastest told so far, every ask told ``left`` evaluations remain (None: no
+    horizon, as in a run without a budget); ``settings`` override the technique's own."""
+    tuner = Tuner(SPACE, [technique], seed=seed)
+    for name, value in settings.items():
+        setattr(tuner._driver.root_technique, name, value)
+    told: list[tuple[dict, float]] = []
+    near = 0
+    try:
+        for i in range(40):
+            [sug] = tuner.ask(1, None if left is None else Horizon(i, left))
+            if len(told) >= 12:  # past the initial uniform draws
+                fastest = sorted(told, key=lambda t: t[1])[:elite]
+                differ = [sum(sug.config[k] != c[k] for k in c) for c, _ in fastest]
+                near += min(differ) == 1
+            told.append((sug.config, seconds(sug.config)))
+            tuner.tell_many([(sug, told[-1][1])])
+    finally:
+        tuner.close()
+    return near
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_local_share_sweeps_the_fastest_configurations_neighbourhoods(seed):
     """With ``local`` 1, every proposal after the initial draws is one step from one of the
     five fastest told so far (while one of them has a neighbour not asked for): the sweep
     that makes the best a local optimum in fact. Without it about half are not."""
-
-    def sweep(local: float) -> int:
-        tuner = Tuner(SPACE, ["ModelSearch"], seed=seed)
-        tuner._driver.root_technique.local = local
-        told: list[tuple[dict, float]] = []
-        next_to_elite = 0
-        try:
-            for _ in range(40):
-                [sug] = tuner.ask(1)
-                if len(told) >= 12:  # past the initial uniform draws
-                    elite = sorted(told, key=lambda t: t[1])[:5]
-                    differ = [sum(sug.config[k] != c[k] for k in c) for c, _ in elite]
-                    next_to_elite += min(differ) == 1
-                told.append((sug.config, seconds(sug.config)))
-                tuner.tell_many([(sug, told[-1][1])])
-        finally:
-            tuner.close()
-        return next_to_elite
-
-    assert sweep(1.0) == 28
-    assert sweep(0.0) < 24
+    assert _next_to_the_fastest("ModelSearch", seed, None, 5, local=1.0) == 28
+    assert _next_to_the_fastest("ModelSearch", seed, None, 5, local=0.0) < 24
 
 
 def test_the_same_seed_proposes_the_same_configurations():
@@ -253,27 +259,6 @@ def test_the_sweep_candidate_sweeps_while_it_improves_and_not_once_stalled():
         assert root._local_share(0.0) == root._local_share(1.0) == 0.0
     finally:
         steady.close()
-
-
-def _next_to_the_fastest(technique: str, seed: int, left: int | None, elite: int) -> int:
-    """Of 28 proposals after 12 initial draws, how many are one parameter away from one of
-    the ``elite`` fastest told so far, every ask told ``left`` evaluations remain (None: no
-    horizon, as in a run without a budget)."""
-    tuner = Tuner(SPACE, [technique], seed=seed)
-    told: list[tuple[dict, float]] = []
-    near = 0
-    try:
-        for i in range(40):
-            [sug] = tuner.ask(1, None if left is None else Horizon(i, left))
-            if len(told) >= 12:  # past the initial uniform draws
-                fastest = sorted(told, key=lambda t: t[1])[:elite]
-                differ = [sum(sug.config[k] != c[k] for k in c) for c, _ in fastest]
-                near += min(differ) == 1
-            told.append((sug.config, seconds(sug.config)))
-            tuner.tell_many([(sug, told[-1][1])])
-    finally:
-        tuner.close()
-    return near
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
