@@ -375,7 +375,9 @@ def test_resume_after_a_stop_continues_without_measuring_anything_twice(db_url, 
                 os.kill(w.pid, signal.SIGCONT)
             first.request_stop()  # also when a wait above failed: the run must end
 
-    with fleet(db_url, 2, tmp_path) as procs:
+    # Leases far longer than the workers are held: on a loaded machine the hold lasted past
+    # the 5 s default, the held trials' leases expired and were claimed a second time.
+    with fleet(db_url, 2, tmp_path, lease_s=120) as procs:
         stopper = threading.Thread(target=stop_after_some)
         stopper.start()
         stopped = first.run(run_id)
