@@ -15,8 +15,16 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.helpers.coordinator import fleet, register_worker, settings, trial_counts
-from tests.helpers.queue_data import wait_until
+from tests.helpers.queue_data import (
+    insert_run,
+    insert_trials,
+    synthetic_configs,
+    wait_until,
+    waiting_on_a_lock,
+)
 from tunefleet.coordinator.create import create_run
 from tunefleet.coordinator.engine import Coordinator
 from tunefleet.db.engine import connect, redact
@@ -155,6 +163,69 @@ def test_a_budget_too_short_for_the_confirmation_skips_it_and_says_so(
     ).fetchone()
     assert n["n"] == 0
     assert not {"pending", "running"} & set(trial_counts(db, first.run_id))
+
+
+@pytest.mark.parametrize("meanwhile", ["claimed", "released"])
+def test_the_deadline_hands_back_a_trial_whose_claim_changes_while_it_waits(
+    db_url: str, db: Any, meanwhile: str
+) -> None:
+    """A worker's claim (or release) commits after the deadline's statement took its snapshot
+    and before it could lock the row. Seen from the snapshot the trial is pending (running),
+    locked it is running (pending). PostgreSQL checks a new row against the table's
+    constraints before it notices the concurrent change and recomputes the row, so a new
+    attempt computed from the locked state and the snapshot's counter was -1, and the whole
+    hand-back failed (CI, stop 61). Now the trial is handed back as the worker left it: the
+    attempt not counted, the claim closed as released."""
+    run_id = insert_run(db)
+    [trial_id] = insert_trials(db, run_id, synthetic_configs(1))
+    worker, secret = _claiming_worker(db)
+    claim = dict(worker_id=worker, secret=secret, device_classes=["any"], limit=1, lease_s=300)
+    if meanwhile == "released":
+        [held] = queue.claim_trials(db, **claim)  # type: ignore[arg-type]
+    changer = connect(db_url, autocommit=False)
+    deadline = connect(db_url)
+    try:
+        # The worker's statement, its transaction still open: the row is locked and changed.
+        if meanwhile == "claimed":
+            assert len(queue.claim_trials(changer, **claim)) == 1  # type: ignore[arg-type]
+        else:
+            assert queue.release_trials(changer, worker_id=worker, held=[held.key]) == {trial_id}
+        given: list[Any] = []
+        failed: list[BaseException] = []
+
+        def hand_back_at_the_deadline() -> None:
+            try:
+                given.append(hand_back(deadline, run_id, "handed back: the test's deadline"))
+            except BaseException as e:  # reported by the assertion below
+                failed.append(e)
+
+        thread = threading.Thread(target=hand_back_at_the_deadline)
+        thread.start()
+        wait_until(
+            lambda: waiting_on_a_lock(db, deadline.info.backend_pid),
+            timeout=30,
+            what="the hand-back to wait for the worker's row lock",
+        )
+        changer.commit()
+        thread.join(30)
+        assert not thread.is_alive()
+    finally:
+        changer.close()
+        deadline.close()
+    assert failed == []
+    [result] = given
+    row = db.execute(
+        "SELECT state, attempt, lease_owner FROM tunefleet.trial WHERE id = %s", (trial_id,)
+    ).fetchone()
+    assert (row["state"], row["attempt"], row["lease_owner"]) == ("cancelled", 0, None)
+    outcomes = db.execute(
+        "SELECT outcome FROM tunefleet.attempt WHERE trial_id = %s ORDER BY id", (trial_id,)
+    ).fetchall()
+    assert [o["outcome"] for o in outcomes] == ["released"]
+    if meanwhile == "claimed":
+        assert (result.pending, result.running) == (0, 1)
+    else:
+        assert (result.pending, result.running) == (1, 0)
 
 
 def test_a_stopping_worker_drops_a_handed_back_trial_it_is_timing(

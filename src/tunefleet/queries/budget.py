@@ -103,38 +103,54 @@ def hand_back(conn: Conn, run_id: int, reason: str) -> HandedBack:
 
     Locks: the run's pending and running trial rows, taken in trial id order (``ORDER BY id
     FOR NO KEY UPDATE``, the order of a worker's heartbeat and release, so neither waits on the
-    other in a cycle), and the claims' attempt rows, for this statement."""
-    row = conn.execute(
-        """
-        WITH held AS (
-            SELECT t.id, t.state, t.attempt, t.lease_owner
-              FROM tunefleet.trial t
-             WHERE t.run_id = %(run)s AND t.state IN ('pending', 'running')
+    other in a cycle), then the claims' attempt rows, in one transaction of two statements.
+
+    The rows are locked by a statement of their own first because a worker's claim or release
+    can commit after a statement's snapshot and before its lock: in one statement the claim's
+    attempt row was invisible (the claim stayed open) and the new trial row, computed from the
+    snapshot's counter, failed the attempt constraint before PostgreSQL recomputed it from the
+    locked version. The second statement's snapshot sees the rows as locked."""
+    with conn.transaction():
+        conn.execute(
+            """
+            SELECT t.id FROM tunefleet.trial t
+             WHERE t.run_id = %s AND t.state IN ('pending', 'running')
              ORDER BY t.id
-               FOR NO KEY UPDATE OF t
-        ), given AS (
-            UPDATE tunefleet.trial t
-               SET state = 'cancelled', finished_at = now(), error = %(reason)s,
-                   attempt = CASE WHEN h.state = 'running' THEN t.attempt - 1
-                                  ELSE t.attempt END,
-                   lease_owner = NULL, lease_expires_at = NULL, lease_token_hash = NULL,
-                   started_at = NULL
-              FROM held h
-             WHERE t.id = h.id
-            RETURNING t.id, h.state AS was, h.attempt, h.lease_owner
-        ), closed AS (
-            UPDATE tunefleet.attempt a
-               SET ended_at = now(), outcome = 'released', error = %(reason)s
-              FROM given g
-             WHERE g.was = 'running' AND a.trial_id = g.id AND a.attempt = g.attempt
-               AND a.worker_id = g.lease_owner AND a.ended_at IS NULL
+               FOR NO KEY UPDATE
+            """,
+            (run_id,),
         )
-        SELECT count(*) FILTER (WHERE was = 'pending')::int AS pending,
-               count(*) FILTER (WHERE was = 'running')::int AS running
-          FROM given
-        """,
-        {"run": run_id, "reason": reason},
-    ).fetchone()
+        row = conn.execute(
+            """
+            WITH held AS (
+                SELECT t.id, t.state, t.attempt, t.lease_owner
+                  FROM tunefleet.trial t
+                 WHERE t.run_id = %(run)s AND t.state IN ('pending', 'running')
+                 ORDER BY t.id
+                   FOR NO KEY UPDATE OF t
+            ), given AS (
+                UPDATE tunefleet.trial t
+                   SET state = 'cancelled', finished_at = now(), error = %(reason)s,
+                       attempt = CASE WHEN t.state = 'running' THEN t.attempt - 1
+                                      ELSE t.attempt END,
+                       lease_owner = NULL, lease_expires_at = NULL, lease_token_hash = NULL,
+                       started_at = NULL
+                  FROM held h
+                 WHERE t.id = h.id
+                RETURNING t.id, h.state AS was, h.attempt, h.lease_owner
+            ), closed AS (
+                UPDATE tunefleet.attempt a
+                   SET ended_at = now(), outcome = 'released', error = %(reason)s
+                  FROM given g
+                 WHERE g.was = 'running' AND a.trial_id = g.id AND a.attempt = g.attempt
+                   AND a.worker_id = g.lease_owner AND a.ended_at IS NULL
+            )
+            SELECT count(*) FILTER (WHERE was = 'pending')::int AS pending,
+                   count(*) FILTER (WHERE was = 'running')::int AS running
+              FROM given
+            """,
+            {"run": run_id, "reason": reason},
+        ).fetchone()
     return HandedBack(int(row["pending"]), int(row["running"])) if row else HandedBack(0, 0)
 
 
