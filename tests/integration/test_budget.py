@@ -174,8 +174,9 @@ def test_the_deadline_hands_back_a_trial_whose_claim_changes_while_it_waits(
     locked it is running (pending). PostgreSQL checks a new row against the table's
     constraints before it notices the concurrent change and recomputes the row, so a new
     attempt computed from the locked state and the snapshot's counter was -1, and the whole
-    hand-back failed (CI, stop 61). Now the trial is handed back as the worker left it: the
-    attempt not counted, the claim closed as released."""
+    hand-back failed (CI, stop 61); the claim's attempt row, newer than the snapshot, would
+    have stayed open. Now the trial is handed back as the worker left it: the attempt not
+    counted, the claim closed as released."""
     run_id = insert_run(db)
     [trial_id] = insert_trials(db, run_id, synthetic_configs(1))
     worker, secret = _claiming_worker(db)
