@@ -115,6 +115,8 @@ class Progress:
     queue_slack: int = 0
     #: Confirmations pending or running (the run is confirming its best when > 0).
     confirming: int = 0
+    #: The budget as it stood when the search began its end game (None: not yet).
+    end_game: Horizon | None = None
 
 
 @dataclass(frozen=True)
@@ -801,6 +803,7 @@ class _Session:
             best_config=st.best_config,
             unserved=self.unserved,
             confirming=len(self.confirming),
+            end_game=self.tuner.end_game,
         )
 
     # --- outcomes -----------------------------------------------------------------------

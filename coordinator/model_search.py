@@ -339,7 +339,9 @@ class ModelSearch(SearchTechnique):  # type: ignore[misc]
         self._log_s: list[float] = []  # log seconds, nan where no time
         self._told: set[bytes] = set()  # configurations with an outcome
         self._seen: set[bytes] = set()  # those and the ones proposed
-        self._ending = False  # whether the end game began (said once, in the log)
+        #: The budget as it stood when the end game began (None: not yet); said once, in
+        #: the log, and read by the engine for its progress.
+        self.end_game: Any = None
         self._pending: dict[bytes, np.ndarray] = {}
         self._fitted_at = -1
         self._surrogate: Any = None
@@ -449,8 +451,8 @@ class ModelSearch(SearchTechnique):  # type: ignore[misc]
         if self.end <= 0 or horizon is None:
             return False
         near = bool(horizon.near_end(self.end, len(self._pending)))
-        if near and not self._ending:
-            self._ending = True
+        if near and self.end_game is None:
+            self.end_game = horizon
             _log.info(
                 "%s: about %d of %d evaluations left; sweeping the neighbourhoods of the "
                 "fastest configurations from now on",

@@ -387,6 +387,17 @@ class Tuner:
         self.asked = 0
         self.told = 0
 
+    @property
+    def end_game(self) -> Horizon | None:
+        """The budget as it stood when a technique of this search began its end game
+        (:class:`.model_search.ModelSearch`'s ``end``), or None while none has."""
+        root = self._driver.root_technique
+        for technique in (root, *getattr(root, "techniques", ())):
+            began = getattr(technique, "end_game", None)
+            if began is not None:
+                return began  # type: ignore[no-any-return]
+        return None
+
     # --- ask ------------------------------------------------------------------------------
     def ask(self, n: int, horizon: Horizon | None = None) -> list[Suggestion]:
         """Up to ``n`` new suggestions (fewer, even none, while the search waits for

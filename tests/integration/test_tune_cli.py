@@ -174,6 +174,27 @@ def test_max_trials_counts_finished_search_trials_and_re_measurements_apart(home
     assert "FINISHED" in runs[0] and " 8/8 " in runs[1], runs
 
 
+def test_tune_says_once_when_the_search_begins_its_end_game(home):
+    """The default search sweeps the neighbourhoods of its fastest configurations near the
+    end of its budget; ``tune`` says when, in one note on stderr, with the evaluations left
+    (trials slow enough that a progress tick sees it before the run ends)."""
+    proc = tf(
+        home, "tune", "synthetic", "--arg", "duration=0.5", "--workers", "2",
+        "--max-trials", "30", "--confirm", "0",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    notes = re.findall(
+        r"^tunefleet: note: run 1: about (\d+) of (\d+) evaluations left; the search sweeps "
+        r"the neighbourhoods of its fastest configurations from now on$",
+        proc.stderr,
+        re.M,
+    )
+    assert len(notes) == 1, proc.stderr
+    left, total = (int(n) for n in notes[0])
+    # The budget, and past the model's first twelve measurements (ModelSearch's ``initial``).
+    assert total == 30 and 0 < left <= 30 - 12, notes
+
+
 def test_read_commands_leave_a_stopped_embedded_server_stopped(home):
     assert tf(home, "runs").returncode == 0  # a fresh home: the first command starts it
     assert tf(home, "db", "stop").returncode == 0

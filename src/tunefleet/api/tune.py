@@ -65,8 +65,8 @@ class TuneProgress:
     """What a progress callback gets: ``phase`` is ``start`` (once, before the search;
     ``line`` says what is tuned where), ``running`` (about twice a second while the run
     moves), ``notice`` (something that happened to the run worth a line of its own: the
-    embedded server died under it and was started again) or ``end`` (once, the run's last
-    counts). ``line`` is the text ``tunefleet tune`` shows."""
+    embedded server died under it and was started again; the search began its end game) or
+    ``end`` (once, the run's last counts). ``line`` is the text ``tunefleet tune`` shows."""
 
     run_id: int
     phase: str
@@ -352,10 +352,30 @@ def _drive(
                 raised.append(exc)
                 coordinator.request_stop()
 
+    ending: list[bool] = []
+
+    def say_end_game(p: Any) -> None:
+        # Once: the search's proposals change character here, and a user watching the
+        # progress line would otherwise see only its pace change.
+        began = p.end_game
+        if began is None or ending:
+            return
+        ending.append(True)
+        line = (
+            f"run {run_id}: about {began.left} of {began.spent + began.left} evaluations "
+            "left; the search sweeps the neighbourhoods of its fastest configurations from now on"
+        )
+        try:
+            show(TuneProgress(run_id, "notice", line))
+        except BaseException as exc:  # the caller's code: stop the run cleanly first
+            raised.append(exc)
+            coordinator.request_stop()
+
     def on_tick(line: str | None, p: Any) -> None:
         if raised:
             return
         say_restarts()
+        say_end_game(p)
         if line is not None:
             try:
                 show(_progress(run_id, RunState.RUNNING, line, p))
