@@ -340,17 +340,20 @@ def _drive(
     # is started again here (everyone reconnects by themselves), not left to a person.
     keeper = _keeper() if settings.url is None else None
 
+    def tell(p: TuneProgress) -> None:
+        try:
+            show(p)
+        except BaseException as exc:  # the caller's code: stop the run cleanly first
+            raised.append(exc)
+            coordinator.request_stop()
+
     def say_restarts() -> None:
         for data_dir in keeper.restarts() if keeper is not None else ():
             line = (
                 f"the embedded database server stopped under run {run_id} (its postmaster is "
                 f"gone); restarted it (data: {data_dir}), the run goes on"
             )
-            try:
-                show(TuneProgress(run_id, "notice", line))
-            except BaseException as exc:  # the caller's code: stop the run cleanly first
-                raised.append(exc)
-                coordinator.request_stop()
+            tell(TuneProgress(run_id, "notice", line))
 
     ending: list[bool] = []
 
@@ -365,11 +368,7 @@ def _drive(
             f"run {run_id}: about {began.left} of {began.spent + began.left} evaluations "
             "left; the search sweeps the neighbourhoods of its fastest configurations from now on"
         )
-        try:
-            show(TuneProgress(run_id, "notice", line))
-        except BaseException as exc:  # the caller's code: stop the run cleanly first
-            raised.append(exc)
-            coordinator.request_stop()
+        tell(TuneProgress(run_id, "notice", line))
 
     def on_tick(line: str | None, p: Any) -> None:
         if raised:
@@ -377,11 +376,7 @@ def _drive(
         say_restarts()
         say_end_game(p)
         if line is not None:
-            try:
-                show(_progress(run_id, RunState.RUNNING, line, p))
-            except BaseException as exc:  # the caller's code: stop the run cleanly first
-                raised.append(exc)
-                coordinator.request_stop()
+            tell(_progress(run_id, RunState.RUNNING, line, p))
         exited = workers.exited()
         if plan.devices and len(exited) == len(plan.devices) and not failure:
             rc, log = exited[0]
