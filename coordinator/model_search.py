@@ -72,13 +72,16 @@ import itertools
 import logging
 import math
 import random
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from opentuner.search.manipulator import BooleanParameter, EnumParameter, NumericParameter
 from opentuner.search.technique import SearchTechnique
 
 from tunefleet.errors import UsageError
+
+if TYPE_CHECKING:
+    from .budget import Horizon
 
 _log = logging.getLogger(__name__)
 
@@ -341,7 +344,7 @@ class ModelSearch(SearchTechnique):  # type: ignore[misc]
         self._seen: set[bytes] = set()  # those and the ones proposed
         #: The budget as it stood when the end game began (None: not yet); said once, in
         #: the log, and read by the engine for its progress.
-        self.end_game: Any = None
+        self.end_game: Horizon | None = None
         self._pending: dict[bytes, np.ndarray] = {}
         self._fitted_at = -1
         self._surrogate: Any = None

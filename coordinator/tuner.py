@@ -393,9 +393,9 @@ class Tuner:
         (:class:`.model_search.ModelSearch`'s ``end``), or None while none has."""
         root = self._driver.root_technique
         for technique in (root, *getattr(root, "techniques", ())):
-            began = getattr(technique, "end_game", None)
+            began: Horizon | None = getattr(technique, "end_game", None)
             if began is not None:
-                return began  # type: ignore[no-any-return]
+                return began
         return None
 
     # --- ask ------------------------------------------------------------------------------
