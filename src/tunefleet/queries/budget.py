@@ -120,6 +120,9 @@ def hand_back(conn: Conn, run_id: int, reason: str) -> HandedBack:
             """,
             (run_id,),
         )
+        # ``held`` locks again, at no cost: it keeps this statement right for a row that
+        # became pending after the first one (none does today: only this run's coordinator
+        # queues its trials).
         row = conn.execute(
             """
             WITH held AS (
