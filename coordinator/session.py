@@ -26,8 +26,9 @@ if TYPE_CHECKING:
 
     from .engine import Coordinator, Progress, RunResult
 
-#: Called at most every ``every_s`` with the run's progress line (None while the database
-#: cannot be read) and the engine's own progress.
+#: Called at most every ``every_s`` (and with the first record that shows the search's end
+#: game) with the run's progress line (None while the database cannot be read) and the
+#: engine's own progress.
 OnTick = Callable[[str | None, "Progress"], None]
 
 
@@ -59,13 +60,18 @@ class SearchSession:
         first, inside it (a stop signal while local workers start stops the run too). A
         second signal raises :class:`KeyboardInterrupt` out of here."""
         last = -math.inf
+        end_game_told = False
 
         def progress(p: Progress) -> None:
-            nonlocal last
+            nonlocal last, end_game_told
             now = time.monotonic()
-            if now - last < self.every_s:
+            # The record in which the end game first shows is never held back: a run whose
+            # last trials all end within ``every_s`` of it would end without saying so.
+            news = p.end_game is not None and not end_game_told
+            if now - last < self.every_s and not news:
                 return
             last = now
+            end_game_told = end_game_told or p.end_game is not None
             on_tick(self._reader.line(p.unserved), p)
 
         with self.stop_rule:

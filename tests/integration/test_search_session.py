@@ -24,15 +24,17 @@ from tunefleet.settings import DatabaseSettings
 
 class _Progress:
     unserved = None
+    end_game: object = None
 
 
 class _Engine:
     """Stands in for coordinator.engine.Coordinator: calls back ``ticks`` times, then runs
     until asked to stop (or returns at once when told so)."""
 
-    def __init__(self, ticks: int, wait_for_stop: bool) -> None:
+    def __init__(self, ticks: int, wait_for_stop: bool, end_game_at: int | None = None) -> None:
         self.ticks = ticks
         self.wait_for_stop = wait_for_stop
+        self.end_game_at = end_game_at  # from this tick on, the records show the end game
         self.stop = threading.Event()
         self.stops = 0
 
@@ -41,8 +43,11 @@ class _Engine:
         self.stop.set()
 
     def run(self, run_id: int, progress_callback: Any) -> str:
-        for _ in range(self.ticks):
-            progress_callback(_Progress())
+        for tick in range(self.ticks):
+            p = _Progress()
+            if self.end_game_at is not None and tick >= self.end_game_at:
+                p.end_game = ("began at tick", self.end_game_at)
+            progress_callback(p)
         if self.wait_for_stop:
             assert self.stop.wait(60), "the stop signal never reached the engine"
         return f"result of run {run_id}"
@@ -65,6 +70,20 @@ def test_progress_lines_come_from_the_database_at_most_every_every_s(db_url: str
     assert len(lines) == 1 and lines[0] is not None and f"run {session.run_id}" in lines[0]
     assert row is not None and row["run_id"] == session.run_id
     assert session.signals == 0 and engine.stops == 0
+
+
+def test_the_record_that_first_shows_the_end_game_is_never_held_back(db_url: str) -> None:
+    """A run whose last trials all end within one tick of the end game's start would end
+    without the door's saying so: that one record passes the throttle, later ones do not."""
+    engine = _Engine(ticks=50, wait_for_stop=False, end_game_at=30)
+    session = _session(engine, db_url, every_s=3600.0)
+    seen: list[tuple[str | None, Any]] = []
+    try:
+        session.run(lambda line, p: seen.append((line, p.end_game)))
+    finally:
+        session.close()
+    assert [end_game for _, end_game in seen] == [None, ("began at tick", 30)]
+    assert all(line is not None and f"run {session.run_id}" in line for line, _ in seen)
 
 
 def test_a_signal_while_the_door_starts_its_workers_stops_the_run(db_url: str) -> None:
