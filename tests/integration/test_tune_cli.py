@@ -177,7 +177,8 @@ def test_max_trials_counts_finished_search_trials_and_re_measurements_apart(home
 def test_tune_says_once_when_the_search_begins_its_end_game(home):
     """The default search sweeps the neighbourhoods of its fastest configurations near the
     end of its budget; ``tune`` says when, in one note on stderr, with the evaluations left
-    (trials slow enough that a progress tick sees it before the run ends)."""
+    (trials of 0.5 s: the note comes while the run still moves, not only on its last
+    record, which test_search_session.py covers)."""
     proc = tf(
         home, "tune", "synthetic", "--arg", "duration=0.5", "--workers", "2",
         "--max-trials", "30", "--confirm", "0",
