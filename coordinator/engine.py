@@ -56,6 +56,7 @@ import psycopg
 from tunefleet import spread
 from tunefleet.backoff import Backoff
 from tunefleet.db.engine import connect
+from tunefleet.devices import DeviceLimits
 from tunefleet.errors import (
     DatabaseUnavailable,
     InvalidConfiguration,
@@ -69,7 +70,13 @@ from tunefleet.queries import search as q
 from tunefleet.queries import spread as qs
 from tunefleet.settings import DatabaseSettings
 from tunefleet.space import Config, Space, config_hash
-from tunefleet.vocabulary import RunState, TrialPurpose, TrialSource, TrialState
+from tunefleet.vocabulary import (
+    ANY_DEVICE_CLASS,
+    RunState,
+    TrialPurpose,
+    TrialSource,
+    TrialState,
+)
 
 from .budget import Budget, Cut, Horizon, Speed, confirm_reserve, horizon, speed
 from .confirm import Confirmation
@@ -465,6 +472,9 @@ class _Session:
         self.search_pending = 0
         self.live_workers = 0
         self.live_capacity = 0
+        #: What the run's devices allow (their work-group and local memory), as registered;
+        #: None while no device of its class is (or for runs of class ``any``).
+        self.limits: DeviceLimits | None = None
         self.rate = Rate()
         self.slack = 0
         self.target = 0
@@ -558,6 +568,8 @@ class _Session:
             self.live_workers, self.live_capacity = q.count_live_workers(
                 self.conn, self.device_class, s.worker_alive_s, self.run_id
             )
+            if self.device_class != ANY_DEVICE_CLASS and self.problem is not None:
+                self.limits = q.device_limits(self.conn, self.device_class)
             if phase.notices_unserved:
                 self._check_served(now)
         phase.settle()
@@ -925,15 +937,19 @@ class _Session:
         return len(done.answered) + len(done.queued)
 
     def _illegal(self, batch: Mapping[str, _Flight]) -> dict[str, str]:
-        """Why the problem's device-free rules (divisibility, register budget, ...) reject
-        configurations of the batch, by hash: they become ``invalid`` trials at once and no
-        worker spends a build on them."""
+        """Why the problem's device-free rules (divisibility, register budget, ...) or the
+        limits of the run's devices (a work-group or local memory larger than they allow)
+        reject configurations of the batch, by hash: they become ``invalid`` trials at once,
+        which cost the run no evaluation, and no worker spends a build on them."""
         if self.problem is None:
             return {}
         illegal = {}
         for h, flight in batch.items():
             try:
-                self.problem.check_config(self.problem_args, flight.config)
+                config = self.problem.check_config(self.problem_args, flight.config)
+                why = self._over_limits(config)
+                if why is not None:
+                    illegal[h] = f"{why} ({self.device_class}, ruled out by the coordinator)"
             except InvalidConfiguration as exc:
                 illegal[h] = str(exc)
             except Exception as exc:  # a user problem's own bug: let the workers judge
@@ -945,6 +961,14 @@ class _Session:
                 self.problem = None
                 return {}
         return illegal
+
+    def _over_limits(self, config: Config) -> str | None:
+        """Why ``config``'s kernel would not fit the run's devices, if the problem can tell
+        its footprint and a device of the run's class has registered its limits."""
+        if self.limits is None or self.problem is None:
+            return None
+        footprint = self.problem.footprint(self.problem_args, config)
+        return None if footprint is None else self.limits.exceeded_by(footprint)
 
     def _unexplored(self, need: int, taken: Mapping[str, _Flight]) -> dict[str, _Flight]:
         """Up to ``need`` configurations without an outcome, not in flight, not in ``taken``."""

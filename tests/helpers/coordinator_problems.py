@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tunefleet.devices import Footprint
 from tunefleet.errors import InvalidConfiguration
 from tunefleet.problems.base import Protocol
 from tunefleet.problems.synthetic import Synthetic
@@ -22,6 +23,9 @@ TINY_ONE_INVALID = f"{_HERE}:TinyOneInvalid"
 KERNEL = f"{_HERE}:Kernel"
 #: The synthetic problem with a device-free rule: tiles of 64 and more are illegal.
 RULED = f"{_HERE}:Ruled"
+#: Kernel, whose configurations state a footprint: a work-group of ``tile`` work-items and
+#: 1 KiB of local memory per unit of ``tile``.
+FOOTED = f"{_HERE}:Footed"
 
 
 class Tiny(Synthetic):
@@ -50,6 +54,13 @@ class TinyOneInvalid(Tiny):
 class Kernel(Synthetic):
     name = "kernel"
     needs_opencl = True
+
+
+class Footed(Kernel):
+    name = "footed"
+
+    def footprint(self, args: Mapping[str, Any], config: Config) -> Footprint:
+        return Footprint((config["tile"], 1), 1024 * config["tile"])
 
 
 class Ruled(Synthetic):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import signal
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 from opentuner.search.technique import register
+from psycopg.types.json import Jsonb
 
 import tunefleet
 from tests.helpers.coordinator import (
@@ -24,13 +26,14 @@ from tests.helpers.coordinator import (
     settings,
     trial_counts,
 )
-from tests.helpers.coordinator_problems import KERNEL, RULED, TINY, TINY_ONE_INVALID
+from tests.helpers.coordinator_problems import FOOTED, KERNEL, RULED, TINY, TINY_ONE_INVALID
 from tests.helpers.queue_data import first_invalid, wait_until
 from tunefleet.coordinator.budget import Horizon
 from tunefleet.coordinator.create import create_run
 from tunefleet.coordinator.engine import Coordinator, Progress, RunResult
 from tunefleet.coordinator.settings import CoordinatorSettings
 from tunefleet.coordinator.techniques import UniformDraws
+from tunefleet.devices import DeviceInfo
 from tunefleet.errors import ProblemError, RunError, UsageError
 from tunefleet.problems.synthetic import OPTIMUM
 from tunefleet.queries import dashboard as dashboard_queries
@@ -493,6 +496,94 @@ def test_configurations_the_problem_rules_out_never_reach_a_worker(db_url, db, t
     assert float(view["evaluations_per_minute"]) == pytest.approx(
         (flagged["finished"] - len(ruled_out)) / float(view["minutes"]), rel=1e-9
     )
+
+
+def _register_device(db: Any, info: DeviceInfo) -> None:
+    """A device row as a worker's registration writes it (its details are what the worker
+    says of it: untrusted)."""
+    db.execute(
+        """
+        INSERT INTO tunefleet.device
+               (fingerprint, device_class, platform, vendor, name, driver_version, details)
+        VALUES (%s, %s, %s, %s, %s, %s, %s)
+        """,
+        (
+            info.fingerprint,
+            info.device_class,
+            info.platform,
+            info.vendor,
+            info.name,
+            info.driver_version,
+            Jsonb(info.to_json()),
+        ),
+    )
+
+
+@pytest.mark.parametrize("registered", [True, False], ids=["limits known", "no device yet"])
+def test_configurations_over_the_devices_limits_never_reach_a_worker(db_url, db, registered):
+    """A problem that states each configuration's footprint (work-group, local memory) gets
+    the ones its run's devices cannot launch ruled out by the coordinator, like those its
+    rules reject: ``invalid`` at once, never claimed, no evaluation of the budget. The limits
+    are the loosest any device of the class registered (a worker registers what it says of
+    its device: one cannot make the coordinator rule out more); before any device of the class
+    has registered, nothing is ruled out for them."""
+    gpu = DeviceInfo(
+        platform="P",
+        vendor="V",
+        name="Footed GPU",
+        driver_version="1",
+        local_mem_bytes=8192,
+        max_work_group_size=64,
+        max_work_item_sizes=(64, 64, 64),
+    )
+    if registered:
+        _register_device(db, gpu)
+        # The same model on a newer driver, with more local memory: 16 KiB is the limit.
+        _register_device(db, dataclasses.replace(gpu, driver_version="2", local_mem_bytes=16384))
+    register_worker(db, gpu.device_class)  # serves the run (never claims): the queue fills
+    s = settings(
+        problem=FOOTED,
+        device_class=gpu.device_class,
+        min_depth=30,
+        techniques=["PureRandom"],
+        search_seed=5,
+        confirm=0,
+    )
+    run_id = create_run(s, db_url)
+    coordinator = Coordinator(s, db_url)
+    thread = threading.Thread(target=coordinator.run, args=(run_id,))
+    thread.start()
+    try:
+        wait_until(
+            lambda: trial_counts(db, run_id).get("pending", 0) >= 30,
+            what="the queue to fill with 30 pending trials",
+        )
+    finally:
+        coordinator.request_stop()
+        thread.join(30)
+    assert not thread.is_alive()
+    rows = db.execute(
+        "SELECT config, state, attempt, error FROM tunefleet.trial WHERE run_id = %s",
+        (run_id,),
+    ).fetchall()
+    over = [r for r in rows if r["config"]["tile"] >= 32]
+    fits = [r for r in rows if r["config"]["tile"] <= 16]
+    assert over and fits, "PureRandom proposed tiles of one side only"
+    assert {r["state"] for r in fits} == {"cancelled"}  # the stop cancelled the pending ones
+    if not registered:
+        assert {r["state"] for r in over} == {"cancelled"}
+        return
+    for row in over:
+        assert (row["state"], row["attempt"]) == ("invalid", 0), row
+        tile = row["config"]["tile"]
+        if tile == 128:
+            why = "work-group of 128 work-items (128, 1) exceeds the device's maximum of 64"
+        else:
+            why = f"needs {1024 * tile} bytes of local memory; the device has 16384"
+        assert row["error"] == f"{why} ({gpu.device_class}, ruled out by the coordinator)"
+    progress = report.run_progress(db, run_id)
+    assert progress is not None and progress["ruled_out"] == len(over)
+    assert finished_count(progress) == 0  # ruled out, not evaluated
 
 
 @pytest.mark.parametrize(

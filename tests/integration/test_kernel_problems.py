@@ -133,6 +133,46 @@ def test_local_memory_overflow_is_invalid(session):
         gemm.prepare(args, gemm.default_config(args), tiny)
 
 
+#: Seeded-random configurations per problem and size whose footprint is compared with loopy's.
+FOOTPRINT_SAMPLED = 3
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_every_built_in_knows_the_footprint_loopy_gives_its_kernel(name):
+    """The coordinator rules out configurations whose footprint exceeds the run's devices'
+    limits, so the footprint must be what the worker's build asks of the device: the same
+    work-group per local axis and the same bytes of local memory, with tiles clipped to a
+    small matrix (the SMALL size) and whole at the problem's default size. (Both dense H100
+    recordings agree too: every configuration that was invalid on the device, and none that
+    ran, exceeds its limits by footprint; docs/tuning.md.)"""
+    from tunefleet.devices import DeviceInfo
+    from tunefleet.problems._loopy import preprocess
+    from tunefleet.problems.kernel import _local_mem_bytes
+
+    problem = get_problem(name)
+    no_limits = DeviceInfo("none", "none", "no device", "0")
+    compared = 0
+    for raw in (SMALL[name], {}):
+        args = problem.normalise_args(raw)
+        rng = random.Random(7)
+        configs = [problem.default_config(args)]
+        while len(configs) <= FOOTPRINT_SAMPLED:
+            try:
+                configs.append(problem.check_config(args, problem.space(args).sample(rng)))
+            except InvalidConfiguration:
+                continue
+        for config in configs:
+            tu = preprocess(problem.build(args, config, no_limits))
+            knl = tu[next(iter(tu.entrypoints))]
+            _, local = knl.get_grid_size_upper_bounds_as_exprs(tu.callables_table)
+            built = (*(int(x) for x in local), 1, 1)[:2], _local_mem_bytes(knl)
+            footprint = problem.footprint(args, config)
+            assert footprint is not None
+            assert (footprint.work_group, footprint.local_mem_bytes) == built, (args, config)
+            compared += 1
+    assert compared == 2 * (FOOTPRINT_SAMPLED + 1)
+
+
 def test_loopy_errors_are_invalid(session):
     transpose = get_problem("transpose")
     args = transpose.normalise_args(SMALL["transpose"])

@@ -17,9 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tunefleet.devices import DeviceInfo
+from tunefleet.devices import DeviceInfo, DeviceLimits, Footprint
 from tunefleet.errors import InvalidConfiguration, ProblemError
 from tunefleet.problems.base import Protocol
+from tunefleet.problems.footprints import flat_lanes, footprint, local_tile_bytes, thread_lanes
 from tunefleet.problems.kernel import KernelProblem, check_device_limits, next_batch
 from tunefleet.problems.registry import get_problem, list_problems, problem_info
 from tunefleet.space import Space
@@ -365,6 +366,48 @@ def test_device_limits_are_checked_against_the_device_info():
         GPU, max_work_group_size=None, local_mem_bytes=None, max_work_item_sizes=()
     )
     check_device_limits((4096,), 10**9, unknown)  # unknown limits are not guessed
+
+
+def test_the_limits_of_a_device_class_are_the_loosest_any_of_its_devices_registered():
+    h100 = GPU.to_json()
+    assert DeviceLimits.loosest([h100]) == DeviceLimits(49152, 1024, (1024, 1024, 64))
+    assert DeviceLimits.loosest([]) is None
+    # Per limit the largest: a registration can loosen what is ruled out, never tighten it.
+    tight = {**h100, "local_mem_bytes": 1024, "max_work_group_size": 64}
+    loose = {**h100, "local_mem_bytes": 65536, "max_work_item_sizes": [2048, 1024, 64, 8]}
+    assert DeviceLimits.loosest([tight, h100]) == DeviceLimits(49152, 1024, (1024, 1024, 64))
+    assert DeviceLimits.loosest([loose, tight]) == DeviceLimits(65536, 1024, (2048, 1024, 64))
+    # A limit missing, or not a positive integer, in any registration is not known at all.
+    for bad in (None, "49152", -1, 0, True, 1.5):
+        garbled = {**h100, "local_mem_bytes": bad, "max_work_item_sizes": [1024, bad]}
+        limits = DeviceLimits.loosest([garbled, h100])
+        assert limits == DeviceLimits(None, 1024, ()), bad
+    assert DeviceLimits.loosest([{}, h100]) == DeviceLimits()
+    assert DeviceLimits.loosest([{"max_work_item_sizes": "1024"}]) == DeviceLimits()
+
+
+def test_a_footprint_is_judged_against_limits_with_the_workers_words():
+    limits = DeviceLimits.of(GPU)
+    assert limits.exceeded_by(Footprint((32, 32), 48 * 1024)) is None
+    over = limits.exceeded_by(Footprint((64, 32), 0))
+    assert over == "work-group of 2048 work-items (64, 32) exceeds the device's maximum of 1024"
+    assert "needs 49153 bytes of local memory; the device has 49152" == limits.exceeded_by(
+        Footprint((1,), 48 * 1024 + 1)
+    )
+    assert DeviceLimits().exceeded_by(Footprint((4096, 4096), 10**12)) is None
+
+
+def test_footprint_arithmetic_clips_tiles_and_pads_like_the_loopy_helpers():
+    # A loop shorter than its work-items leaves the rest idle and unasked for.
+    assert thread_lanes(35, 64) == 35 and thread_lanes(128, 16, vec=4) == 16
+    assert thread_lanes(100, 32, vec=4) == 25
+    assert flat_lanes([15, 40], (16, 128)) == (16, 38)
+    assert flat_lanes([], (16, 128)) == (1, 1)
+    # Axes of one vanish; the padding goes on the innermost of at least two.
+    assert local_tile_bytes([1, 1, 15, 128], 8, pad=1) == 15 * 129 * 8
+    assert local_tile_bytes([1, 10, 1], 8, pad=1) == 10 * 8
+    assert local_tile_bytes([4, 15, 35], 8) == 4 * 15 * 35 * 8
+    assert footprint([(35, 16), (64, 1)], 0) == Footprint((64, 16), 0)
 
 
 def test_next_batch_follows_the_protocol():

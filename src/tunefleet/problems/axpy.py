@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from tunefleet.devices import DeviceInfo
+from tunefleet.devices import DeviceInfo, Footprint
 from tunefleet.problems.base import ArgSpec
+from tunefleet.problems.footprints import footprint, thread_lanes
 from tunefleet.problems.kernel import KernelProblem
 from tunefleet.space import Choice, Config, PowerOfTwo, Space
 
@@ -41,6 +42,11 @@ class Axpy(KernelProblem):
 
     def default_config(self, args: Mapping[str, Any]) -> Config:
         return {"wg": 256, "reg": 1, "chunk": 1}
+
+    def footprint(self, args: Mapping[str, Any], config: Config) -> Footprint:
+        wg, chunk = config["wg"], config["chunk"]
+        block = min(wg * config["reg"] * chunk, args["n"])
+        return footprint([(thread_lanes(block, wg, chunk), 1)], 0)
 
     def validation_args(self, args: Mapping[str, Any], config: Config) -> dict[str, Any]:
         block = config["wg"] * config["reg"] * config["chunk"]

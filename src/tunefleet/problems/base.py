@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 from tunefleet.agreement import NOISY
-from tunefleet.devices import DeviceInfo
+from tunefleet.devices import DeviceInfo, Footprint
 from tunefleet.errors import ProblemError
 from tunefleet.space import Config, Space, canonical_json
 
@@ -240,6 +240,14 @@ class Problem(ABC):
         or breaks a rule that needs no device (divisibility, register budget). Cheap: the
         coordinator may call it to skip points a worker would reject anyway."""
         return self.space(args).check(config)
+
+    def footprint(self, args: Mapping[str, Any], config: Config) -> Footprint | None:
+        """The work-group and local memory of ``config``'s kernel at ``args``, worked out
+        without loopy, or ``None`` (the default) when the problem cannot say. The coordinator
+        rules out configurations whose footprint exceeds the limits of its run's devices, so
+        no worker builds a kernel the device must refuse: it must be exactly what the built
+        kernel asks for (a test compares it with loopy's on sampled configurations)."""
+        return None
 
     # --- evaluation: called by the worker -------------------------------------------------
     @abstractmethod

@@ -42,8 +42,9 @@ from typing import Any
 
 import numpy as np
 
-from tunefleet.devices import DeviceInfo
+from tunefleet.devices import DeviceInfo, Footprint
 from tunefleet.problems.base import ArgSpec
+from tunefleet.problems.footprints import flat_lanes, footprint, local_tile_bytes, thread_lanes
 from tunefleet.problems.kernel import KernelProblem
 from tunefleet.problems.nests import require_first
 from tunefleet.space import Bool, Choice, Config, Param, PowerOfTwo, Space, require
@@ -119,6 +120,16 @@ def _map_work(
     )
     outer = ",".join(("ge", *extra_outer))
     return knl, outer
+
+
+def _element_tile(args: Mapping[str, Any], config: Config) -> int:
+    """Elements a work-group computes, clipped to the mesh."""
+    return min(config["wg_e"] * config["reg_e"], args["n_elements"])
+
+
+def _compute_lanes(n_i: int, tile_e: int, config: Config) -> tuple[int, int]:
+    """Work-items of :func:`_map_work`'s loops: output nodes (axis 0), elements (axis 1)."""
+    return (thread_lanes(n_i, config["wg_i"]), thread_lanes(tile_e, config["wg_e"]))
 
 
 class _DGOperator(KernelProblem):
@@ -216,6 +227,20 @@ class DGDiff(_DGOperator):
             acc, args["dtype"], "lower reg_e, raise wg_i, or i_in_registers=false"
         )
         self._require_first_nest(args, config)
+
+    def footprint(self, args: Mapping[str, Any], config: Config) -> Footprint:
+        itemsize = np.dtype(args["dtype"]).itemsize
+        nd = args["n_dofs"]
+        te, groups = _element_tile(args, config), (config["wg_i"], config["wg_e"])
+        lanes = [_compute_lanes(nd, te, config)]
+        local = 0
+        if config["prefetch_u"]:
+            local += local_tile_bytes([nd, te], itemsize, pad=1)
+            lanes.append(flat_lanes([te, nd], groups))
+        if config["prefetch_op"]:
+            local += local_tile_bytes([nd, nd], itemsize)
+            lanes.append(flat_lanes([nd, nd], groups))
+        return footprint(lanes, local)
 
     def build(self, args: Mapping[str, Any], config: Config, device: DeviceInfo) -> Any:
         import loopy as lp
@@ -381,6 +406,23 @@ class FaceMass(_DGOperator):
                 "or stage=all",
             )
         self._require_first_nest(args, config)
+
+    def footprint(self, args: Mapping[str, Any], config: Config) -> Footprint:
+        itemsize = np.dtype(args["dtype"]).itemsize
+        nv, nfd = args["n_voldofs"], args["n_facedofs"]
+        te, groups = _element_tile(args, config), (config["wg_i"], config["wg_e"])
+        # The fields and faces a prefetch stages at once (the others' axes vanish).
+        fields = args["n_fields"] if config["fields"] == "ilp" else 1
+        faces = args["n_faces"] if config["stage"] == "all" else 1
+        lanes = [_compute_lanes(nv, te, config)]
+        local = 0
+        if config["prefetch_u"]:
+            local += local_tile_bytes([fields, faces, nfd, te], itemsize, pad=1)
+            lanes.append(flat_lanes([fields, faces, te, nfd], groups))
+        if config["prefetch_op"]:
+            local += local_tile_bytes([faces, nfd, nv], itemsize)
+            lanes.append(flat_lanes([nv, faces, nfd], groups))
+        return footprint(lanes, local)
 
     def build(self, args: Mapping[str, Any], config: Config, device: DeviceInfo) -> Any:
         import loopy as lp

@@ -28,13 +28,15 @@ default configuration built before it, byte for byte.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from tunefleet.devices import DeviceInfo
+from tunefleet.devices import DeviceInfo, Footprint
 from tunefleet.problems.base import ArgSpec
+from tunefleet.problems.footprints import flat_lanes, footprint, thread_lanes
 from tunefleet.problems.kernel import KernelProblem
 from tunefleet.problems.nests import require_first
 from tunefleet.space import Bool, Choice, Config, PowerOfTwo, Space, require
@@ -192,6 +194,28 @@ class Gemm(KernelProblem):
         require_first(
             config["nest"], list(NEST_AXES), _single_iterations(config), "a loop of one iteration"
         )
+
+    def footprint(self, args: Mapping[str, Any], config: Config) -> Footprint:
+        itemsize = np.dtype(args["dtype"]).itemsize
+        vec_i, vec_j = config["vec_i"], config["vec_j"]
+        # A work-group's tile, clipped to the matrix (tunefleet.problems.footprints).
+        ti = min(config["wg_i"] * config["reg_i"], args["n"])
+        tj = min(config["wg_j"] * config["reg_j"], args["m"])
+        tk = min(config["tile_k"], args["k"])
+        groups = (config["wg_j"], config["wg_i"])
+        lanes = [(thread_lanes(tj, config["wg_j"], vec_j), thread_lanes(ti, config["wg_i"], vec_i))]
+        local = 0
+        if config["prefetch_a"]:
+            # k-major, rows of vec_i-vectors, each row pad_a vectors longer (pad_rows: where
+            # the tile keeps two axes besides the vectors'; one of extent one vanishes).
+            rows = math.ceil(ti / vec_i)
+            padded = rows + config["pad_a"] if tk > 1 and (vec_i > 1 or rows > 1) else rows
+            local += tk * padded * vec_i * itemsize
+            lanes.append(flat_lanes([rows, tk], groups))
+        if config["prefetch_b"]:
+            local += tk * tj * itemsize
+            lanes.append(flat_lanes([tk, math.ceil(tj / vec_j)], groups))
+        return footprint(lanes, local)
 
     def validation_args(self, args: Mapping[str, Any], config: Config) -> dict[str, Any]:
         # Two tiles plus the same remainder as the target: the same code paths, small sizes.

@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from tunefleet.devices import DeviceInfo
+from tunefleet.devices import DeviceInfo, Footprint
 from tunefleet.problems.base import ArgSpec
+from tunefleet.problems.footprints import footprint, thread_lanes
 from tunefleet.problems.kernel import KernelProblem
 from tunefleet.space import Bool, Config, PowerOfTwo, Space
 
@@ -46,6 +47,12 @@ class Jacobi(KernelProblem):
 
     def default_config(self, args: Mapping[str, Any]) -> Config:
         return {"wg_j": 32, "wg_i": 8, "reg_i": 2, "unroll": True}
+
+    def footprint(self, args: Mapping[str, Any], config: Config) -> Footprint:
+        # The interior's rows and columns: the boundary lines are not computed.
+        rows = min(config["wg_i"] * config["reg_i"], args["n"] - 2)
+        lanes = (thread_lanes(args["m"] - 2, config["wg_j"]), thread_lanes(rows, config["wg_i"]))
+        return footprint([lanes], 0)
 
     def validation_args(self, args: Mapping[str, Any], config: Config) -> dict[str, Any]:
         # Two tiles of the interior plus the target's remainder, and the two boundary lines.

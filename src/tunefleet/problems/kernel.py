@@ -94,7 +94,7 @@ from typing import Any
 import numpy as np
 
 from tunefleet import agreement
-from tunefleet.devices import DeviceInfo
+from tunefleet.devices import DeviceInfo, DeviceLimits, Footprint
 from tunefleet.errors import DeviceError, InvalidConfiguration, first_line
 from tunefleet.problems.base import Outcome, Problem, Protocol, normalise_with_specs
 from tunefleet.space import Config, Space, canonical_json
@@ -954,21 +954,9 @@ def time_launches(
 
 def check_device_limits(local_size: tuple[int, ...], local_mem: int, device: DeviceInfo) -> None:
     """InvalidConfiguration when the work-group or local memory exceeds the device's limits."""
-    wg = math.prod(local_size)
-    if device.max_work_group_size and wg > device.max_work_group_size:
-        raise InvalidConfiguration(
-            f"work-group of {wg} work-items {tuple(local_size)} exceeds the device's maximum "
-            f"of {device.max_work_group_size}"
-        )
-    for axis, (size, limit) in enumerate(zip(local_size, device.max_work_item_sizes, strict=False)):
-        if size > limit:
-            raise InvalidConfiguration(
-                f"work-group size {size} along axis {axis} exceeds the device's maximum of {limit}"
-            )
-    if device.local_mem_bytes and local_mem > device.local_mem_bytes:
-        raise InvalidConfiguration(
-            f"needs {local_mem} bytes of local memory; the device has {device.local_mem_bytes}"
-        )
+    why = DeviceLimits.of(device).exceeded_by(Footprint(tuple(local_size), local_mem))
+    if why is not None:
+        raise InvalidConfiguration(why)
 
 
 def software_versions(session: Any) -> dict[str, Any]:

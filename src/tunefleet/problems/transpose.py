@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from tunefleet.devices import DeviceInfo
+from tunefleet.devices import DeviceInfo, Footprint
 from tunefleet.problems.base import ArgSpec
+from tunefleet.problems.footprints import flat_lanes, footprint, local_tile_bytes, thread_lanes
 from tunefleet.problems.kernel import KernelProblem
 from tunefleet.space import Bool, Choice, Config, PowerOfTwo, Space
 
@@ -55,6 +56,19 @@ class Transpose(KernelProblem):
             "coalesce": "read",
             "unroll": True,
         }
+
+    def footprint(self, args: Mapping[str, Any], config: Config) -> Footprint:
+        ti, tj = min(config["tile_i"], args["n"]), min(config["tile_j"], args["m"])
+        w0, w1 = config["wg_0"], config["wg_1"]
+        # Local axis 0 runs along the coalesced side, as in build.
+        fast, slow = (ti, tj) if config["via_local"] or config["coalesce"] == "write" else (tj, ti)
+        lanes = [(thread_lanes(fast, w0), thread_lanes(slow, w1))]
+        local = 0
+        if config["via_local"]:
+            itemsize = np.dtype(args["dtype"]).itemsize
+            local = local_tile_bytes([ti, tj], itemsize, pad=int(config["pad"]))
+            lanes.append(flat_lanes([ti, tj], (w0, w1)))
+        return footprint(lanes, local)
 
     def validation_args(self, args: Mapping[str, Any], config: Config) -> dict[str, Any]:
         ti, tj = config["tile_i"], config["tile_j"]

@@ -23,6 +23,7 @@ import psycopg
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
+from tunefleet.devices import DeviceLimits
 from tunefleet.vocabulary import NOTIFY_CHANNEL, RunState, TrialPurpose, TrialSource, TrialState
 
 Row = dict[str, Any]
@@ -429,6 +430,21 @@ def count_live_workers(
         {"class": device_class, "alive": alive_s, "run": run_id},
     ).fetchone()
     return LiveWorkers(int(row["n"]), int(row["capacity"])) if row else LiveWorkers(0, 0)
+
+
+def device_limits(conn: Conn, device_class: str) -> DeviceLimits | None:
+    """The limits every registered device of ``device_class`` allows (the loosest of their
+    registrations: :meth:`~tunefleet.devices.DeviceLimits.loosest`), or ``None`` while none
+    is registered. Devices stay registered after their workers leave, so a run resumed
+    without workers still knows them. Locks: none (a scan of the small device table)."""
+    rows = conn.execute(
+        "SELECT details FROM tunefleet.device WHERE device_class = %s", (device_class,)
+    ).fetchall()
+    # A row whose details are not an object tells no limit: DeviceLimits.loosest then knows
+    # none, rather than trust the other rows' tighter ones.
+    return DeviceLimits.loosest(
+        row["details"] if isinstance(row["details"], dict) else {} for row in rows
+    )
 
 
 def standing_aside(conn: Conn, run_id: int, alive_s: float) -> list[StandingAside]:
