@@ -66,6 +66,9 @@ WHERE r.cache_key = %(key)s AND t.purpose = 'search'
 ORDER BY t.config_hash, (m.id IS NULL), m.id, t.finished_at DESC
 """
 
+#: The device's limits a recording keeps (``DeviceInfo.to_json()`` names).
+_LIMITS = ("local_mem_bytes", "max_work_group_size", "max_work_item_sizes")
+
 _ORDER = """
 SELECT t.config_hash FROM tunefleet.trial t
 WHERE t.run_id = %(run)s AND t.purpose = 'search'
@@ -74,7 +77,7 @@ ORDER BY t.finished_at, t.id
 """
 
 _DEVICE = """
-SELECT d.name, d.vendor, d.driver_version, d.platform FROM tunefleet.measurement m
+SELECT d.name, d.vendor, d.driver_version, d.platform, d.details FROM tunefleet.measurement m
 JOIN tunefleet.device d ON d.id = m.device_id
 WHERE m.cache_key = %(key)s LIMIT 1
 """
@@ -120,6 +123,10 @@ def collect(url: str, run_ids: list[int]) -> dict[str, Any]:
         runs = cur.execute(_RUNS, {"key": key}).fetchall()
         rows = cur.execute(_ROWS, {"key": key}).fetchall()
         device = cur.execute(_DEVICE, {"key": key}).fetchone()
+        # What the device allowed, for replays to rule out what it refused (as the
+        # coordinator does): tunefleet.recording reads it back.
+        details = (device or {}).pop("details", None) or {}
+        limits = {k: details.get(k) for k in _LIMITS if details.get(k)}
         orders = {}
         for run in runs:
             orders[run["id"]] = [r["config_hash"] for r in cur.execute(_ORDER, {"run": run["id"]})]
@@ -143,6 +150,7 @@ def collect(url: str, run_ids: list[int]) -> dict[str, Any]:
         "problem_args": first["problem_args"],
         "device_class": first["device_class"],
         "device": device,
+        "device_limits": limits or None,
         "protocol": first["protocol"],
         "cache_key": key,
         "space": first["space"],

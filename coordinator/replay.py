@@ -9,9 +9,10 @@ The result is the best-so-far curve against evaluations and against virtual wall
 
 Policies, stated because they decide what a replay means:
 
-- **Rules first.** A suggestion the problem's device-free rules reject is told to the search
-  as infinitely slow at once, costs no evaluation and no time (the engine stores such a
-  configuration as ``invalid`` without a worker ever seeing it). Counted as ``rejected``.
+- **Rules first.** A suggestion the problem's device-free rules reject, or whose footprint
+  exceeds the limits the recording gives for its device, is told to the search as infinitely
+  slow at once, costs no evaluation and no time (the engine stores such a configuration as
+  ``invalid`` without a worker ever seeing it). Counted as ``rejected``.
 - **Missing configurations** (the recording holds a few hundred points of a space of tens of
   thousands) are answered by the nearest recorded configuration that the rules allow: the
   distance counts steps of ordered parameters (a power of two doubled is one step, the next
@@ -47,7 +48,7 @@ from tunefleet.space import Bool, Choice, Config, IntRange, PowerOfTwo, Space, c
 from .budget import horizon
 from .tuner import Tuner
 
-#: Whether a configuration passes the problem's device-free rules.
+#: Whether a configuration passes what the coordinator checks before queuing it.
 Rules = Callable[[Config], bool]
 
 
@@ -155,8 +156,10 @@ def _ordered(param: Any) -> bool:
 
 
 def problem_rules(recording: Recording) -> Rules | None:
-    """The recorded problem's device-free rules, or None where the problem cannot be loaded
-    here (a user's file): then every configuration goes to the recording."""
+    """What the coordinator rules out before a worker sees it: the recorded problem's
+    device-free rules and, where the recording knows its device's limits, the configurations
+    whose footprint exceeds them. None where the problem cannot be loaded here (a user's
+    file): then every configuration goes to the recording."""
     from tunefleet.problems.registry import get_problem
 
     try:
@@ -164,13 +167,17 @@ def problem_rules(recording: Recording) -> Rules | None:
     except (ProblemError, ImportError):
         return None
     args = dict(recording.problem_args)
+    limits = recording.device_limits
 
     def rules(config: Config) -> bool:
         try:
-            problem.check_config(args, config)
+            checked = problem.check_config(args, config)
         except InvalidConfiguration:
             return False
-        return True
+        if limits is None:
+            return True
+        footprint = problem.footprint(args, checked)
+        return footprint is None or limits.exceeded_by(footprint) is None
 
     return rules
 

@@ -2,7 +2,8 @@
 
 A recording (format ``tunefleet-recording/1``, written by ``benchmarks/record_space.py``, or
 built from a database by :func:`tunefleet.queries.recording.recording_of`) holds the problem,
-its arguments, the space, the protocol and one row per configuration measured: its values in
+its arguments, the space, the protocol, the device's limits where known (local memory,
+work-group size, work-items per axis) and one row per configuration measured: its values in
 the space's parameter order, its state (``done``, ``invalid``, ``failed``, ``timed_out``), the
 median seconds of a launch, and the seconds a worker spent on it (code generation and the
 timed launches), which give a replay its virtual wall time.
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tunefleet.devices import DeviceLimits
 from tunefleet.errors import InvalidConfiguration, ProblemError, UsageError
 from tunefleet.space import Config, Space, config_hash
 from tunefleet.vocabulary import TrialState
@@ -62,6 +64,9 @@ class Recording:
     cache_key: str | None = None
     device_class: str | None = None
     source: str = ""
+    #: What the recording's device allowed (``device_limits`` in the file), when known: a
+    #: replay rules out what exceeds them, as the coordinator does.
+    device_limits: DeviceLimits | None = None
 
     @property
     def best(self) -> Row:
@@ -168,7 +173,30 @@ def from_json(data: Any, source: str = "recording") -> Recording:
         cache_key=data.get("cache_key"),
         device_class=data.get("device_class"),
         source=source,
+        device_limits=_limits(data.get("device_limits"), bad),
     )
+
+
+#: The keys of a recording's ``device_limits``: integers, and a list of them per axis.
+_LIMIT_KEYS = ("local_mem_bytes", "max_work_group_size")
+_AXES_KEY = "max_work_item_sizes"
+
+
+def _limits(value: Any, bad: Any) -> DeviceLimits | None:
+    """A recording's ``device_limits`` (absent or null: not known)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not set(value) <= {*_LIMIT_KEYS, _AXES_KEY}:
+        raise bad(
+            f"device_limits {value!r} is not an object of {', '.join(_LIMIT_KEYS)} and {_AXES_KEY}"
+        )
+    limits = DeviceLimits.loosest([value])
+    given = [value[k] is not None for k in _LIMIT_KEYS if k in value]
+    known = [getattr(limits, k) is not None for k in _LIMIT_KEYS if k in value]
+    axes = value.get(_AXES_KEY)
+    if limits is None or given != known or (axes and not (limits.max_work_item_sizes)):
+        raise bad(f"device_limits {value!r} holds a limit that is not a positive integer")
+    return limits
 
 
 def _seconds(value: Any, what: str, bad: Any, zero: bool = False) -> float | None:
@@ -189,6 +217,7 @@ def to_json(recording: Recording, extra: Mapping[str, Any] | None = None) -> dic
         "problem_args": dict(recording.problem_args),
         "device_class": recording.device_class,
         "cache_key": recording.cache_key,
+        **({} if recording.device_limits is None else {"device_limits": _limits_json(recording)}),
         "space": recording.space.to_json(),
         "params": names,
         "columns": ["values", "state", "median_s", "compile_s", "timing_s"],
@@ -198,6 +227,15 @@ def to_json(recording: Recording, extra: Mapping[str, Any] | None = None) -> dic
         ],
         **dict(extra or {}),
     }
+
+
+def _limits_json(recording: Recording) -> dict[str, Any]:
+    limits = recording.device_limits
+    assert limits is not None
+    out: dict[str, Any] = {k: getattr(limits, k) for k in _LIMIT_KEYS}
+    if limits.max_work_item_sizes:
+        out[_AXES_KEY] = list(limits.max_work_item_sizes)
+    return out
 
 
 def rows_from(space: Space, found: Sequence[Mapping[str, Any]]) -> tuple[Row, ...]:

@@ -12,8 +12,10 @@ import pytest
 from tunefleet.cli import main
 from tunefleet.coordinator.replay import Answers, problem_rules, replay, summarise
 from tunefleet.coordinator.tuner import Tuner
+from tunefleet.devices import DeviceLimits
 from tunefleet.errors import UsageError
-from tunefleet.recording import FORMAT, from_json, load
+from tunefleet.problems.registry import get_problem
+from tunefleet.recording import FORMAT, from_json, load, to_json
 from tunefleet.space import Bool, Choice, PowerOfTwo, Space
 
 PUBLISHED = Path(__file__).resolve().parents[2] / "benchmarks" / "published"
@@ -150,6 +152,11 @@ def test_a_space_exhausted_ends_the_replay_early():
         ({"rows": [[[1, "a", False], "done", -1.0, 1.0, 0.0]]}, "median_s"),
         ({"rows": [[[1, "a", False], "invalid", None, None, None]]}, "no row was measured"),
         ({"params": ["p"]}, "params"),
+        ({"device_limits": [49152]}, "device_limits .* is not an object"),
+        ({"device_limits": {"local_mem": 49152}}, "device_limits .* is not an object"),
+        ({"device_limits": {"local_mem_bytes": "48K"}}, "not a positive integer"),
+        ({"device_limits": {"max_work_group_size": 0}}, "not a positive integer"),
+        ({"device_limits": {"max_work_item_sizes": [1024, -1]}}, "not a positive integer"),
     ],
 )
 def test_a_broken_recording_is_refused_naming_what_is_wrong(change, said):
@@ -163,6 +170,40 @@ def test_a_broken_recording_is_refused_naming_what_is_wrong(change, said):
     } | change
     with pytest.raises(UsageError, match=said):
         from_json(data, source="r.json")
+
+
+def test_a_recording_that_knows_its_devices_limits_rules_out_what_exceeds_them():
+    """The replay rules out what the coordinator would: a configuration whose footprint
+    exceeds the recorded device's limits costs no evaluation. The dense H100 recordings
+    carry the limits their invalid rows name."""
+    transpose = get_problem("transpose")
+    args = transpose.normalise_args({"n": 256, "m": 256})
+    space = transpose.space(args)
+    small = {**transpose.default_config(args), "wg_0": 8, "wg_1": 8, "via_local": False}
+    big = {**small, "tile_i": 128, "tile_j": 128, "wg_0": 64, "wg_1": 32}  # 2,048 work-items
+    local = {**small, "tile_i": 128, "tile_j": 128, "via_local": True}  # 66,048 bytes
+    data = {
+        "format": FORMAT,
+        "problem": "transpose",
+        "problem_args": args,
+        "space": space.to_json(),
+        "params": space.names(),
+        "columns": ["values", "state", "median_s", "compile_s", "timing_s"],
+        "rows": [
+            [[c[n] for n in space.names()], "done", 1.0, 1.0, 0.0] for c in (small, big, local)
+        ],
+    }
+    unknown = problem_rules(from_json(data))
+    assert unknown is not None and all(map(unknown, (small, big, local)))
+    h100 = {"local_mem_bytes": 49152, "max_work_group_size": 1024}
+    recording = from_json({**data, "device_limits": h100})
+    assert to_json(recording)["device_limits"] == {**h100}
+    rules = problem_rules(recording)
+    assert rules is not None
+    assert [rules(c) for c in (small, big, local)] == [True, False, False]
+    for name in ("gemm", "face_mass", "transpose"):
+        published = load(PUBLISHED / f"recording_{name}_region_h100.json.gz")
+        assert published.device_limits == DeviceLimits(49152, 1024)
 
 
 # --- the command ----------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Read-only statements that build a :class:`~tunefleet.recording.Recording` from what a
 database holds for one cache key (``tunefleet replay RUN``).
 
-Both run one plain ``SELECT`` on an autocommit connection: no row locks, no transaction left
+Each runs one plain ``SELECT`` on an autocommit connection: no row locks, no transaction left
 open; a live run may finish trials between the two statements, which a replay tolerates (it
 reads a snapshot of the measurements as they were).
 """
@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 
 from tunefleet.errors import RunError, UsageError
+from tunefleet.queries.search import device_limits
 from tunefleet.recording import Recording, rows_from
 from tunefleet.space import Space
 
@@ -22,7 +23,7 @@ Conn = psycopg.Connection[Any]
 def recording_of(conn: Conn, source: str) -> Recording:
     """The recording of a run id's cache key, or of a cache key itself (32 hex digits).
 
-    Read-only, no locks (two statements; see the module docstring)."""
+    Read-only, no locks (three statements; see the module docstring)."""
     run = _one(
         conn,
         """
@@ -74,6 +75,7 @@ def recording_of(conn: Conn, source: str) -> Recording:
         cache_key=run["cache_key"],
         device_class=run["device_class"],
         source=f"run {source}",
+        device_limits=device_limits(conn, run["device_class"]),
     )
 
 
