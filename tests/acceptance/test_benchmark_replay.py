@@ -67,9 +67,9 @@ def test_gpu_tune_runs_plans_without_a_gpu(tmp_path: Path) -> None:
 
 def test_a_region_is_recorded_gzipped_and_replayed_from_any_directory(tmp_path: Path) -> None:
     """record_space.py measures a narrowed built-in (benchmarks/inputs/regions.py) with the
-    grid on the CPU's OpenCL device for 20 s into a gzipped recording, and replay_techniques
-    replays it from another directory with the region's own rules (the problem file is named
-    relative to the repository)."""
+    grid on the CPU's OpenCL device for 20 s into a gzipped recording with the device's limits,
+    and replay_techniques replays it from another directory with the region's own rules (the
+    problem file is named relative to the repository)."""
     pytest.importorskip("pyopencl")
     recording = tmp_path / "recording_transpose_region.json.gz"
     env = dict(os.environ, TUNEFLEET_HOME=str(tmp_path / "home"))
@@ -86,6 +86,9 @@ def test_a_region_is_recorded_gzipped_and_replayed_from_any_directory(tmp_path: 
     data = json.loads(gzip.decompress(recording.read_bytes()))
     assert data["problem"] == "benchmarks/inputs/regions.py:TransposeRegion"
     assert 0 < sum(row[1] == "done" for row in data["rows"]) <= len(data["rows"]) <= 1440
+    # The device's limits, for replays to rule out what it would refuse (PoCL's, here).
+    limits = data["device_limits"]
+    assert limits["local_mem_bytes"] > 0 and limits["max_work_group_size"] > 0, limits
     _, replayed = script(
         "replay_techniques.py", tmp_path / "replay.json", "--recording", str(recording),
         "--seeds", "2", "--evals", "10", "--long", "ModelSearchFinish", "--short", "",
