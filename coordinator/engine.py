@@ -954,7 +954,8 @@ class _Session:
                 illegal[h] = str(exc)
             except Exception as exc:  # a user problem's own bug: let the workers judge
                 _log.warning(
-                    "run %d: check_config raised %s; configurations go to the workers unchecked",
+                    "run %d: the problem's check_config or footprint raised %s; "
+                    "configurations go to the workers unchecked",
                     self.run_id,
                     raised(exc),
                 )

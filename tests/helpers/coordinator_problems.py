@@ -26,6 +26,8 @@ RULED = f"{_HERE}:Ruled"
 #: Kernel, whose configurations state a footprint: a work-group of ``tile`` work-items and
 #: 1 KiB of local memory per unit of ``tile``.
 FOOTED = f"{_HERE}:Footed"
+#: Footed, whose footprint has a bug of its own (it raises).
+BROKEN_FOOTPRINT = f"{_HERE}:BrokenFootprint"
 
 
 class Tiny(Synthetic):
@@ -61,6 +63,13 @@ class Footed(Kernel):
 
     def footprint(self, args: Mapping[str, Any], config: Config) -> Footprint:
         return Footprint((config["tile"], 1), 1024 * config["tile"])
+
+
+class BrokenFootprint(Footed):
+    name = "broken_footprint"
+
+    def footprint(self, args: Mapping[str, Any], config: Config) -> Footprint:
+        raise KeyError("local_size")
 
 
 class Ruled(Synthetic):

@@ -26,7 +26,14 @@ from tests.helpers.coordinator import (
     settings,
     trial_counts,
 )
-from tests.helpers.coordinator_problems import FOOTED, KERNEL, RULED, TINY, TINY_ONE_INVALID
+from tests.helpers.coordinator_problems import (
+    BROKEN_FOOTPRINT,
+    FOOTED,
+    KERNEL,
+    RULED,
+    TINY,
+    TINY_ONE_INVALID,
+)
 from tests.helpers.queue_data import first_invalid, wait_until
 from tunefleet.coordinator.budget import Horizon
 from tunefleet.coordinator.create import create_run
@@ -519,14 +526,21 @@ def _register_device(db: Any, info: DeviceInfo) -> None:
     )
 
 
-@pytest.mark.parametrize("registered", [True, False], ids=["limits known", "no device yet"])
-def test_configurations_over_the_devices_limits_never_reach_a_worker(db_url, db, registered):
+@pytest.mark.parametrize(
+    ("problem", "registered"),
+    [(FOOTED, True), (FOOTED, False), (BROKEN_FOOTPRINT, True)],
+    ids=["limits known", "no device yet", "the footprint raises"],
+)
+def test_configurations_over_the_devices_limits_never_reach_a_worker(
+    db_url, db, caplog, problem, registered
+):
     """A problem that states each configuration's footprint (work-group, local memory) gets
     the ones its run's devices cannot launch ruled out by the coordinator, like those its
     rules reject: ``invalid`` at once, never claimed, no evaluation of the budget. The limits
     are the loosest any device of the class registered (a worker registers what it says of
     its device: one cannot make the coordinator rule out more); before any device of the class
-    has registered, nothing is ruled out for them."""
+    has registered, nothing is ruled out for them. A footprint that raises (a user problem's
+    bug) is logged once and leaves every configuration to the workers."""
     gpu = DeviceInfo(
         platform="P",
         vendor="V",
@@ -542,7 +556,7 @@ def test_configurations_over_the_devices_limits_never_reach_a_worker(db_url, db,
         _register_device(db, dataclasses.replace(gpu, driver_version="2", local_mem_bytes=16384))
     register_worker(db, gpu.device_class)  # serves the run (never claims): the queue fills
     s = settings(
-        problem=FOOTED,
+        problem=problem,
         device_class=gpu.device_class,
         min_depth=30,
         techniques=["PureRandom"],
@@ -570,7 +584,14 @@ def test_configurations_over_the_devices_limits_never_reach_a_worker(db_url, db,
     fits = [r for r in rows if r["config"]["tile"] <= 16]
     assert over and fits, "PureRandom proposed tiles of one side only"
     assert {r["state"] for r in fits} == {"cancelled"}  # the stop cancelled the pending ones
-    if not registered:
+    unchecked = [
+        r.getMessage() for r in caplog.records if "go to the workers unchecked" in r.getMessage()
+    ]
+    if problem == BROKEN_FOOTPRINT:
+        assert len(unchecked) == 1 and "KeyError" in unchecked[0], unchecked
+    else:
+        assert unchecked == []
+    if not registered or problem == BROKEN_FOOTPRINT:
         assert {r["state"] for r in over} == {"cancelled"}
         return
     for row in over:
