@@ -190,11 +190,12 @@ def _limits(value: Any, bad: Any) -> DeviceLimits | None:
         raise bad(
             f"device_limits {value!r} is not an object of {', '.join(_LIMIT_KEYS)} and {_AXES_KEY}"
         )
-    limits = DeviceLimits.loosest([value])
+    # DeviceLimits.loosest leaves a limit unknown where its value is not a positive integer:
+    # in a file, that is a mistake to name, not a limit to ignore.
+    limits = DeviceLimits.loosest([value]) or DeviceLimits()
     given = [value[k] is not None for k in _LIMIT_KEYS if k in value]
     known = [getattr(limits, k) is not None for k in _LIMIT_KEYS if k in value]
-    axes = value.get(_AXES_KEY)
-    if limits is None or given != known or (axes and not (limits.max_work_item_sizes)):
+    if given != known or (value.get(_AXES_KEY) and not limits.max_work_item_sizes):
         raise bad(f"device_limits {value!r} holds a limit that is not a positive integer")
     return limits
 

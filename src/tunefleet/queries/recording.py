@@ -2,7 +2,7 @@
 database holds for one cache key (``tunefleet replay RUN``).
 
 Each runs one plain ``SELECT`` on an autocommit connection: no row locks, no transaction left
-open; a live run may finish trials between the two statements, which a replay tolerates (it
+open; a live run may finish trials between the statements, which a replay tolerates (it
 reads a snapshot of the measurements as they were).
 """
 
