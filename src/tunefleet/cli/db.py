@@ -108,9 +108,9 @@ def _start(args: argparse.Namespace) -> int:
     server = default_server()
     server.start(listen="" if args.local else args.listen, port=args.port)
     url = server.local_url()
-    from tunefleet.db.migrate import upgrade
+    from tunefleet.db.resolve import upgrade_to_head
 
-    upgrade(url)
+    upgrade_to_head(url)
     print(f"embedded PostgreSQL running (data: {server.data_dir})")
     print(f"local URL: {url}")
     if server.status().listen:

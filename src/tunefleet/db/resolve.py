@@ -104,7 +104,6 @@ def embedded_url(*, read_only: bool = False) -> str:
     """Start (or reuse) the embedded server, upgrade it to head, return its local URL; with
     ``read_only``, refuse to start one that was stopped on purpose."""
     from tunefleet.db.embedded import default_server
-    from tunefleet.db.migrate import upgrade
     from tunefleet.errors import EmbeddedServerError
 
     server = default_server()
@@ -116,8 +115,21 @@ def embedded_url(*, read_only: bool = False) -> str:
     if server.start().started:
         _started.append(server.data_dir)
     url = server.local_url()
-    upgrade(url)
+    upgrade_to_head(url)
     return url
+
+
+def upgrade_to_head(url: str) -> None:
+    """Migrate the database at ``url`` to head, unless it is there: one query then, without
+    loading Alembic and SQLAlchemy (most of a report command's CPU on an embedded server)."""
+    from tunefleet.db.head import HEAD
+
+    with connect(url) as conn:
+        if current_revision(conn) == HEAD:
+            return
+    from tunefleet.db.migrate import upgrade
+
+    upgrade(url)
 
 
 def started_embedded() -> Path | None:
