@@ -135,6 +135,10 @@ def test_devices_lists_the_pocl_cpu_device(capsys):
     code, out, _ = run_cli(capsys, "devices")
     assert out.splitlines()[0].split()[:3] == ["#", "NAME", "TYPE"]
     assert devices[0]["device_class"] in out
+    # Its limits, which the coordinator rules configurations out by, as the JSON gives them.
+    first = out.splitlines()[1]
+    assert f"{devices[0]['local_mem_bytes'] // 1024} KiB" in first
+    assert f" {devices[0]['max_work_group_size']} " in first
 
 
 def test_no_opencl_device_is_a_one_line_error(capsys, monkeypatch):

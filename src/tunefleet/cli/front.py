@@ -453,6 +453,10 @@ def cmd_devices(args: argparse.Namespace) -> int:
             **d.to_json(),
             "type": d.extra.get("type"),
             "mem": f"{(d.global_mem_bytes or 0) / 2**30:.1f} GiB",
+            # The limits a configuration's kernel must fit (the coordinator rules out what
+            # exceeds them): local memory per work-group, work-items per work-group.
+            "local": "?" if d.local_mem_bytes is None else f"{d.local_mem_bytes // 1024} KiB",
+            "group": "?" if d.max_work_group_size is None else str(d.max_work_group_size),
         }
         for d in devices
     ]
@@ -467,6 +471,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
                 Column("DRIVER", "driver_version"),
                 Column("CU", "compute_units", right=True),
                 Column("MEMORY", "mem", right=True),
+                Column("LOCAL", "local", right=True),
+                Column("WORK-GROUP", "group", right=True),
                 Column("DEVICE CLASS", "device_class"),
             ),
         )
