@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 from opentuner.search.technique import register
-from psycopg.types.json import Jsonb
 
 import tunefleet
 from tests.helpers.coordinator import (
@@ -44,7 +43,7 @@ from tunefleet.devices import DeviceInfo
 from tunefleet.errors import ProblemError, RunError, UsageError
 from tunefleet.problems.synthetic import OPTIMUM
 from tunefleet.queries import dashboard as dashboard_queries
-from tunefleet.queries import report
+from tunefleet.queries import queue, report
 from tunefleet.space import config_hash
 from tunefleet.text.output import finished_count
 from tunefleet.text.output import trial_counts as trial_counts_text
@@ -505,27 +504,6 @@ def test_configurations_the_problem_rules_out_never_reach_a_worker(db_url, db, t
     )
 
 
-def _register_device(db: Any, info: DeviceInfo) -> None:
-    """A device row as a worker's registration writes it (its details are what the worker
-    says of it: untrusted)."""
-    db.execute(
-        """
-        INSERT INTO tunefleet.device
-               (fingerprint, device_class, platform, vendor, name, driver_version, details)
-        VALUES (%s, %s, %s, %s, %s, %s, %s)
-        """,
-        (
-            info.fingerprint,
-            info.device_class,
-            info.platform,
-            info.vendor,
-            info.name,
-            info.driver_version,
-            Jsonb(info.to_json()),
-        ),
-    )
-
-
 @pytest.mark.parametrize(
     ("problem", "registered"),
     [(FOOTED, True), (FOOTED, False), (BROKEN_FOOTPRINT, True)],
@@ -550,10 +528,12 @@ def test_configurations_over_the_devices_limits_never_reach_a_worker(
         max_work_group_size=64,
         max_work_item_sizes=(64, 64, 64),
     )
-    if registered:
-        _register_device(db, gpu)
+    if registered:  # as workers register their devices (what each says of its own)
+        queue.register_device(db, gpu)
         # The same model on a newer driver, with more local memory: 16 KiB is the limit.
-        _register_device(db, dataclasses.replace(gpu, driver_version="2", local_mem_bytes=16384))
+        queue.register_device(
+            db, dataclasses.replace(gpu, driver_version="2", local_mem_bytes=16384)
+        )
     register_worker(db, gpu.device_class)  # serves the run (never claims): the queue fills
     s = settings(
         problem=problem,
