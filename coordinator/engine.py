@@ -968,8 +968,7 @@ class _Session:
         its footprint and a device of the run's class has registered its limits."""
         if self.limits is None or self.problem is None:
             return None
-        footprint = self.problem.footprint(self.problem_args, config)
-        return None if footprint is None else self.limits.exceeded_by(footprint)
+        return self.limits.exceeded_by(self.problem.footprint(self.problem_args, config))
 
     def _unexplored(self, need: int, taken: Mapping[str, _Flight]) -> dict[str, _Flight]:
         """Up to ``need`` configurations without an outcome, not in flight, not in ``taken``."""

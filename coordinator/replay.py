@@ -174,10 +174,7 @@ def problem_rules(recording: Recording) -> Rules | None:
             checked = problem.check_config(args, config)
         except InvalidConfiguration:
             return False
-        if limits is None:
-            return True
-        footprint = problem.footprint(args, checked)
-        return footprint is None or limits.exceeded_by(footprint) is None
+        return limits is None or limits.exceeded_by(problem.footprint(args, checked)) is None
 
     return rules
 

@@ -110,18 +110,20 @@ class DeviceLimits:
         group = _largest(row.get("max_work_group_size") for row in rows)
         sizes: tuple[int, ...] = ()
         per_device = [row.get("max_work_item_sizes") for row in rows]
-        if all(isinstance(s, list) and s for s in per_device):
-            axes = min(len(s) for s in per_device if isinstance(s, list))
-            largest = [
-                _largest(s[axis] for s in per_device if isinstance(s, list)) for axis in range(axes)
-            ]
-            if all(v is not None for v in largest):
+        lists = [s for s in per_device if isinstance(s, list) and s]
+        if len(lists) == len(rows):  # every device gives its sizes per axis
+            axes = min(map(len, lists))
+            largest = [_largest(s[axis] for s in lists) for axis in range(axes)]
+            if None not in largest:
                 sizes = tuple(v for v in largest if v is not None)
         return cls(mem, group, sizes)
 
-    def exceeded_by(self, footprint: Footprint) -> str | None:
-        """Why ``footprint`` does not fit these limits (one line), or ``None`` when it fits
-        or the limit it would break is not known."""
+    def exceeded_by(self, footprint: Footprint | None) -> str | None:
+        """Why ``footprint`` does not fit these limits (one line), or ``None`` when it fits,
+        the limit it would break is not known, or there is no footprint (the problem cannot
+        tell its own)."""
+        if footprint is None:
+            return None
         wg = math.prod(footprint.work_group)
         if self.max_work_group_size and wg > self.max_work_group_size:
             return (

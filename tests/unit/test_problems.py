@@ -395,6 +395,7 @@ def test_a_footprint_is_judged_against_limits_with_the_workers_words():
         Footprint((1,), 48 * 1024 + 1)
     )
     assert DeviceLimits().exceeded_by(Footprint((4096, 4096), 10**12)) is None
+    assert limits.exceeded_by(None) is None  # a problem that cannot tell its footprint
 
 
 def test_footprint_arithmetic_clips_tiles_and_pads_like_the_loopy_helpers():
