@@ -467,14 +467,21 @@ class ModelSearch(SearchTechnique):  # type: ignore[misc]
 
     def _neighbours(self, enc: _Encoding, elite: int) -> list[np.ndarray]:
         """The one-step neighbours of the fastest configuration not asked for yet (of the
-        next fastest once those are all asked, up to ``elite``), likeliest valid ones only,
-        the model's fastest first.
+        next fastest once those are all asked, up to ``elite``): those the validity
+        classifier thinks likely valid first, then the ones it doubts, each by the model's
+        fastest first.
 
         A surrogate of a few hundred outcomes cannot rank configurations a few per cent
         apart, and on a real kernel space that is where the last gains are: on one H100 three
         default 300 s GEMM runs ended 4-6 % past the default configuration, three
         NeighbourhoodSearch runs 7-12 % (docs/tuning.md). Sweeping the best's
-        neighbourhood makes the best a local optimum in fact, whatever the model says."""
+        neighbourhood makes the best a local optimum in fact, whatever the model says.
+
+        The doubted neighbours are swept too, last, rather than left out: the classifier
+        learns from rule and device-limit rejections as well, and near a region of them it
+        doubts valid neighbours of the fastest. Left out, one of those (a work-group twice as
+        wide) stood between 15 of 50 replays of the dense face-mass recording at 64 workers
+        and the recording's fastest (docs/tuning.md, "The doubted neighbours")."""
         y = np.array(self._log_s)
         done = np.flatnonzero(~np.isnan(y))
         rows = np.array(self._rows)
@@ -483,11 +490,11 @@ class ModelSearch(SearchTechnique):  # type: ignore[misc]
             if not fresh:
                 continue
             pool = np.array(fresh)
+            mu = _per_tree(self._surrogate, pool)[:, :, 0].mean(axis=0)
+            doubted = np.zeros(len(pool), dtype=bool)
             if self._validity is not None:
-                pool = pool[_chance_valid(self._validity, pool) >= 0.5]
-            if len(pool):
-                mu = _per_tree(self._surrogate, pool)[:, :, 0].mean(axis=0)
-                return [pool[i] for i in np.argsort(mu, kind="stable")]
+                doubted = _chance_valid(self._validity, pool) < 0.5
+            return [pool[i] for i in np.lexsort((mu, doubted))]
         return []
 
     def _stalled(self) -> float:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import random
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -324,3 +325,47 @@ def test_the_ring_puts_every_neighbour_of_the_five_fastest_in_the_candidate_pool
     assert wanted <= with_ring
     assert not wanted <= without  # random neighbours leave some out by chance
     assert not with_ring & root._seen
+
+
+def test_the_sweep_keeps_the_neighbours_the_classifier_doubts_and_asks_them_last():
+    """The fastest configuration sits next to the planted invalid region (a of 32 or more):
+    its neighbours at a = 32 are doubted by the validity classifier, and the end game's sweep
+    still proposes every untried neighbour of it, the doubted ones after the others. Left
+    out, a valid neighbour the classifier doubted was never measured (docs/tuning.md)."""
+    from tunefleet.coordinator.model_search import _chance_valid, _key
+
+    def shifted(config):  # the bowl's floor moved to a = 16, next to a = 32
+        return seconds({**config, "a": max(1, config["a"] // 2)})
+
+    tuner = Tuner(SPACE, ["ModelSearchFinish"], seed=1)
+    try:
+        for _ in range(60):
+            tuner.tell_many(
+                [(s, None if invalid(s.config) else shifted(s.config)) for s in tuner.ask(1)]
+            )
+        root = tuner._driver.root_technique
+        enc = root._encoding()
+        # The fastest told, moved to a = 16: its neighbours at a = 32 are in the invalid box.
+        y = np.array(root._log_s)
+        best = root._rows[int(np.nanargmin(y))].copy()
+        best[0] = 4  # a's index: 1, 2, 4, 8, 16
+        told = SimpleNamespace(data=enc.decode(best))
+        root.on_result(SimpleNamespace(configuration=told, state="OK", time=1e-6))
+        root._fitted_at = -1  # refit with the new fastest
+        outer = random.getstate()  # called directly, the technique draws from `random`
+        try:
+            random.seed(0)
+            assert root._fit()
+        finally:
+            random.setstate(outer)
+        ranked = root._neighbours(enc, 10)
+    finally:
+        tuner.close()
+    fresh = [r for r in enc.one_step(best) if _key(r) not in root._seen]
+    assert {_key(r) for r in ranked} == {_key(r) for r in fresh}
+    doubted = _chance_valid(root._validity, np.array(ranked)) < 0.5
+    assert doubted.any() and not doubted.all()
+    at_32 = [i for i, r in enumerate(ranked) if r[0] == 5]
+    assert at_32 and all(doubted[i] for i in at_32)
+    # Every doubted neighbour after every other.
+    assert list(doubted) == sorted(doubted)
