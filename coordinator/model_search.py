@@ -480,7 +480,7 @@ class ModelSearch(SearchTechnique):  # type: ignore[misc]
         The doubted neighbours are swept too, last, rather than left out: the classifier
         learns from rule and device-limit rejections as well, and near a region of them it
         doubts valid neighbours of the fastest. Left out, one of those (a work-group twice as
-        wide) stood between 15 of 50 replays of the dense face-mass recording at 64 workers
+        wide) stood between 13 of 50 replays of the dense face-mass recording at 64 workers
         and the recording's fastest (docs/tuning.md, "The doubted neighbours")."""
         y = np.array(self._log_s)
         done = np.flatnonzero(~np.isnan(y))
