@@ -4,6 +4,7 @@ fastest neighbourhoods near the budget's end, and a clear message without scikit
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import sys
@@ -43,6 +44,17 @@ def seconds(config):
 def invalid(config):
     """The planted invalid region, half the box: a of 32 or more, or d = 'x'."""
     return config["a"] >= 32 or config["d"] == "x"
+
+
+@contextlib.contextmanager
+def _outer_random_kept():
+    """Called directly rather than through the Tuner, a technique draws from the module
+    ``random``: a test seeds it inside and gets the state it found back afterwards."""
+    outer = random.getstate()
+    try:
+        yield
+    finally:
+        random.setstate(outer)
 
 
 def search(steps, per_ask=1, seed=0, rules=invalid):
@@ -103,15 +115,12 @@ def test_the_in_flight_damping_moves_the_favourite_down():
         technique._fit()
         enc = technique._encoding()
         technique._pending.clear()
-        outer = random.getstate()  # called directly, the technique draws from `random`
-        try:
+        with _outer_random_kept():
             random.seed(9)
             favourite = technique._best_candidates(enc)[0]
             technique._pending[_key(favourite)] = favourite
             random.seed(9)  # the same candidate pool again
             damped = technique._best_candidates(enc)
-        finally:
-            random.setstate(outer)
     finally:
         tuner.close()
     assert not np.array_equal(damped[0], favourite)
@@ -308,8 +317,7 @@ def test_the_ring_puts_every_neighbour_of_the_five_fastest_in_the_candidate_pool
         fastest = [root._rows[i] for i in np.argsort(y, kind="stable")[:5]]
         wanted = {_key(r) for c in fastest for r in enc.one_step(c)} - root._seen
         assert len(wanted) >= 20
-        outer = random.getstate()  # called directly, the technique draws from `random`
-        try:
+        with _outer_random_kept():
             # A pool this small leaves neighbours out by chance, as a pool of 1,024 does in a
             # space of millions.
             root.candidates = 16
@@ -318,8 +326,6 @@ def test_the_ring_puts_every_neighbour_of_the_five_fastest_in_the_candidate_pool
             root.ring = 0
             random.seed(3)
             without = {_key(r) for r in root._pool(enc)}
-        finally:
-            random.setstate(outer)
     finally:
         tuner.close()
     assert wanted <= with_ring
@@ -352,12 +358,9 @@ def test_the_sweep_keeps_the_neighbours_the_classifier_doubts_and_asks_them_last
         told = SimpleNamespace(data=enc.decode(best))
         root.on_result(SimpleNamespace(configuration=told, state="OK", time=1e-6))
         root._fitted_at = -1  # refit with the new fastest
-        outer = random.getstate()  # called directly, the technique draws from `random`
-        try:
+        with _outer_random_kept():
             random.seed(0)
             assert root._fit()
-        finally:
-            random.setstate(outer)
         ranked = root._neighbours(enc, 10)
     finally:
         tuner.close()
